@@ -1,0 +1,85 @@
+"""`kubetune`: the command line.
+
+Each command is a thin shell over a library call; heavy imports (torch, the Kubernetes client)
+happen inside the command that needs them, so `kubetune validate` starts in a blink on a machine
+with only the spec installed.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from kubetune_api.manifest import ManifestError, load_manifest
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """Kubernetes-native fine-tuning of image-generation models."""
+
+
+@cli.command()
+@click.option("-f", "--filename", "path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="The TrainingJob manifest, the same file you would `kubectl apply`.")
+@click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE",
+              help="Override a field, e.g. --set spec.training.maxSteps=2 (repeatable).")
+def validate(path: str, overrides: tuple[str, ...]) -> None:
+    """Check a manifest and print the verdict the cluster will give."""
+    try:
+        job = load_manifest(Path(path), overrides)
+    except ManifestError as err:
+        click.echo(f"{path}: invalid\n{err}", err=True)
+        sys.exit(1)
+    click.echo(f"{path}: valid TrainingJob {job.metadata.name!r} (family {job.spec.model.family})")
+
+
+@cli.command()
+@click.option("-f", "--filename", "path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="The TrainingJob manifest, the same file you would `kubectl apply`.")
+@click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE",
+              help="Override a field, e.g. --set spec.training.maxSteps=2 (repeatable).")
+@click.option("--nproc", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Processes on this machine (one per GPU; on CPU each process uses gloo).")
+def train(path: str, overrides: tuple[str, ...], nproc: int) -> None:
+    """Train locally from a TrainingJob manifest."""
+    try:
+        job = load_manifest(Path(path), overrides)
+    except ManifestError as err:
+        click.echo(f"{path}: invalid\n{err}", err=True)
+        sys.exit(1)
+    from kubetune_trainer.launch import launch_local
+
+    sys.exit(launch_local(job, nproc=nproc))
+
+
+@cli.group()
+def dev() -> None:
+    """Development tools: tiny models and the local control plane."""
+
+
+@dev.command("tiny-model")
+@click.option("--family", required=True, type=click.Choice(["sd15"]), help="Model family.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Directory to write the model into (standard diffusers layout).")
+@click.option("--seed", default=0, show_default=True, help="Seed of the random weights.")
+def tiny_model(family: str, out_dir: str, seed: int) -> None:
+    """Write a small random-weight model of a family, loadable with from_pretrained."""
+    from kubetune_trainer.tiny_models import write_tiny_model
+
+    path = write_tiny_model(family, Path(out_dir), seed=seed)
+    click.echo(f"wrote tiny {family} model to {path}")
+
+
+def _add_control_plane_commands() -> None:
+    from kubetune_dev.cli import COMMANDS
+
+    for command in COMMANDS:
+        dev.add_command(command)
+
+
+_add_control_plane_commands()
+
+
+if __name__ == "__main__":
+    cli()
