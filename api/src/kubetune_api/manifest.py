@@ -1,0 +1,120 @@
+"""Reading a TrainingJob manifest: YAML, `--set` overrides, validation, readable errors.
+
+Errors name the field by its manifest path (spec.training.learningRate) and say what is allowed,
+because that is what a user has to edit.
+"""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from kubetune_api.spec import TrainingJob
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot become a TrainingJob; str() lists one problem per line."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(f"  - {p}" for p in problems))
+
+
+def load_manifest(path: Path, overrides: Iterable[str] = ()) -> TrainingJob:
+    """Read a manifest file, apply `PATH=VALUE` overrides, and validate it."""
+    try:
+        documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    except yaml.YAMLError as err:
+        raise ManifestError([f"not valid YAML: {err}"]) from err
+    jobs = [d for d in documents if isinstance(d, dict) and d.get("kind") == "TrainingJob"]
+    if len(jobs) != 1:
+        raise ManifestError([f"expected exactly one TrainingJob document in {path}, found {len(jobs)}"])
+    return parse_manifest(apply_overrides(jobs[0], overrides))
+
+
+def parse_manifest(document: Mapping[str, Any]) -> TrainingJob:
+    """Validate a manifest mapping; raise ManifestError naming each bad field."""
+    try:
+        return TrainingJob.model_validate(document)
+    except ValidationError as err:
+        raise ManifestError(describe_errors(err)) from None
+
+
+def apply_overrides(document: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Return a copy with each `a.b.c=VALUE` set; VALUE is parsed as YAML (2 → int, "2" → str)."""
+    result = yaml.safe_load(yaml.safe_dump(dict(document)))  # deep copy of plain data
+    for override in overrides:
+        path, sep, raw = override.partition("=")
+        if not sep or not path:
+            raise ManifestError([f"--set {override!r}: expected PATH=VALUE, e.g. spec.training.maxSteps=2"])
+        keys = path.split(".")
+        node = result
+        for key in keys[:-1]:
+            child = node.setdefault(key, {})
+            if not isinstance(child, dict):
+                raise ManifestError([f"--set {override!r}: {key} is not a mapping"])
+            node = child
+        node[keys[-1]] = yaml.safe_load(raw) if raw else ""
+    return result
+
+
+def describe_errors(err: ValidationError) -> list[str]:
+    """Turn pydantic's errors into `field.path: what is wrong; what is allowed` lines."""
+    problems = []
+    for error in err.errors(include_url=False):
+        location = ".".join(str(part) for part in error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = _unknown_field_message(error["loc"])
+        elif "input" in error and not isinstance(error["input"], (dict, list)) and error["type"] != "missing":
+            message = f"{message} (got {error['input']!r})"
+        if message.startswith(("spec.", "metadata.")):
+            problems.append(message)  # a cross-field rule that names its own fields
+        else:
+            problems.append(f"{location}: {message}" if location else message)
+    return problems
+
+
+def _unknown_field_message(loc: tuple[Any, ...]) -> str:
+    allowed = _allowed_fields(loc[:-1])
+    hint = difflib.get_close_matches(str(loc[-1]), allowed, n=1, cutoff=0.6)
+    text = "unknown field"
+    if hint:
+        text += f"; did you mean {hint[0]!r}?"
+    if allowed:
+        text += f" Allowed here: {', '.join(allowed)}"
+    return text
+
+
+def _allowed_fields(parent: tuple[Any, ...]) -> list[str]:
+    """The camelCase field names the model accepts at a manifest path."""
+    model: type[BaseModel] | None = TrainingJob
+    for part in parent:
+        field = _field_by_alias(model, str(part)) if model else None
+        annotation = field.annotation if field else None
+        model = _model_in(annotation)
+    if model is None:
+        return []
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+def _field_by_alias(model: type[BaseModel], alias: str):
+    for name, field in model.model_fields.items():
+        if (field.alias or name) == alias:
+            return field
+    return None
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside an annotation such as Optional[Model]."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_in(arg)
+        if found:
+            return found
+    return None

@@ -1,0 +1,299 @@
+"""The TrainingJob API: one typed model, free of torch and kopf.
+
+The CRD's openAPIV3Schema is generated from these classes (`python -m kubetune_api.crd`), the
+trainer parses its config with them and `kubetune validate` reports their verdict. Fields are
+snake_case in Python and camelCase on the wire (Kubernetes convention); unknown fields are errors.
+Every field carries a description (it becomes `kubectl explain` text) and its bounds.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+API_GROUP = "kubetune.dev"
+API_VERSION = "v1alpha1"
+KIND = "TrainingJob"
+
+# URI schemes the storage layer understands; a bare path (no scheme) is a local path.
+SUPPORTED_URI_SCHEMES = ("s3",)
+
+
+class _Model(BaseModel):
+    """Base: camelCase aliases, unknown fields forbidden, values checked on assignment too."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_assignment=True,
+        # Strict like the API server: "4" is not a batch size and "true" is not a boolean.
+        strict=True,
+    )
+
+
+def check_storage_uri(value: str) -> str:
+    """Accept a local path or s3://bucket[/prefix]; name the supported forms otherwise."""
+    if "://" not in value:
+        return value
+    scheme, rest = value.split("://", 1)
+    if scheme not in SUPPORTED_URI_SCHEMES:
+        raise ValueError(
+            f"unsupported URI scheme {scheme!r}; use a local path or s3://bucket/prefix"
+        )
+    if not rest or rest.startswith("/"):
+        raise ValueError("an s3 URI needs a bucket: s3://bucket/prefix")
+    return value
+
+
+StorageUri = Annotated[str, Field(
+    min_length=1, max_length=2048,
+    # The same rule for the API server, in CEL (check_storage_uri is the Python side).
+    json_schema_extra={"x-kubernetes-validations": [{
+        "rule": "!self.contains('://') || self.matches('^s3://[^/]+')",
+        "message": "unsupported URI; use a local path or s3://bucket/prefix",
+    }]},
+)]
+
+
+Family = Literal["sd15", "sdxl", "flux-kontext", "qwen-image-edit", "pmg", "classifier"]
+Layout = Literal["captions", "edit-pairs", "pmg", "image-folder"]
+
+# Which data layouts each family reads (checked here and, as CEL, by the API server).
+LAYOUTS_BY_FAMILY: dict[str, tuple[str, ...]] = {
+    "sd15": ("captions",),
+    "sdxl": ("captions",),
+    "flux-kontext": ("edit-pairs",),
+    "qwen-image-edit": ("edit-pairs",),
+    "pmg": ("pmg",),
+    "classifier": ("image-folder",),
+}
+
+
+class ModelSpec(_Model):
+    """Which model family to train and where its pretrained weights are."""
+
+    family: Family = Field(
+        description="Model family: sd15, sdxl, flux-kontext, qwen-image-edit, pmg or classifier."
+    )
+    pretrained: StorageUri = Field(
+        description="Pretrained weights: a local path, an s3:// URI, or a model-hub id "
+        "(e.g. org/name), in the family's standard (diffusers/transformers) folder layout."
+    )
+
+    @field_validator("pretrained")
+    @classmethod
+    def _pretrained_scheme(cls, value: str) -> str:
+        return check_storage_uri(value)
+
+
+class AdapterSpec(_Model):
+    """What is trained: a LoRA adapter on the base model, or all of its weights."""
+
+    type: Literal["lora", "full"] = Field(
+        default="lora", description="lora trains a low-rank adapter; full trains every weight."
+    )
+    rank: int = Field(default=8, ge=1, le=1024, description="LoRA rank r (1-1024).")
+    alpha: Optional[float] = Field(
+        default=None, gt=0, le=4096,
+        description="LoRA alpha; the update is scaled by alpha/rank. Defaults to the rank.",
+    )
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA input (0-1).")
+    target_modules: Optional[list[Annotated[str, Field(min_length=1, max_length=253)]]] = Field(
+        default=None, max_length=64,
+        description="Module names that get LoRA layers; defaults to the family's attention projections.",
+    )
+
+
+class DataSpec(_Model):
+    """Where the training data is and how it is laid out."""
+
+    layout: Layout = Field(
+        description="captions: images + metadata.jsonl of {file_name, text}; edit-pairs: "
+        "control_images/ + training_images/ with .txt prompts; pmg: data.json of user histories; "
+        "image-folder: CLASS/NAME.png."
+    )
+    uri: StorageUri = Field(description="The data directory: a local path or s3://bucket/prefix.")
+    resolution: int = Field(
+        default=512, ge=8, le=4096, multiple_of=8,
+        description="Training resolution in pixels (a multiple of 8).",
+    )
+    center_crop: bool = Field(default=True, description="Center-crop to the resolution (else random crop).")
+    random_flip: bool = Field(default=False, description="Randomly flip images horizontally.")
+    caption_dropout: float = Field(
+        default=0.0, ge=0.0, le=1.0,
+        description="Probability of training a sample with an empty caption (0-1).",
+    )
+    num_workers: int = Field(default=0, ge=0, le=64, description="Data-loading worker processes per rank.")
+
+    @field_validator("uri")
+    @classmethod
+    def _uri_scheme(cls, value: str) -> str:
+        return check_storage_uri(value)
+
+
+class TrainingSpec(_Model):
+    """How long and how to optimise. Give maxSteps or epochs."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
+        "rule": "has(self.maxSteps) != has(self.epochs)",
+        "message": "set either spec.training.maxSteps or spec.training.epochs (exactly one)",
+    }]})
+
+    max_steps: Optional[int] = Field(
+        default=None, ge=1, le=10_000_000, description="Optimizer steps to train for."
+    )
+    epochs: Optional[int] = Field(
+        default=None, ge=1, le=100_000, description="Passes over the data (instead of maxSteps)."
+    )
+    batch_size: int = Field(default=1, ge=1, le=4096, description="Samples per process per micro-batch.")
+    gradient_accumulation_steps: int = Field(
+        default=1, ge=1, le=1024, description="Micro-batches accumulated per optimizer step."
+    )
+    learning_rate: float = Field(default=1e-4, gt=0, le=1, description="Peak learning rate (> 0).")
+    lr_scheduler: Literal["constant", "linear", "cosine"] = Field(
+        default="constant", description="Learning-rate schedule after warmup: constant, linear or cosine decay."
+    )
+    lr_warmup_steps: int = Field(
+        default=0, ge=0, le=10_000_000, description="Optimizer steps of linear warmup from 0."
+    )
+    optimizer: Literal["adamw"] = Field(default="adamw", description="Optimizer.")
+    adam_beta1: float = Field(default=0.9, ge=0, lt=1, description="AdamW beta1.")
+    adam_beta2: float = Field(default=0.999, ge=0, lt=1, description="AdamW beta2.")
+    adam_epsilon: float = Field(default=1e-8, gt=0, le=1, description="AdamW epsilon.")
+    weight_decay: float = Field(default=1e-2, ge=0, le=1, description="AdamW decoupled weight decay.")
+    max_grad_norm: float = Field(
+        default=1.0, ge=0, le=1e6, description="Clip gradients to this global norm; 0 disables clipping."
+    )
+    mixed_precision: Literal["no", "fp16", "bf16"] = Field(
+        default="no", description='Mixed precision: "no" (fp32), fp16 (GPU only) or bf16.'
+    )
+    seed: int = Field(default=42, ge=0, le=2**32 - 1, description="Seed for weights init, data order and noise.")
+    snr_gamma: Optional[float] = Field(
+        default=None, gt=0, le=100,
+        description="Min-SNR loss weighting gamma (5.0 is the usual value); unset = plain MSE.",
+    )
+    noise_offset: float = Field(default=0.0, ge=0, le=1, description="Offset noise strength (0 disables).")
+    log_every_steps: int = Field(default=1, ge=1, le=100_000, description="Log loss and lr every N steps.")
+
+    @model_validator(mode="after")
+    def _one_length(self) -> "TrainingSpec":
+        if self.max_steps is None and self.epochs is None:
+            raise ValueError("set spec.training.maxSteps or spec.training.epochs")
+        if self.max_steps is not None and self.epochs is not None:
+            raise ValueError("set either spec.training.maxSteps or spec.training.epochs, not both")
+        return self
+
+
+class CheckpointSpec(_Model):
+    """Where checkpoints and the final adapter go, how often, and how many to keep."""
+
+    uri: StorageUri = Field(description="Checkpoint directory: a local path or s3://bucket/prefix.")
+    every_steps: int = Field(default=500, ge=1, le=10_000_000, description="Save a checkpoint every N optimizer steps.")
+    keep_last: int = Field(default=3, ge=1, le=1000, description="Checkpoints to keep; older ones are deleted.")
+    resume_from: Optional[Literal["latest"]] = Field(
+        default=None,
+        description="latest: continue from the newest complete checkpoint under uri (start fresh if none).",
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _uri_scheme(cls, value: str) -> str:
+        return check_storage_uri(value)
+
+
+class ResourcesSpec(_Model):
+    """How many machines and accelerators the job uses."""
+
+    nodes: int = Field(default=1, ge=1, le=1024, description="Nodes (pods); 1 = single node.")
+    gpus_per_node: int = Field(default=1, ge=0, le=16, description="GPUs per node; 0 trains on CPU.")
+
+
+class TrainingJobSpec(_Model):
+    """The desired training run."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
+        "rule": " || ".join(
+            f"(self.model.family == '{family}' && self.data.layout in {list(layouts)})"
+            for family, layouts in LAYOUTS_BY_FAMILY.items()
+        ),
+        "message": "spec.data.layout does not fit spec.model.family: sd15/sdxl read captions, "
+        "flux-kontext/qwen-image-edit read edit-pairs, pmg reads pmg, classifier reads image-folder",
+    }]})
+
+    model: ModelSpec = Field(description="The base model.")
+    adapter: AdapterSpec = Field(default_factory=AdapterSpec, description="What is trained.")
+    data: DataSpec = Field(description="The training data.")
+    training: TrainingSpec = Field(description="Length and optimisation.")
+    checkpoints: CheckpointSpec = Field(description="Checkpoints and the final adapter.")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Nodes and GPUs.")
+
+    @model_validator(mode="after")
+    def _layout_fits_family(self) -> "TrainingJobSpec":
+        allowed = LAYOUTS_BY_FAMILY[self.model.family]
+        if self.data.layout not in allowed:
+            raise ValueError(
+                f"spec.data.layout {self.data.layout!r} does not fit family {self.model.family!r}; "
+                f"use {' or '.join(repr(a) for a in allowed)}"
+            )
+        return self
+
+
+
+class Condition(_Model):
+    """A Kubernetes-style condition: one aspect of the job's state, with why and since when."""
+
+    type: str = Field(max_length=316, description="Condition type, e.g. Ready, Succeeded, Failed.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(default="", max_length=1024, description="CamelCase reason for the last transition.")
+    message: str = Field(default="", max_length=32768, description="Human-readable details.")
+    last_transition_time: Optional[str] = Field(default=None, description="When status last changed (RFC 3339).")
+
+
+class Progress(_Model):
+    """Training progress as the trainer reports it."""
+
+    step: int = Field(default=0, ge=0, description="Optimizer steps done.")
+    total_steps: int = Field(default=0, ge=0, description="Optimizer steps planned.")
+    percent: float = Field(default=0, ge=0, le=100, description="step / totalSteps in percent.")
+    eta_seconds: Optional[float] = Field(default=None, ge=0, description="Estimated seconds to finish.")
+    loss: Optional[float] = Field(default=None, description="Latest training loss.")
+
+
+class TrainingJobStatus(_Model):
+    """What the operator observed."""
+
+    phase: Literal["Pending", "Running", "Succeeded", "Failed", "Suspended"] = Field(
+        default="Pending", description="Pending, Running, Succeeded, Failed or Suspended."
+    )
+    conditions: list[Condition] = Field(default_factory=list, description="Detailed state.")
+    start_time: Optional[str] = Field(default=None, description="When training started (RFC 3339).")
+    completion_time: Optional[str] = Field(default=None, description="When the job finished (RFC 3339).")
+    progress: Optional[Progress] = Field(default=None, description="Latest progress from the trainer.")
+    latest_checkpoint: Optional[str] = Field(default=None, description="URI of the newest complete checkpoint.")
+    observed_generation: Optional[int] = Field(default=None, description="The spec generation last acted on.")
+
+
+class ObjectMeta(_Model):
+    """The parts of Kubernetes object metadata a manifest carries."""
+
+    model_config = ConfigDict(extra="allow")  # the API server owns the rest (uid, resourceVersion, ...)
+
+    name: str = Field(
+        min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        description="DNS-1123 name of the job.",
+    )
+    namespace: Optional[str] = Field(default=None, max_length=63)
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class TrainingJob(_Model):
+    """A whole TrainingJob manifest, as written to `kubectl apply`."""
+
+    api_version: Literal["kubetune.dev/v1alpha1"] = Field(description="kubetune.dev/v1alpha1")
+    kind: Literal["TrainingJob"] = Field(description="TrainingJob")
+    metadata: ObjectMeta
+    spec: TrainingJobSpec
+    status: Optional[TrainingJobStatus] = Field(default=None, description="Written by the operator.")
