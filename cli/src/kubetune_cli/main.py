@@ -71,6 +71,20 @@ def tiny_model(family: str, out_dir: str, seed: int) -> None:
     click.echo(f"wrote tiny {family} model to {path}")
 
 
+@dev.command("tiny-data")
+@click.option("--layout", required=True, type=click.Choice(["captions"]), help="Data layout.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Directory to write into.")
+@click.option("--count", default=8, show_default=True, type=click.IntRange(1, 100_000), help="Number of samples.")
+@click.option("--size", default=64, show_default=True, type=click.IntRange(8, 4096), help="Image size in pixels.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the generated content.")
+def tiny_data(layout: str, out_dir: str, count: int, size: int, seed: int) -> None:
+    """Write a small generated data set in a layout (coloured shapes with captions)."""
+    from kubetune_trainer.tiny_data import write_tiny_data
+
+    path = write_tiny_data(layout, Path(out_dir), count=count, size=size, seed=seed)
+    click.echo(f"wrote {count} {layout} samples to {path}")
+
+
 def _add_control_plane_commands() -> None:
     from kubetune_dev.cli import COMMANDS
 

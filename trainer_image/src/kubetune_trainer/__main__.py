@@ -1,0 +1,31 @@
+"""`python -m kubetune_trainer --config JOB.yaml`: what each training process runs."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kubetune_api.manifest import ManifestError, load_manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kubetune_trainer", description=__doc__)
+    parser.add_argument("--config", required=True, type=Path, help="the TrainingJob manifest")
+    args = parser.parse_args(argv)
+    try:
+        job = load_manifest(args.config)
+    except ManifestError as err:
+        print(f"{args.config}: invalid\n{err}", file=sys.stderr)
+        return 2
+    from kubetune_trainer.main import ConfigError, run
+
+    try:
+        run(job)
+    except (ConfigError, FileNotFoundError, NotImplementedError) as err:
+        print(f"kubetune trainer: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

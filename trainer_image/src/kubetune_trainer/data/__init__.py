@@ -1,0 +1,1 @@
+"""Training data: layouts on disk, image transforms and the batch order."""

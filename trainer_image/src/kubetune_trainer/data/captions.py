@@ -1,0 +1,72 @@
+"""The captions layout: images plus metadata.jsonl lines of {"file_name": ..., "text": ...}."""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from kubetune_trainer.data.images import ImageTransform
+
+
+@dataclass(frozen=True)
+class CaptionedImage:
+    path: Path
+    caption: str
+
+
+def read_captions(root: Path) -> list[CaptionedImage]:
+    """Read metadata.jsonl; name the file and line of anything wrong."""
+    metadata = root / "metadata.jsonl"
+    if not metadata.is_file():
+        raise FileNotFoundError(
+            f"spec.data.uri: {root} has no metadata.jsonl; the captions layout needs images plus "
+            'metadata.jsonl lines of {"file_name": ..., "text": ...}'
+        )
+    samples = []
+    for number, line in enumerate(metadata.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            sample = CaptionedImage(root / record["file_name"], str(record["text"]))
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"{metadata}:{number}: expected {{\"file_name\": ..., \"text\": ...}} ({err})") from None
+        if not sample.path.is_file():
+            raise FileNotFoundError(f"{metadata}:{number}: {sample.path.name} does not exist in {root}")
+        samples.append(sample)
+    if not samples:
+        raise ValueError(f"{metadata} lists no images")
+    return samples
+
+
+class CaptionsDataset(torch.utils.data.Dataset):
+    """Items are looked up by (epoch, index) so augmentations are reproducible on resume."""
+
+    def __init__(self, root: Path, transform: ImageTransform, caption_dropout: float, seed: int):
+        self.samples = read_captions(root)
+        self.transform = transform
+        self.caption_dropout = caption_dropout
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, key: tuple[int, int]) -> dict:
+        epoch, index = key
+        rng = random.Random(f"{self.seed}:{epoch}:{index}")
+        sample = self.samples[index]
+        with Image.open(sample.path) as image:
+            pixels = self.transform(image.convert("RGB"), rng)
+        caption = "" if rng.random() < self.caption_dropout else sample.caption
+        return {"pixel_values": pixels, "caption": caption}
+
+
+def collate(items: list[dict]) -> dict:
+    return {
+        "pixel_values": torch.stack([item["pixel_values"] for item in items]),
+        "captions": [item["caption"] for item in items],
+    }

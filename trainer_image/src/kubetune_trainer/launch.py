@@ -1,0 +1,62 @@
+"""Starting the trainer's processes: in this process, or several under `accelerate launch`."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from kubetune_api.spec import TrainingJob
+
+
+def accelerate_command(config: Path, nproc: int, nnodes: int = 1, node_rank: int = 0,
+                       master_addr: str = "127.0.0.1", master_port: int = 29500,
+                       mixed_precision: str = "no") -> list[str]:
+    """The `accelerate launch` argv that starts `nproc` trainer processes on this node.
+
+    --multi_gpu selects Accelerate's torchrun launcher, which also serves CPU-only processes
+    (they rendezvous over gloo); a single process needs no launcher options.
+    """
+    command = [sys.executable, "-m", "accelerate.commands.launch"]
+    if nproc * nnodes > 1:
+        command += [
+            "--multi_gpu", "--num_processes", str(nproc * nnodes), "--num_machines", str(nnodes),
+            "--machine_rank", str(node_rank), "--main_process_ip", master_addr,
+            "--main_process_port", str(master_port),
+        ]
+    else:
+        command += ["--num_processes", "1", "--num_machines", "1"]
+    command += ["--mixed_precision", mixed_precision, "--dynamo_backend", "no",
+                "-m", "kubetune_trainer", "--config", str(config)]
+    return command
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def write_config(job: TrainingJob, directory: Path) -> Path:
+    """The resolved manifest (overrides applied), as the trainer processes will read it."""
+    path = directory / "trainingjob.yaml"
+    path.write_text(yaml.safe_dump(job.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False))
+    return path
+
+
+def launch_local(job: TrainingJob, nproc: int = 1) -> int:
+    """Run the job on this machine; returns the exit code."""
+    if nproc == 1:
+        from kubetune_trainer.__main__ import main
+
+        with tempfile.TemporaryDirectory(prefix="kubetune-") as tmp:
+            return main(["--config", str(write_config(job, Path(tmp)))])
+    with tempfile.TemporaryDirectory(prefix="kubetune-") as tmp:
+        command = accelerate_command(write_config(job, Path(tmp)), nproc, master_port=free_port(),
+                                     mixed_precision=job.spec.training.mixed_precision)
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        return subprocess.call(command, env=env)

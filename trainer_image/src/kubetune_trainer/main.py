@@ -1,0 +1,122 @@
+"""The trainer's entry: set up, train, save. Runs once per process under `accelerate launch`."""
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import torch
+
+from kubetune_api.spec import TrainingJob, TrainingJobSpec
+from kubetune_trainer import checkpoints
+from kubetune_trainer.data.sampler import batches_per_epoch, check_enough_samples
+from kubetune_trainer.families import family_for
+from kubetune_trainer.loop import plan_steps, train
+from kubetune_trainer.optim import build_lr_scheduler, build_optimizer
+from kubetune_trainer.reporting import Reporter
+from kubetune_trainer.training_state import Position, load_state, save_main_state, save_rank_state
+
+log = logging.getLogger("kubetune.trainer")
+WEIGHT_DTYPES = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class ConfigError(ValueError):
+    """The spec asks for something this machine or this trainer version cannot do."""
+
+
+def local_path(uri: str, field: str) -> Path:
+    """Storage by URI: local paths today; s3:// comes with the storage layer."""
+    if uri.startswith("s3://"):
+        raise ConfigError(f"{field}: s3:// URIs are not supported by this trainer version yet; use a local path")
+    return Path(uri)
+
+
+def setup_accelerator(spec: TrainingJobSpec):
+    from accelerate import Accelerator
+
+    use_gpu = spec.resources.gpus_per_node > 0 and torch.cuda.is_available()
+    if spec.resources.gpus_per_node > 0 and not torch.cuda.is_available():
+        log.warning("spec.resources.gpusPerNode is %d but no GPU is visible: training on the CPU",
+                    spec.resources.gpus_per_node)
+    if spec.training.mixed_precision == "fp16" and not use_gpu:
+        raise ConfigError('spec.training.mixedPrecision: fp16 needs a GPU; use bf16 or "no" on the CPU')
+    return Accelerator(mixed_precision=spec.training.mixed_precision, cpu=not use_gpu)
+
+
+def _quiet_libraries() -> None:
+    import diffusers
+    import transformers
+
+    diffusers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+
+
+def run(job: TrainingJob) -> Path:
+    """Train the job to completion; return where the final weights are."""
+    from accelerate.utils import set_seed
+
+    spec = job.spec
+    accelerator = setup_accelerator(spec)
+    logging.basicConfig(level=logging.INFO if accelerator.is_main_process else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _quiet_libraries()
+    set_seed(spec.training.seed)
+    output = local_path(spec.checkpoints.uri, "spec.checkpoints.uri")
+    local_path(spec.data.uri, "spec.data.uri")
+    local_path(spec.model.pretrained, "spec.model.pretrained")
+
+    # Setup: model family, data, optimizer, schedule.
+    family = family_for(spec.model.family)(spec, accelerator.device, WEIGHT_DTYPES[spec.training.mixed_precision])
+    dataset = family.build_dataset()
+    world = accelerator.num_processes
+    check_enough_samples(len(dataset), spec.training.batch_size, world)
+    plan = plan_steps(spec.training, batches_per_epoch(len(dataset), spec.training.batch_size, world))
+    optimizer = build_optimizer(family.trainable_parameters(), spec.training)
+    scheduler = build_lr_scheduler(optimizer, spec.training, plan.total_steps)
+    model, optimizer = accelerator.prepare(family.trainable_module, optimizer)
+    noise_generator = torch.Generator().manual_seed(spec.training.seed * 7919 + accelerator.process_index + 1)
+
+    position = Position()
+    if spec.checkpoints.resume_from == "latest":
+        latest = checkpoints.latest_complete(output)
+        if latest is not None:
+            weights, position = load_state(latest.path, accelerator.process_index, optimizer, scheduler,
+                                           noise_generator)
+            family.load_trainable_state_dict(weights)
+            log.info("resumed from %s at step %d", latest.path, position.step)
+
+    def save_checkpoint(pos: Position) -> None:
+        if pos.step % spec.checkpoints.every_steps and pos.step != plan.total_steps:
+            return
+        path = checkpoints.checkpoint_dir(output, pos.step)
+        if accelerator.is_main_process and path.exists():
+            shutil.rmtree(path)  # a partial save of the same step from a crashed attempt
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            save_main_state(path, family.trainable_state_dict(), optimizer, scheduler, pos)
+            if spec.adapter.type == "lora":
+                family.save_weights(path)  # the adapter in its standard format, ready to pull
+        save_rank_state(path, accelerator.process_index, noise_generator)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            checkpoints.write_manifest(path, pos.step, pos.epoch, pos.loss)
+            checkpoints.prune(output, spec.checkpoints.keep_last)
+
+    samples_per_step = spec.training.batch_size * spec.training.gradient_accumulation_steps * world
+    reporter = Reporter(accelerator.is_main_process, plan.total_steps, position.step, output / "logs",
+                        spec.training.log_every_steps, samples_per_step)
+    reporter.message("training %s: %d steps, %d process(es), %d samples", job.metadata.name,
+                     plan.total_steps, world, len(dataset))
+    try:
+        train(accelerator, family, model, optimizer, scheduler, dataset, position, plan, reporter,
+              noise_generator, save_checkpoint)
+    finally:
+        reporter.close()
+
+    if accelerator.is_main_process:
+        written = family.save_weights(output)
+        log.info("final weights: %s", ", ".join(str(p) for p in written))
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return output

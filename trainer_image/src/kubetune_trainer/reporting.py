@@ -1,0 +1,58 @@
+"""What a run tells people while it trains: a progress bar, log lines and TensorBoard events.
+
+Only the main process reports; every method is a no-op elsewhere.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+log = logging.getLogger("kubetune.trainer")
+
+
+class Reporter:
+    def __init__(self, enabled: bool, total_steps: int, start_step: int, log_dir: Path | None,
+                 log_every: int, samples_per_step: int):
+        self.enabled = enabled
+        self.total_steps = total_steps
+        self.log_every = log_every
+        self.samples_per_step = samples_per_step
+        self._last_time = time.perf_counter()
+        self._bar = None
+        self._writer = None
+        if not enabled:
+            return
+        from tqdm.auto import tqdm
+
+        self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+        if log_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=str(log_dir))
+
+    def step(self, step: int, loss: float, lr: float) -> None:
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        step_seconds, self._last_time = now - self._last_time, now
+        samples_per_second = self.samples_per_step / step_seconds if step_seconds > 0 else 0.0
+        self._bar.update(1)
+        self._bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
+        if self._writer is not None:
+            self._writer.add_scalar("train/loss", loss, step)
+            self._writer.add_scalar("train/lr", lr, step)
+            self._writer.add_scalar("train/samples_per_second", samples_per_second, step)
+        if step % self.log_every == 0 or step == self.total_steps:
+            log.info("step %d/%d loss %.5f lr %.3e %.2f samples/s", step, self.total_steps, loss, lr,
+                     samples_per_second)
+
+    def message(self, text: str, *args) -> None:
+        if self.enabled:
+            log.info(text, *args)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._writer is not None:
+            self._writer.close()

@@ -1,0 +1,48 @@
+"""Small generated data sets in each layout, for demos and tests (no data-set hub here).
+
+Images are coloured shapes on a background, captioned with what they show, so a model has
+something learnable and captions differ per image.
+"""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+
+COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 80, 220), "yellow": (230, 210, 40)}
+SHAPES = ("square", "circle")
+
+
+def draw_shape(colour: str, shape: str, size: int, rng: random.Random) -> Image.Image:
+    background = tuple(rng.randrange(0, 80) for _ in range(3))
+    image = Image.new("RGB", (size, size), background)
+    draw = ImageDraw.Draw(image)
+    margin = rng.randrange(size // 8, size // 4)
+    box = (margin, margin, size - margin, size - margin)
+    (draw.rectangle if shape == "square" else draw.ellipse)(box, fill=COLOURS[colour])
+    return image
+
+
+def write_captions_dataset(out_dir: Path, count: int = 8, size: int = 64, seed: int = 0) -> Path:
+    """The Hugging Face image-folder convention: images + metadata.jsonl of {file_name, text}."""
+    rng = random.Random(seed)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(count):
+        colour, shape = rng.choice(list(COLOURS)), rng.choice(SHAPES)
+        name = f"{i:04d}.png"
+        draw_shape(colour, shape, size, rng).save(out_dir / name)
+        lines.append(json.dumps({"file_name": name, "text": f"a {colour} {shape}"}))
+    (out_dir / "metadata.jsonl").write_text("\n".join(lines) + "\n")
+    return out_dir
+
+
+WRITERS = {"captions": write_captions_dataset}
+
+
+def write_tiny_data(layout: str, out_dir: Path, count: int = 8, size: int = 64, seed: int = 0) -> Path:
+    if layout not in WRITERS:
+        raise ValueError(f"no tiny data for layout {layout!r}; available: {', '.join(WRITERS)}")
+    return WRITERS[layout](out_dir, count=count, size=size, seed=seed)

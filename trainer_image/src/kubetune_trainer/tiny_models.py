@@ -1,0 +1,116 @@
+"""Tiny random-weight models in the standard diffusers/transformers layouts.
+
+Nothing can be downloaded from a model hub on our test machines, so tests and demos build small
+models from configs of the real classes, save them with `save_pretrained`, and the trainer loads
+them back through the same `from_pretrained` path it uses for real weights.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+SPECIAL_TOKENS = ("<|startoftext|>", "<|endoftext|>")
+
+
+def _byte_to_unicode() -> dict[int, str]:
+    """The byte-level BPE alphabet: printable bytes map to themselves, the rest above U+0100."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    mapping, shift = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            mapping[byte] = chr(byte)
+        else:
+            mapping[byte] = chr(256 + shift)
+            shift += 1
+    return mapping
+
+
+def tiny_clip_tokenizer():
+    """A CLIP tokenizer whose vocabulary is every byte, alone and word-final: no merges needed.
+
+    It splits words into characters, which is all a random-weight text encoder can use.
+    """
+    from transformers import CLIPTokenizer
+
+    symbols = list(_byte_to_unicode().values())
+    vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *symbols, *(s + "</w>" for s in symbols)])}
+    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=77)
+
+
+def tiny_clip_text_encoder(vocab_size: int, hidden_size: int = 32, seed: int = 0):
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    torch.manual_seed(seed)
+    config = CLIPTextConfig(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=77,
+        bos_token_id=0, eos_token_id=1, pad_token_id=1,
+    )
+    return CLIPTextModel(config)
+
+
+def tiny_vae(seed: int = 0):
+    """A two-level VAE: latents are half the image size (the real one: an eighth)."""
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(seed)
+    return AutoencoderKL(
+        in_channels=3, out_channels=3, latent_channels=4,
+        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
+        block_out_channels=(32, 32), layers_per_block=1, norm_num_groups=32, sample_size=32,
+    )
+
+
+def tiny_sd_unet(cross_attention_dim: int = 32, seed: int = 0):
+    """The SD1.5 UNet architecture (cross-attention down/up blocks) at toy width."""
+    from diffusers import UNet2DConditionModel
+
+    torch.manual_seed(seed)
+    return UNet2DConditionModel(
+        sample_size=16, in_channels=4, out_channels=4, layers_per_block=1,
+        block_out_channels=(32, 64),
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=cross_attention_dim, attention_head_dim=8, norm_num_groups=32,
+    )
+
+
+def sd_noise_scheduler():
+    """The DDPM training scheduler SD1.5 ships with."""
+    from diffusers import DDPMScheduler
+
+    return DDPMScheduler(
+        num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+        prediction_type="epsilon", clip_sample=False, steps_offset=1,
+    )
+
+
+def write_tiny_sd15(out_dir: Path, seed: int = 0) -> Path:
+    from diffusers import StableDiffusionPipeline
+
+    tokenizer = tiny_clip_tokenizer()
+    pipeline = StableDiffusionPipeline(
+        vae=tiny_vae(seed),
+        text_encoder=tiny_clip_text_encoder(len(tokenizer), seed=seed),
+        tokenizer=tokenizer,
+        unet=tiny_sd_unet(seed=seed),
+        scheduler=sd_noise_scheduler(),
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+    pipeline.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+WRITERS = {"sd15": write_tiny_sd15}
+
+
+def write_tiny_model(family: str, out_dir: Path, seed: int = 0) -> Path:
+    """Write a tiny model of `family` into `out_dir` (created); returns the directory."""
+    if family not in WRITERS:
+        raise ValueError(f"no tiny model for family {family!r}; available: {', '.join(WRITERS)}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return WRITERS[family](out_dir, seed=seed)
