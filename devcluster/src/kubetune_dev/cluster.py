@@ -1,0 +1,354 @@
+"""The local control plane: which processes, in which order, with which flags, under one directory.
+
+    etcd → kube-apiserver → CRDs → kube-controller-manager → training operator
+         → S3 server (versitygw) → Prometheus → process kubelet
+
+Everything listens on 127.0.0.1 on ports chosen once per state directory (ports.json), so
+several state directories (a developer's and the e2e tests') can run side by side. `up` starts
+what is not running and waits until each part is ready, so it is idempotent; `down` stops every
+recorded process, the kubelet's pods included.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from kubetune_dev import certs, processes, versions
+
+REPO_CRDS = Path(__file__).resolve().parents[3] / "manifests" / "crd"
+PORT_NAMES = ["etcd", "etcd_peer", "apiserver", "operator_metrics", "operator_health", "operator_webhook",
+              "s3", "prometheus"]
+REGION = "us-east-1"
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("KUBETUNE_DEV_HOME", Path.home() / ".kubetune" / "dev"))
+
+
+class NotReady(RuntimeError):
+    pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Component:
+    name: str
+    argv: Callable[[], list[str]]
+    ready: Callable[[], bool]
+    env: Callable[[], dict[str, str]] = dict
+    timeout: float = 60.0
+
+
+class Cluster:
+    def __init__(self, home: Path | None = None, log: Callable[[str], None] = print):
+        self.home = (home or default_home()).resolve()
+        self.log = log
+        self.pki = self.home / "pki"
+        self.run_dir = self.home / "run"      # pid files
+        self.logs = self.home / "logs"
+        self.kubelet_state = self.home / "kubelet"
+        self.components = self._components()
+
+    # ---- layout -------------------------------------------------------------------------------
+    @property
+    def ports(self) -> dict[str, int]:
+        path = self.home / "ports.json"
+        if not path.exists():
+            self.home.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({name: _free_port() for name in PORT_NAMES}, indent=1))
+        return json.loads(path.read_text())
+
+    @property
+    def s3_credentials(self) -> dict[str, str]:
+        path = self.home / "s3-credentials.json"
+        if not path.exists():
+            self.home.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"access_key": "kubetune" + secrets.token_hex(4),
+                                        "secret_key": secrets.token_urlsafe(24)}))
+            path.chmod(0o600)
+        return json.loads(path.read_text())
+
+    def kubeconfig(self, client: str = "admin") -> Path:
+        return self.home / "kubeconfigs" / f"{client}.yaml"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports['apiserver']}"
+
+    def env(self) -> dict[str, str]:
+        """What a shell needs to use this control plane (printed by `kubetune dev env`)."""
+        creds, ports = self.s3_credentials, self.ports
+        tool_dirs = [str(versions.binary("kubectl").parent), str(versions.binary("helm").parent)]
+        return {
+            "KUBECONFIG": str(self.kubeconfig()),
+            "PATH": ":".join(tool_dirs + [os.environ.get("PATH", "")]),
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{ports['s3']}",
+            "AWS_ACCESS_KEY_ID": creds["access_key"],
+            "AWS_SECRET_ACCESS_KEY": creds["secret_key"],
+            "AWS_DEFAULT_REGION": REGION,
+            "PROMETHEUS_URL": f"http://127.0.0.1:{ports['prometheus']}",
+        }
+
+    # ---- probes -------------------------------------------------------------------------------
+    def _get(self, url: str, tls: bool = False) -> tuple[int, bytes]:
+        context = None
+        if tls:
+            context = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+            context.load_cert_chain(self.pki / "admin.crt", self.pki / "admin.key")
+        try:
+            with urllib.request.urlopen(url, timeout=3, context=context) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+        except (urllib.error.URLError, OSError):
+            return 0, b""
+
+    def api_get(self, path: str) -> tuple[int, bytes]:
+        return self._get(self.server + path, tls=True)
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([str(versions.binary("kubectl")), "--kubeconfig", str(self.kubeconfig()), *args],
+                              check=check, capture_output=True, text=True, input=input)
+
+    def _exists(self, path: str) -> bool:
+        return self.api_get(path)[0] == 200
+
+    # ---- components ---------------------------------------------------------------------------
+    def _components(self) -> list[Component]:
+        p = lambda name: self.ports[name]  # noqa: E731  (ports are chosen lazily, on first use)
+        pki = self.pki
+        return [
+            Component("etcd", lambda: [
+                str(versions.binary("etcd")), "--name=default", f"--data-dir={self.home / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{p('etcd')}",
+                f"--advertise-client-urls=http://127.0.0.1:{p('etcd')}",
+                f"--listen-peer-urls=http://127.0.0.1:{p('etcd_peer')}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{p('etcd_peer')}",
+                f"--initial-cluster=default=http://127.0.0.1:{p('etcd_peer')}",
+                # A throwaway development store: skipping fsync makes every write much faster.
+                "--unsafe-no-fsync", "--log-level=warn"],
+                lambda: self._get(f"http://127.0.0.1:{p('etcd')}/health")[0] == 200),
+            Component("kube-apiserver", lambda: [
+                str(versions.binary("kube-apiserver")), f"--etcd-servers=http://127.0.0.1:{p('etcd')}",
+                "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={p('apiserver')}",
+                f"--cert-dir={self.home / 'apiserver'}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                "--authorization-mode=RBAC",
+                # PodSecurity is on by default; listed so that no one drops it by accident.
+                "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,PodSecurity",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true", "--profiling=false"],
+                lambda: self.api_get("/readyz")[0] == 200, timeout=90),
+            Component("kube-controller-manager", lambda: [
+                str(versions.binary("kube-controller-manager")),
+                f"--kubeconfig={self.kubeconfig('controller-manager')}",
+                # No serving port: nothing scrapes it and it must not bind beyond loopback.
+                "--secure-port=0", "--leader-elect=false",
+                "--controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller,"
+                "serviceaccount-token-controller,root-ca-certificate-publisher-controller,"
+                "endpoints-controller,endpointslice-controller,replicaset-controller,deployment-controller,"
+                "job-controller",
+                f"--root-ca-file={pki / 'ca.crt'}", f"--service-account-private-key-file={pki / 'sa.key'}"],
+                # Pods need the default ServiceAccount; the controller manager creates it.
+                lambda: self._exists("/api/v1/namespaces/default/serviceaccounts/default")),
+            Component("training-operator", lambda: [
+                str(versions.binary("training-operator.v1")), "--enable-scheme=pytorchjob",
+                f"--metrics-bind-address=127.0.0.1:{p('operator_metrics')}",
+                f"--health-probe-bind-address=127.0.0.1:{p('operator_health')}",
+                f"--webhook-server-port={p('operator_webhook')}"],
+                lambda: self._get(f"http://127.0.0.1:{p('operator_health')}/readyz")[0] == 200,
+                env=lambda: {"KUBECONFIG": str(self.kubeconfig("training-operator"))}),
+            Component("s3", lambda: [
+                str(versions.binary("versitygw")), "--access", self.s3_credentials["access_key"],
+                "--secret", self.s3_credentials["secret_key"], "--region", REGION,
+                "--port", f"127.0.0.1:{p('s3')}", "posix", str(self.home / "s3")],
+                lambda: self._get(f"http://127.0.0.1:{p('s3')}/")[0] != 0),
+            Component("prometheus", lambda: [
+                str(versions.binary("prometheus")), f"--config.file={self._prometheus_config()}",
+                f"--storage.tsdb.path={self.home / 'prometheus' / 'data'}",
+                f"--web.listen-address=127.0.0.1:{p('prometheus')}"],
+                lambda: self._get(f"http://127.0.0.1:{p('prometheus')}/-/ready")[0] == 200),
+            Component("kubelet", lambda: [
+                sys.executable, "-m", "kubetune_dev.kubelet", f"--kubeconfig={self.kubeconfig('kubelet')}",
+                f"--state={self.kubelet_state}", f"--api-port={p('apiserver')}"],
+                lambda: self._node_ready()),
+        ]
+
+    def _node_ready(self) -> bool:
+        status, body = self.api_get("/api/v1/nodes/kubetune-dev")
+        if status != 200:
+            return False
+        conditions = json.loads(body).get("status", {}).get("conditions", [])
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    @property
+    def prometheus_targets(self) -> Path:
+        """Drop a file_sd JSON file here to have Prometheus scrape a target."""
+        return self.home / "prometheus" / "targets"
+
+    def _prometheus_config(self) -> Path:
+        path = self.home / "prometheus" / "prometheus.yml"
+        self.prometheus_targets.mkdir(parents=True, exist_ok=True)
+        config = {
+            "global": {"scrape_interval": "2s", "evaluation_interval": "5s"},
+            "scrape_configs": [
+                {"job_name": "prometheus",
+                 "static_configs": [{"targets": [f"127.0.0.1:{self.ports['prometheus']}"]}]},
+                {"job_name": "files", "file_sd_configs": [
+                    {"files": [str(self.prometheus_targets / "*.json")], "refresh_interval": "2s"}]},
+                # Pods annotated prometheus.io/scrape=true, at their 127.x address: how the
+                # operator's and trainer's metrics reach Prometheus here as in a real cluster.
+                {"job_name": "pods",
+                 "kubernetes_sd_configs": [{"role": "pod", "kubeconfig_file": str(self.kubeconfig())}],
+                 "relabel_configs": [
+                     {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"],
+                      "regex": "true", "action": "keep"},
+                     {"source_labels": ["__meta_kubernetes_pod_ip", "__meta_kubernetes_pod_annotation_prometheus_io_port"],
+                      "regex": "(.+);(\\d+)", "replacement": "$1:$2", "target_label": "__address__"},
+                     {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+                     {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"}]},
+            ],
+        }
+        path.write_text(json.dumps(config, indent=1))  # JSON is YAML
+        return path
+
+    # ---- up / down / status -------------------------------------------------------------------
+    def _pid_file(self, name: str) -> Path:
+        return self.run_dir / f"{name}.pid"
+
+    def _prepare(self) -> None:
+        for name in ["etcd", "s3", "prometheus/data", "apiserver"]:
+            (self.home / name).mkdir(parents=True, exist_ok=True)
+        certs.ensure_pki(self.pki)
+        for client in certs.CLIENTS:
+            certs.write_kubeconfig(self.kubeconfig(client), self.server, self.pki, client)
+
+    def _start(self, component: Component) -> None:
+        start = time.monotonic()
+        if processes.running(self._pid_file(component.name)):
+            state = "running"
+        else:
+            env = {**os.environ, **component.env()}
+            processes.spawn(component.argv(), self.logs / f"{component.name}.log", self._pid_file(component.name),
+                            env=env, cwd=self.home)
+            state = "started"
+        deadline = start + component.timeout
+        while not component.ready():
+            if not processes.running(self._pid_file(component.name)):
+                raise NotReady(f"{component.name} exited; see {self.logs / (component.name + '.log')}")
+            if time.monotonic() > deadline:
+                raise NotReady(f"{component.name} not ready after {component.timeout:.0f} s; "
+                               f"see {self.logs / (component.name + '.log')}")
+            time.sleep(0.2)
+        self.log(f"{component.name:24} {state}, ready in {time.monotonic() - start:.1f} s")
+
+    def up(self) -> None:
+        """Start whatever is not running and wait until every part is ready."""
+        # Fail early, with the build hint, when a binary is missing.
+        for binary in ["etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "helm",
+                       "training-operator.v1", "versitygw", "prometheus"]:
+            versions.binary(binary)
+        self._prepare()
+        by_name = {c.name: c for c in self.components}
+        self._start(by_name["etcd"])
+        self._start(by_name["kube-apiserver"])
+        # CRDs go in before the controller manager: its garbage collector re-reads discovery only
+        # every 30 s, so resources it has not seen yet would keep their orphans that long.
+        self._install_crds()
+        self._start(by_name["kube-controller-manager"])
+        self._prepare_training_operator()
+        for name in ["training-operator", "s3", "prometheus", "kubelet"]:
+            self._start(by_name[name])
+
+    def _install_crds(self) -> None:
+        files = versions.training_operator_crds() + sorted(REPO_CRDS.glob("*.yaml"))
+        for f in files:
+            self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(f))
+        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+
+    def _prepare_training_operator(self) -> None:
+        """The namespace and the (empty) webhook-certificate Secret it fills in and requires.
+
+        v1.9 always runs its certificate rotator; its ValidatingWebhookConfiguration is left out
+        on purpose, so the API server never calls a webhook that listens outside loopback.
+        """
+        manifest = {
+            "apiVersion": "v1", "kind": "List", "items": [
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kubeflow"}},
+                {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                 "metadata": {"name": "training-operator-webhook-cert", "namespace": "kubeflow"}},
+            ]}
+        self.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+
+    def down(self) -> None:
+        """Stop the kubelet first (it stops its pods), then the rest in reverse start order."""
+        for component in reversed(self.components):
+            proc = processes.running(self._pid_file(component.name))
+            if proc is not None:
+                processes.stop(proc, grace=20 if component.name == "kubelet" else 10)
+                self.log(f"{component.name:24} stopped")
+        # Containers the kubelet could not stop (it was killed): their pid files remain.
+        for pid_file in self.kubelet_state.glob("pods/*/pids/*.json"):
+            proc = processes.running(pid_file)
+            if proc is not None:
+                processes.stop(proc, grace=5)
+                self.log(f"leftover container {pid_file.parent.parent.name}/{pid_file.stem} stopped")
+
+    def status(self) -> dict[str, int | None]:
+        """Component name -> pid when running, else None."""
+        result = {}
+        for component in self.components:
+            proc = processes.running(self._pid_file(component.name))
+            result[component.name] = proc.pid if proc else None
+        return result
+
+    def pids(self) -> list[int]:
+        """Every process of the control plane: components, their children and the pods."""
+        roots = [p for p in self.status().values() if p]
+        roots += [proc.pid for f in self.kubelet_state.glob("pods/*/pids/*.json") if (proc := processes.running(f))]
+        return sorted(set(roots) | {child for root in roots for child in _descendants(root)})
+
+    def pod_log(self, pod: str, namespace: str, container: str | None) -> Path:
+        """The log file of a container (the newest pod of that name; the only container by default)."""
+        dirs = sorted(self.kubelet_state.glob(f"pods/{namespace}_{pod}_*"), key=lambda d: d.stat().st_mtime)
+        if not dirs:
+            component_log = self.logs / f"{pod}.log"
+            if component_log.exists():  # `kubetune dev logs kube-apiserver` works too
+                return component_log
+            raise FileNotFoundError(f"no pod {namespace}/{pod} has run on this control plane")
+        logs = sorted((dirs[-1] / "logs").glob("*.log"))
+        if container:
+            logs = [f for f in logs if f.stem == container]
+        if len(logs) != 1:
+            names = ", ".join(f.stem for f in sorted((dirs[-1] / 'logs').glob('*.log')))
+            raise FileNotFoundError(f"pick a container with -c (containers: {names})")
+        return logs[0]
+
+
+def _descendants(pid: int) -> set[int]:
+    children = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children |= {int(c) for c in (task / "children").read_text().split()}
+        except OSError:
+            continue
+    return children | {d for c in children for d in _descendants(c)}

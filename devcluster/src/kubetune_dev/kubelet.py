@@ -1,0 +1,222 @@
+"""The process kubelet: one Node whose pods run as local processes.
+
+    python -m kubetune_dev.kubelet --kubeconfig K --state DIR --api-port P
+
+Each second it reconciles the API's view with the processes it runs:
+  * registers its Node and keeps its Ready condition fresh;
+  * binds pods nobody scheduled to itself (one node, so the scheduler is one line);
+  * starts a PodRunner for each new pod bound to it, giving it the next 127.x.y.z address;
+  * on deletion, stops the pod (SIGTERM, SIGKILL after the grace period) and then removes it
+    from the API, which is the kubelet's part in graceful deletion;
+  * rewrites every running pod's hosts file from the current pods and services.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import shutil
+import signal
+import threading
+from pathlib import Path
+
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from kubetune_dev import hosts, processes
+from kubetune_dev.podrunner import PodRunner, now
+
+log = logging.getLogger("kubelet")
+NODE_NAME = "kubetune-dev"
+TERMINAL = ("Succeeded", "Failed")
+
+
+class Addresses:
+    """Pod IPs 127.1.0.1, 127.1.0.2, …: a persisted counter, never reused within a state dir."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def next(self) -> str:
+        n = int(self.path.read_text()) if self.path.exists() else 0
+        self.path.write_text(str(n + 1))
+        # Skip .0 and .255 in the last octet; 127.1.0.0/16 leaves room for 65k pods.
+        return f"127.1.{(n // 254) % 256}.{n % 254 + 1}"
+
+
+class Kubelet:
+    def __init__(self, api: client.CoreV1Api, state: Path, api_port: int):
+        self.api, self.state = api, state
+        self.pods_dir = state / "pods"
+        self.addresses = Addresses(state / "next-pod-ip")
+        self.runners: dict[str, PodRunner] = {}  # pod uid -> runner
+        self.base_env = {"HOME": "/root", "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+                         "KUBERNETES_SERVICE_PORT": str(api_port), "KUBERNETES_SERVICE_PORT_HTTPS": str(api_port),
+                         "KUBERNETES_PORT": f"tcp://127.0.0.1:{api_port}"}
+        self.stopped = threading.Event()
+        self._last_heartbeat = 0.0
+
+    # ---- node ---------------------------------------------------------------------------------
+    def register(self) -> None:
+        node = {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": NODE_NAME, "labels": {"kubernetes.io/hostname": NODE_NAME,
+                                                           "kubernetes.io/os": "linux",
+                                                           "kubernetes.io/arch": "amd64" if platform.machine() == "x86_64" else platform.machine()}}}
+        try:
+            self.api.create_node(node, _preload_content=False)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        self.heartbeat()
+
+    def heartbeat(self) -> None:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        capacity = {"cpu": str(os.cpu_count()), "memory": f"{memory // 1024}Ki", "pods": "110"}
+        status = {"capacity": capacity, "allocatable": capacity,
+                  "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
+                                {"type": "Hostname", "address": NODE_NAME}],
+                  "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                  "message": "process kubelet is posting ready status",
+                                  "lastHeartbeatTime": now(), "lastTransitionTime": now()}],
+                  "nodeInfo": {"kubeletVersion": "process-kubelet", "operatingSystem": "linux",
+                               "architecture": platform.machine(), "containerRuntimeVersion": "process://",
+                               "kernelVersion": platform.release(), "osImage": platform.platform(),
+                               "machineID": "", "systemUUID": "", "bootID": "", "kubeProxyVersion": ""}}
+        self.api.patch_node_status(NODE_NAME, {"status": status}, _content_type="application/merge-patch+json")
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def run(self) -> None:
+        self._kill_leftovers()
+        self.register()
+        ticks = 0
+        while not self.stopped.wait(1.0):
+            ticks += 1
+            try:
+                self.sync()
+                if ticks % 10 == 0:
+                    self.heartbeat()
+            except Exception:
+                log.exception("sync failed; retrying")
+        self.shutdown()
+
+    def _list(self, call) -> list[dict]:
+        return json.loads(call(_preload_content=False).data)["items"]
+
+    def sync(self) -> None:
+        pods = self._list(self.api.list_pod_for_all_namespaces)
+        seen = set()
+        for pod in pods:
+            meta, spec = pod["metadata"], pod["spec"]
+            uid = meta["uid"]
+            if not spec.get("nodeName"):
+                if spec.get("schedulerName", "default-scheduler") == "default-scheduler" and not meta.get("deletionTimestamp"):
+                    self.bind(pod)
+                continue
+            if spec["nodeName"] != NODE_NAME:
+                continue
+            seen.add(uid)
+            runner = self.runners.get(uid)
+            deleting = meta.get("deletionTimestamp") is not None
+            if runner is None and not deleting and (pod.get("status") or {}).get("phase") not in TERMINAL:
+                self.start(pod)
+            elif deleting:
+                if runner is not None:
+                    runner.stop(float(meta.get("deletionGracePeriodSeconds") or 0))
+                if runner is None or runner.finished:
+                    self.finalize_deletion(pod)
+        # Pods removed from the API outright (force deletion): stop them at once.
+        for uid in list(self.runners):
+            if uid not in seen:
+                self.runners[uid].stop(0)
+                if self.runners[uid].finished:
+                    self._forget(uid)
+        self.write_hosts(pods)
+
+    def bind(self, pod: dict) -> None:
+        meta = pod["metadata"]
+        binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": meta["name"]},
+                   "target": {"apiVersion": "v1", "kind": "Node", "name": NODE_NAME}}
+        try:
+            self.api.create_namespaced_pod_binding(meta["name"], meta["namespace"], binding, _preload_content=False)
+            log.info("bound %s/%s to %s", meta["namespace"], meta["name"], NODE_NAME)
+        except ApiException as e:
+            if e.status != 409:  # already bound by a previous pass
+                raise
+
+    def start(self, pod: dict) -> None:
+        meta = pod["metadata"]
+        pod_dir = self.pods_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+        pod_dir.mkdir(parents=True, exist_ok=True)
+        ip_file = pod_dir / "ip"
+        if not ip_file.exists():
+            ip_file.write_text(self.addresses.next())
+        runner = PodRunner(self.api, pod, pod_dir, ip_file.read_text(), self.base_env)
+        # The pod's address is published before any container runs, so names resolve early.
+        runner.pod.setdefault("status", {})["podIP"] = runner.ip
+        runner.hosts_file.touch()
+        self.runners[meta["uid"]] = runner
+        log.info("starting %s/%s at %s", meta["namespace"], meta["name"], runner.ip)
+        runner.start()
+
+    def finalize_deletion(self, pod: dict) -> None:
+        meta = pod["metadata"]
+        try:
+            self.api.delete_namespaced_pod(meta["name"], meta["namespace"], grace_period_seconds=0,
+                                           body={"preconditions": {"uid": meta["uid"]}}, _preload_content=False)
+            log.info("deleted %s/%s", meta["namespace"], meta["name"])
+        except ApiException as e:
+            if e.status not in (404, 409):
+                raise
+        self._forget(meta["uid"])
+
+    def _forget(self, uid: str) -> None:
+        runner = self.runners.pop(uid, None)
+        if runner is not None:
+            shutil.rmtree(runner.dir / "volumes", ignore_errors=True)
+
+    def write_hosts(self, pods: list[dict]) -> None:
+        services = self._list(self.api.list_service_for_all_namespaces)
+        live = []
+        for pod in pods:
+            runner = self.runners.get(pod["metadata"]["uid"])
+            if runner is not None and not runner.finished:
+                pod = {**pod, "status": {**(pod.get("status") or {}), "podIP": runner.ip}}
+                live.append((pod, runner))
+        for pod, runner in live:
+            hosts.write_in_place(runner.hosts_file, hosts.render(pod, [p for p, _ in live], services))
+
+    # ---- shutdown -----------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Stop every pod (kubelet exit means its containers go too: nothing outlives `dev down`)."""
+        for runner in self.runners.values():
+            runner.stop(5)
+        for runner in self.runners.values():
+            runner.join(timeout=10)
+        self._kill_leftovers()
+
+    def _kill_leftovers(self) -> None:
+        """Containers recorded by an earlier kubelet process that are still running."""
+        for pid_file in self.pods_dir.glob("*/pids/*.json"):
+            proc = processes.running(pid_file)
+            if proc is not None:
+                processes.stop(proc, grace=5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--state", required=True, type=Path)
+    parser.add_argument("--api-port", required=True, type=int)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    api = client.CoreV1Api(config.new_client_from_config(config_file=args.kubeconfig))
+    kubelet = Kubelet(api, args.state, args.api_port)
+    signal.signal(signal.SIGTERM, lambda *_: kubelet.stopped.set())
+    signal.signal(signal.SIGINT, lambda *_: kubelet.stopped.set())
+    kubelet.run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""The first program of every container: private mounts and hostname, then exec.
+
+The process kubelet starts `python -m kubetune_dev.sandbox SPEC.json`. In a new mount and UTS
+namespace (we run as root), it bind-mounts the pod's hosts file over /etc/hosts and each volume
+directory over its container path, sets the pod's hostname, and execs the container command.
+Only this process tree sees those mounts; the host's files stay as they are. Name lookups from
+C code (torch's c10d store, gloo) read /etc/hosts, which is why a Python-level patch would not do.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import socket
+import sys
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+MS_RDONLY = 0x1
+MS_REMOUNT = 0x20
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_PRIVATE = 0x40000
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def _mount(source: str | None, target: str, flags: int) -> None:
+    src = source.encode() if source else None
+    _check(_libc.mount(src, target.encode(), None, flags, None), f"mount {source} on {target}")
+
+
+def bind(source: str, target: str, read_only: bool) -> None:
+    """Bind SOURCE over TARGET, creating an empty mount point of the right kind if needed."""
+    if not os.path.exists(target):
+        if os.path.isdir(source):
+            os.makedirs(target, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            open(target, "a").close()
+    _mount(source, target, MS_BIND | MS_REC)
+    if read_only:
+        _mount(None, target, MS_BIND | MS_REMOUNT | MS_RDONLY)
+
+
+def main(spec_path: str) -> None:
+    with open(spec_path) as f:
+        spec = json.load(f)
+    _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWUTS), "unshare")
+    # Keep our mounts from propagating back to the host's mount namespace.
+    _mount(None, "/", MS_REC | MS_PRIVATE)
+    socket.sethostname(spec["hostname"])
+    bind(spec["hosts"], "/etc/hosts", read_only=True)
+    for m in spec["mounts"]:
+        bind(m["source"], m["target"], m["readOnly"])
+    os.chdir(spec["workingDir"])
+    argv = spec["argv"]
+    try:
+        os.execvpe(argv[0], argv, spec["env"])
+    except FileNotFoundError:
+        print(f"sandbox: executable {argv[0]!r} not found in PATH {spec['env'].get('PATH')}",
+              file=sys.stderr)
+        sys.exit(127)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
