@@ -6,6 +6,7 @@ because that is what a user has to edit.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,21 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from kubetune_api.spec import TrainingJob
+
+
+class ManifestLoader(yaml.SafeLoader):
+    """YAML as the API server reads it: `1e-4` is a number (PyYAML's YAML 1.1 makes it a string)."""
+
+
+ManifestLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=ManifestLoader)
 
 
 class ManifestError(ValueError):
@@ -27,7 +43,7 @@ class ManifestError(ValueError):
 def load_manifest(path: Path, overrides: Iterable[str] = ()) -> TrainingJob:
     """Read a manifest file, apply `PATH=VALUE` overrides, and validate it."""
     try:
-        documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+        documents = [d for d in yaml.load_all(path.read_text(), Loader=ManifestLoader) if d is not None]
     except yaml.YAMLError as err:
         raise ManifestError([f"not valid YAML: {err}"]) from err
     jobs = [d for d in documents if isinstance(d, dict) and d.get("kind") == "TrainingJob"]
@@ -58,7 +74,7 @@ def apply_overrides(document: Mapping[str, Any], overrides: Iterable[str]) -> di
             if not isinstance(child, dict):
                 raise ManifestError([f"--set {override!r}: {key} is not a mapping"])
             node = child
-        node[keys[-1]] = yaml.safe_load(raw) if raw else ""
+        node[keys[-1]] = load_yaml(raw) if raw else ""
     return result
 
 

@@ -1,0 +1,109 @@
+"""The TrainingJob spec accepts the examples and rejects bad input, naming the field."""
+import copy
+
+import pytest
+
+from kubetune_api.manifest import ManifestError, apply_overrides, load_manifest, parse_manifest
+from tests.conftest import EXAMPLES
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_manifest_validates(path):
+    job = load_manifest(path)
+    assert job.kind == "TrainingJob"
+
+
+def with_change(manifest: dict, dotted: str, value) -> dict:
+    """A copy of the manifest with one field set (value DELETE removes it)."""
+    result = copy.deepcopy(manifest)
+    *parents, last = dotted.split(".")
+    node = result
+    for key in parents:
+        node = node[key]
+    if value == "DELETE":
+        del node[last]
+    else:
+        node[last] = value
+    return result
+
+
+BAD_INPUTS = [
+    # (field, value, expected words in the message)
+    ("spec.training.learningrate", 1e-4, ["spec.training.learningrate", "unknown field", "did you mean 'learningRate'"]),
+    ("spec.trainng", {}, ["spec.trainng", "unknown field", "did you mean 'training'"]),
+    ("spec.training.learningRate", 0, ["spec.training.learningRate", "greater than 0"]),
+    ("spec.training.learningRate", -1e-4, ["spec.training.learningRate", "greater than 0"]),
+    ("spec.training.learningRate", "fast", ["spec.training.learningRate", "valid number"]),
+    ("spec.adapter.rank", 0, ["spec.adapter.rank", "greater than or equal to 1"]),
+    ("spec.adapter.rank", 100000, ["spec.adapter.rank", "less than or equal to 1024"]),
+    ("spec.training.batchSize", "4", ["spec.training.batchSize", "valid integer"]),
+    ("spec.training.batchSize", "four", ["spec.training.batchSize", "valid integer"]),
+    ("spec.model.family", "sd3", ["spec.model.family", "'sd15'", "'classifier'"]),
+    ("spec.data.layout", "webdataset", ["spec.data.layout", "'captions'", "'edit-pairs'"]),
+    ("spec.data.uri", "gs://bucket/data", ["spec.data.uri", "unsupported URI scheme 'gs'", "s3://bucket/prefix"]),
+    ("spec.checkpoints.uri", "http://example/ckpt", ["spec.checkpoints.uri", "unsupported URI scheme 'http'"]),
+    ("spec.model.pretrained", "s3://", ["spec.model.pretrained", "needs a bucket"]),
+    ("spec.resources.gpusPerNode", -1, ["spec.resources.gpusPerNode", "greater than or equal to 0"]),
+    ("spec.resources.nodes", 0, ["spec.resources.nodes", "greater than or equal to 1"]),
+    ("spec.data.resolution", 513, ["spec.data.resolution", "multiple of 8"]),
+    ("spec.training.gradientAccumulationSteps", 0, ["spec.training.gradientAccumulationSteps", "greater than or equal to 1"]),
+    ("spec.model", "DELETE", ["spec.model", "Field required"]),
+    ("spec.training.mixedPrecision", "fp8", ["spec.training.mixedPrecision", "'bf16'"]),
+    ("spec.training.epochs", 3, ["maxSteps", "epochs", "not both"]),
+    ("spec.training.maxSteps", "DELETE", ["spec.training.maxSteps or spec.training.epochs"]),
+    ("spec.data.layout", "edit-pairs", ["spec.data.layout", "does not fit family 'sd15'", "'captions'"]),
+    ("metadata.name", "Bad_Name", ["metadata.name", "pattern"]),
+]
+
+
+@pytest.mark.parametrize("field,value,expected", BAD_INPUTS, ids=[f"{f}={v!r}" for f, v, _ in BAD_INPUTS])
+def test_bad_input_is_rejected_naming_the_field(example_manifest, field, value, expected):
+    with pytest.raises(ManifestError) as caught:
+        parse_manifest(with_change(example_manifest, field, value))
+    message = str(caught.value)
+    for words in expected:
+        assert words in message, message
+
+
+def test_every_problem_is_reported_at_once(example_manifest):
+    bad = with_change(with_change(example_manifest, "spec.adapter.rank", 0), "spec.training.batchSize", "x")
+    with pytest.raises(ManifestError) as caught:
+        parse_manifest(bad)
+    assert len(caught.value.problems) == 2
+
+
+def test_overrides_parse_values_as_yaml(example_manifest):
+    changed = apply_overrides(example_manifest, ["spec.training.maxSteps=2", "spec.data.uri=/tmp/x",
+                                                 "spec.training.learningRate=1e-3"])
+    job = parse_manifest(changed)
+    assert job.spec.training.max_steps == 2
+    assert job.spec.data.uri == "/tmp/x"
+    assert job.spec.training.learning_rate == pytest.approx(1e-3)
+    assert example_manifest["spec"]["training"]["maxSteps"] == 1000, "the original is left alone"
+
+
+def test_an_override_without_equals_sign_is_refused(example_manifest):
+    with pytest.raises(ManifestError, match="expected PATH=VALUE"):
+        apply_overrides(example_manifest, ["spec.training.maxSteps"])
+
+
+def test_defaults_fill_what_the_manifest_leaves_out(example_manifest):
+    minimal = copy.deepcopy(example_manifest)
+    del minimal["spec"]["adapter"], minimal["spec"]["resources"]
+    job = parse_manifest(minimal)
+    assert job.spec.adapter.type == "lora" and job.spec.adapter.rank == 8
+    assert job.spec.resources.nodes == 1
+
+
+def test_validate_command_reports_the_verdict(tmp_path, example_manifest):
+    import yaml
+    from click.testing import CliRunner
+
+    from kubetune_cli.main import cli
+
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(example_manifest))
+    ok = CliRunner().invoke(cli, ["validate", "-f", str(path)])
+    assert ok.exit_code == 0 and "valid TrainingJob 'sd15-lora-demo'" in ok.output
+    bad = CliRunner().invoke(cli, ["validate", "-f", str(path), "--set", "spec.adapter.rank=0"])
+    assert bad.exit_code == 1 and "spec.adapter.rank" in bad.output
