@@ -17,11 +17,12 @@ def main(argv: list[str] | None = None) -> int:
     except ManifestError as err:
         print(f"{args.config}: invalid\n{err}", file=sys.stderr)
         return 2
-    from kubetune_trainer.main import ConfigError, run
+    from kubetune_trainer.errors import ConfigError
+    from kubetune_trainer.main import run
 
     try:
         run(job)
-    except (ConfigError, FileNotFoundError, NotImplementedError) as err:
+    except (ConfigError, FileNotFoundError) as err:
         print(f"kubetune trainer: {err}", file=sys.stderr)
         return 2
     return 0

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 
 from kubetune_api.spec import TrainingSpec
 from kubetune_trainer.data.sampler import epoch_batches
+from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.reporting import Reporter
 from kubetune_trainer.training_state import Position
@@ -32,7 +33,7 @@ def plan_steps(training: TrainingSpec, batches_per_epoch: int) -> Plan:
         return Plan(training.max_steps, batches_per_epoch)
     total = training.epochs * batches_per_epoch // training.gradient_accumulation_steps
     if total == 0:
-        raise ValueError(
+        raise ConfigError(
             f"spec.training.epochs: {training.epochs} epoch(s) of {batches_per_epoch} batches make no "
             f"optimizer step with gradientAccumulationSteps {training.gradient_accumulation_steps}; "
             "train for more epochs or accumulate less"
@@ -52,8 +53,11 @@ def train(accelerator, family: ModelFamily, model: torch.nn.Module, optimizer, s
     while position.step < plan.total_steps:
         batches = epoch_batches(len(dataset), training.batch_size, accelerator.num_processes,
                                 accelerator.process_index, training.seed, position.epoch)
+        # The loader gets its own generator: creating an iterator otherwise draws from the global
+        # torch RNG, and a resumed run (which creates one mid-epoch) would drift from the original.
         loader = DataLoader(dataset, batch_sampler=batches[position.batches_done_in_epoch:],
-                            collate_fn=family.collate, num_workers=family.spec.data.num_workers)
+                            collate_fn=family.collate, num_workers=family.spec.data.num_workers,
+                            generator=torch.Generator().manual_seed(training.seed + position.epoch))
         for batch in loader:
             syncing = (position.micro_batches + 1) % accumulation == 0
             # Between optimizer steps gradients accumulate locally; only the last micro-batch all-reduces.

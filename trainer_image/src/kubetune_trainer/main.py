@@ -14,14 +14,12 @@ from kubetune_trainer.families import family_for
 from kubetune_trainer.loop import plan_steps, train
 from kubetune_trainer.optim import build_lr_scheduler, build_optimizer
 from kubetune_trainer.reporting import Reporter
-from kubetune_trainer.training_state import Position, load_state, save_main_state, save_rank_state
+from kubetune_trainer.errors import ConfigError
+from kubetune_trainer.training_state import (Position, read_trainable, restore_state, save_main_state,
+                                             save_rank_state)
 
 log = logging.getLogger("kubetune.trainer")
 WEIGHT_DTYPES = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-class ConfigError(ValueError):
-    """The spec asks for something this machine or this trainer version cannot do."""
 
 
 def local_path(uri: str, field: str) -> Path:
@@ -81,9 +79,9 @@ def run(job: TrainingJob) -> Path:
     if spec.checkpoints.resume_from == "latest":
         latest = checkpoints.latest_complete(output)
         if latest is not None:
-            weights, position = load_state(latest.path, accelerator.process_index, optimizer, scheduler,
-                                           noise_generator)
-            family.load_trainable_state_dict(weights)
+            family.load_trainable_state_dict(read_trainable(latest.path))
+            position = restore_state(latest.path, accelerator.process_index, optimizer, scheduler,
+                                     noise_generator)
             log.info("resumed from %s at step %d", latest.path, position.step)
 
     def save_checkpoint(pos: Position) -> None:

@@ -72,8 +72,12 @@ def save_rank_state(path: Path, rank: int, noise_generator: torch.Generator) -> 
     torch.save(capture_rng(noise_generator), path / rng_file(rank))
 
 
-def load_state(path: Path, rank: int, optimizer, scheduler, noise_generator: torch.Generator):
-    """Restore optimizer, scheduler and this rank's RNG; return (trainable weights, position)."""
+def read_trainable(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(path / TRAINABLE)
+
+
+def restore_state(path: Path, rank: int, optimizer, scheduler, noise_generator: torch.Generator) -> Position:
+    """Put optimizer, scheduler and this rank's RNG back; return where the run was."""
     optimizer.load_state_dict(torch.load(path / OPTIMIZER, weights_only=False))
     scheduler.load_state_dict(torch.load(path / SCHEDULER, weights_only=False))
     rng_path = path / rng_file(rank)
@@ -81,5 +85,4 @@ def load_state(path: Path, rank: int, optimizer, scheduler, noise_generator: tor
         restore_rng(torch.load(rng_path, weights_only=False), noise_generator)
     else:
         log.warning("%s has no RNG state for rank %d (process count changed?); noise will differ", path, rank)
-    position = Position(**json.loads((path / POSITION).read_text()))
-    return load_file(path / TRAINABLE), position
+    return Position(**json.loads((path / POSITION).read_text()))

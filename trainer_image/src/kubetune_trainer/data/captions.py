@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 from PIL import Image
+from kubetune_trainer.errors import ConfigError
 
 from kubetune_trainer.data.images import ImageTransform
 
@@ -34,12 +35,12 @@ def read_captions(root: Path) -> list[CaptionedImage]:
             record = json.loads(line)
             sample = CaptionedImage(root / record["file_name"], str(record["text"]))
         except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise ValueError(f"{metadata}:{number}: expected {{\"file_name\": ..., \"text\": ...}} ({err})") from None
+            raise ConfigError(f"{metadata}:{number}: expected {{\"file_name\": ..., \"text\": ...}} ({err})") from None
         if not sample.path.is_file():
             raise FileNotFoundError(f"{metadata}:{number}: {sample.path.name} does not exist in {root}")
         samples.append(sample)
     if not samples:
-        raise ValueError(f"{metadata} lists no images")
+        raise ConfigError(f"{metadata} lists no images")
     return samples
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from kubetune_trainer.errors import ConfigError
+
 Key = tuple[int, int]  # (epoch, sample index)
 
 
@@ -32,7 +34,7 @@ def epoch_batches(num_samples: int, batch_size: int, world_size: int, rank: int,
 
 def check_enough_samples(num_samples: int, batch_size: int, world_size: int) -> None:
     if batches_per_epoch(num_samples, batch_size, world_size) == 0:
-        raise ValueError(
+        raise ConfigError(
             f"spec.training.batchSize: the data has {num_samples} samples, fewer than one batch "
             f"for every process ({batch_size} x {world_size} processes); lower batchSize or add data"
         )

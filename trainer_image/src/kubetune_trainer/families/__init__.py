@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from kubetune_trainer.families.base import ModelFamily
+from kubetune_trainer.errors import ConfigError
 
 
 def family_for(name: str) -> type[ModelFamily]:
@@ -10,7 +11,7 @@ def family_for(name: str) -> type[ModelFamily]:
         from kubetune_trainer.families.sd15 import StableDiffusion15
 
         return StableDiffusion15
-    raise NotImplementedError(
+    raise ConfigError(
         f"spec.model.family: {name!r} is accepted by the API but not trained yet by this trainer "
         f"version; available: sd15"
     )

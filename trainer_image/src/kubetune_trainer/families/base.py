@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from kubetune_api.spec import TrainingJobSpec
+from kubetune_trainer.errors import ConfigError
 
 
 class ModelFamily(ABC):
@@ -56,11 +57,12 @@ class ModelFamily(ABC):
     def load_trainable_state_dict(self, state: dict[str, Any]) -> None:
         params = dict(self.trainable_module.named_parameters())
         expected = {name for name, p in params.items() if p.requires_grad}
-        if set(state) != expected:
+        mismatched = sorted(n for n in set(state) & expected if state[n].shape != params[n].shape)
+        if set(state) != expected or mismatched:
             missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
-            raise ValueError(
+            raise ConfigError(
                 "checkpoint does not match the adapter (spec.adapter rank or targetModules changed?): "
-                f"missing {missing[:3]}, unexpected {unexpected[:3]}"
+                f"missing {missing[:2]}, unexpected {unexpected[:2]}, other shape {mismatched[:2]}"
             )
         with torch.no_grad():
             for name, tensor in state.items():

@@ -1,0 +1,66 @@
+"""Tiny SD1.5 model and captioned data, built once per test session (no downloads)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kubetune_trainer.tiny_data import write_tiny_data
+from kubetune_trainer.tiny_models import write_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_sd15(tmp_path_factory) -> Path:
+    return write_tiny_model("sd15", tmp_path_factory.mktemp("sd15"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def captions_data(tmp_path_factory) -> Path:
+    return write_tiny_data("captions", tmp_path_factory.mktemp("captions"), count=8, size=32, seed=0)
+
+
+@pytest.fixture
+def tiny_job(tiny_sd15, captions_data, tmp_path):
+    """A manifest for a few CPU steps on the tiny model; tests adjust what they need."""
+    def make(**training) -> dict:
+        return {
+            "apiVersion": "kubetune.dev/v1alpha1",
+            "kind": "TrainingJob",
+            "metadata": {"name": "tiny"},
+            "spec": {
+                "model": {"family": "sd15", "pretrained": str(tiny_sd15)},
+                "adapter": {"type": "lora", "rank": 4, "alpha": 4},
+                "data": {"layout": "captions", "uri": str(captions_data), "resolution": 32},
+                "training": {"maxSteps": 2, "batchSize": 2, "learningRate": 1e-2, "seed": 3, **training},
+                "checkpoints": {"uri": str(tmp_path / "out"), "everySteps": 2, "keepLast": 10},
+                "resources": {"gpusPerNode": 0},
+            },
+        }
+    return make
+
+
+def write_manifest(manifest: dict, directory: Path) -> Path:
+    path = directory / f"{manifest['metadata']['name']}.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    return path
+
+
+def trainer_command(config: Path) -> list[str]:
+    """The trainer as a pod runs it, in its own process."""
+    return [sys.executable, "-m", "kubetune_trainer", "--config", str(config)]
+
+
+def trainer_env() -> dict[str, str]:
+    # One thread: CPU results are then bitwise reproducible between runs.
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def run_trainer(manifest: dict, directory: Path) -> subprocess.CompletedProcess:
+    result = subprocess.run(trainer_command(write_manifest(manifest, directory)), env=trainer_env(),
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result

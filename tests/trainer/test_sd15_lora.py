@@ -1,0 +1,138 @@
+"""SD1.5 LoRA training on the tiny model: the adapter loads in diffusers, resume is exact."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from kubetune_trainer.tiny_models import write_tiny_model
+from tests.trainer.conftest import run_trainer, trainer_command, trainer_env, write_manifest
+
+pytestmark = pytest.mark.slow
+
+
+def unet_output(pipeline) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(0)
+    sample = torch.randn(1, 4, 16, 16, generator=generator)
+    context = torch.randn(1, 77, pipeline.unet.config.cross_attention_dim, generator=generator)
+    with torch.no_grad():
+        return pipeline.unet(sample, torch.tensor([500]), context).sample
+
+
+def test_tiny_model_loads_through_from_pretrained(tiny_sd15):
+    from diffusers import StableDiffusionPipeline
+
+    pipeline = StableDiffusionPipeline.from_pretrained(tiny_sd15)
+    tokens = pipeline.tokenizer("a red square").input_ids
+    assert tokens[0] == pipeline.tokenizer.bos_token_id and tokens[-1] == pipeline.tokenizer.eos_token_id
+    assert len(tokens) > 5, "the tokenizer splits words into known symbols, not unknown tokens"
+    assert pipeline.tokenizer.unk_token_id not in tokens[1:-1], "CLIP's unknown token is its end token"
+
+
+def test_short_training_writes_a_lora_that_diffusers_loads_and_that_changes_the_unet(tiny_job, tiny_sd15, tmp_path):
+    from diffusers import StableDiffusionPipeline
+
+    manifest = tiny_job(maxSteps=3)
+    run_trainer(manifest, tmp_path)
+    out = tmp_path / "out"
+    assert (out / "pytorch_lora_weights.safetensors").is_file()
+    assert list((out / "logs").glob("events.out.tfevents.*")), "TensorBoard events are written"
+
+    pipeline = StableDiffusionPipeline.from_pretrained(tiny_sd15)
+    before = unet_output(pipeline)
+    pipeline.load_lora_weights(out)
+    after = unet_output(pipeline)
+    assert pipeline.get_active_adapters(), "the LoRA was attached"
+    assert (after - before).abs().max() > 1e-4, "the trained LoRA changes the UNet's prediction"
+
+
+def test_checkpoints_are_kept_to_the_last_k(tiny_job, tmp_path):
+    manifest = tiny_job(maxSteps=6)
+    manifest["spec"]["checkpoints"].update(everySteps=2, keepLast=2)
+    run_trainer(manifest, tmp_path)
+    kept = sorted(p.name for p in (tmp_path / "out").glob("checkpoint-*"))
+    assert kept == ["checkpoint-4", "checkpoint-6"]
+    state = json.loads((tmp_path / "out" / "checkpoint-6" / "trainer_state.json").read_text())
+    assert state["step"] == 6
+
+
+def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_weights(tiny_job, tmp_path):
+    """SIGKILL mid-run, start again with resumeFrom: latest, compare with a run never interrupted."""
+    steps = 12
+    reference_dir, interrupted_dir = tmp_path / "reference", tmp_path / "interrupted"
+    reference_dir.mkdir(), interrupted_dir.mkdir()
+
+    reference = tiny_job(maxSteps=steps, gradientAccumulationSteps=2, lrScheduler="cosine", lrWarmupSteps=2)
+    reference["spec"]["checkpoints"].update(uri=str(reference_dir / "out"), everySteps=3, resumeFrom="latest")
+    reference["spec"]["data"]["randomFlip"] = True
+    reference["spec"]["adapter"]["dropout"] = 0.1  # uses the global torch RNG, which must be restored too
+    run_trainer(reference, reference_dir)
+
+    interrupted = json.loads(json.dumps(reference))
+    interrupted["spec"]["checkpoints"]["uri"] = str(interrupted_dir / "out")
+    config = write_manifest(interrupted, interrupted_dir)
+    process = subprocess.Popen(trainer_command(config), env=trainer_env(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = interrupted_dir / "out" / "checkpoint-3" / "manifest.json"
+    deadline = time.monotonic() + 300
+    while not first.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL, "the run was killed before it finished"
+    assert not (interrupted_dir / "out" / "pytorch_lora_weights.safetensors").exists()
+
+    resumed = run_trainer(interrupted, interrupted_dir)
+    assert "resumed from" in resumed.stderr
+
+    final = {name: load_file(d / "out" / "checkpoint-12" / "trainable.safetensors")
+             for name, d in (("reference", reference_dir), ("interrupted", interrupted_dir))}
+    assert final["reference"].keys() == final["interrupted"].keys()
+    for key, tensor in final["reference"].items():
+        assert torch.equal(tensor, final["interrupted"][key]), key
+    states = [json.loads((d / "out" / "checkpoint-12" / "trainer_state.json").read_text())
+              for d in (reference_dir, interrupted_dir)]
+    assert states[0] == states[1]
+    assert states[0]["step"] == steps
+
+
+def test_two_processes_train_together_over_gloo(tiny_job, tmp_path):
+    from kubetune_api.manifest import parse_manifest
+    from kubetune_trainer.launch import launch_local
+
+    manifest = tiny_job(maxSteps=2)
+    assert launch_local(parse_manifest(manifest), nproc=2) == 0
+    checkpoint = tmp_path / "out" / "checkpoint-2"
+    assert (checkpoint / "rng-rank0.pt").is_file() and (checkpoint / "rng-rank1.pt").is_file()
+    assert (tmp_path / "out" / "pytorch_lora_weights.safetensors").is_file()
+
+
+def test_resuming_with_a_different_rank_is_refused(tiny_job, tmp_path):
+    manifest = tiny_job(maxSteps=2)
+    run_trainer(manifest, tmp_path)
+    manifest["spec"]["training"]["maxSteps"] = 4
+    manifest["spec"]["checkpoints"]["resumeFrom"] = "latest"
+    manifest["spec"]["adapter"]["rank"] = 8
+    config = write_manifest(manifest, tmp_path)
+    result = subprocess.run(trainer_command(config), env=trainer_env(), capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "checkpoint does not match the adapter" in result.stderr
+
+
+def test_fp16_on_cpu_is_refused_naming_the_option(tiny_job, tmp_path):
+    manifest = tiny_job(mixedPrecision="fp16")
+    config = write_manifest(manifest, tmp_path)
+    result = subprocess.run(trainer_command(config), env=trainer_env(), capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "spec.training.mixedPrecision: fp16 needs a GPU" in result.stderr
+
+
+def test_bf16_mixed_precision_trains_on_cpu(tiny_job, tmp_path):
+    run_trainer(tiny_job(maxSteps=1, mixedPrecision="bf16"), tmp_path)
+    weights = load_file(tmp_path / "out" / "checkpoint-1" / "trainable.safetensors")
+    assert all(t.dtype == torch.float32 for t in weights.values()), "trained weights stay in fp32"
