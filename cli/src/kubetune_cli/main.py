@@ -63,12 +63,13 @@ def dev() -> None:
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Directory to write the model into (standard diffusers layout).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random weights.")
-def tiny_model(family: str, out_dir: str, seed: int) -> None:
+@click.option("--full-size", is_flag=True, help="The real architecture (GBs) instead of a toy one, for benchmarks.")
+def tiny_model(family: str, out_dir: str, seed: int, full_size: bool) -> None:
     """Write a small random-weight model of a family, loadable with from_pretrained."""
     from kubetune_trainer.tiny_models import write_tiny_model
 
-    path = write_tiny_model(family, Path(out_dir), seed=seed)
-    click.echo(f"wrote tiny {family} model to {path}")
+    path = write_tiny_model(family, Path(out_dir), seed=seed, full_size=full_size)
+    click.echo(f"wrote {'full-size' if full_size else 'tiny'} random-weight {family} model to {path}")
 
 
 @dev.command("tiny-data")

@@ -105,12 +105,54 @@ def write_tiny_sd15(out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
+def write_full_size_sd15(out_dir: Path, seed: int = 0) -> Path:
+    """The real SD1.5 architecture (860M-parameter UNet, ViT-L/14 text encoder) with random weights.
+
+    For GPU benchmarks: throughput does not depend on the weights' values.
+    """
+    from diffusers import AutoencoderKL, StableDiffusionPipeline, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    torch.manual_seed(seed)
+    tokenizer = tiny_clip_tokenizer()
+    text_encoder = CLIPTextModel(CLIPTextConfig(
+        vocab_size=49408, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+        num_attention_heads=12, max_position_embeddings=77, hidden_act="quick_gelu",
+        bos_token_id=0, eos_token_id=1, pad_token_id=1,
+    ))
+    vae = AutoencoderKL(
+        in_channels=3, out_channels=3, latent_channels=4, layers_per_block=2,
+        down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(128, 256, 512, 512), sample_size=512,
+    )
+    unet = UNet2DConditionModel(
+        sample_size=64, in_channels=4, out_channels=4, layers_per_block=2,
+        block_out_channels=(320, 640, 1280, 1280),
+        down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
+        up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
+        cross_attention_dim=768, attention_head_dim=8,
+    )
+    pipeline = StableDiffusionPipeline(
+        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet,
+        scheduler=sd_noise_scheduler(), safety_checker=None, feature_extractor=None,
+        requires_safety_checker=False,
+    )
+    pipeline.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
 WRITERS = {"sd15": write_tiny_sd15}
+FULL_SIZE_WRITERS = {"sd15": write_full_size_sd15}
 
 
-def write_tiny_model(family: str, out_dir: Path, seed: int = 0) -> Path:
-    """Write a tiny model of `family` into `out_dir` (created); returns the directory."""
-    if family not in WRITERS:
-        raise ValueError(f"no tiny model for family {family!r}; available: {', '.join(WRITERS)}")
+def write_tiny_model(family: str, out_dir: Path, seed: int = 0, full_size: bool = False) -> Path:
+    """Write a random-weight model of `family` into `out_dir` (created); returns the directory.
+
+    full_size=True writes the real architecture instead of the toy one.
+    """
+    writers = FULL_SIZE_WRITERS if full_size else WRITERS
+    if family not in writers:
+        raise ValueError(f"no {'full-size' if full_size else 'tiny'} model for family {family!r}; "
+                         f"available: {', '.join(writers)}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    return WRITERS[family](out_dir, seed=seed)
+    return writers[family](out_dir, seed=seed)
