@@ -58,6 +58,9 @@ def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         node.pop(dropped, None)
     if node.get("additionalProperties") is False:
         del node["additionalProperties"]
+    if node.get("additionalProperties") is True:  # free-form objects such as affinity
+        del node["additionalProperties"]
+        node["x-kubernetes-preserve-unknown-fields"] = True
     if "const" in node:
         node["enum"] = [node.pop("const")]
     # JSON Schema 2020 writes exclusive bounds as numbers; OpenAPI v3.0 as flags.

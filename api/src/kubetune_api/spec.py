@@ -7,7 +7,7 @@ Every field carries a description (it becomes `kubectl explain` text) and its bo
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -203,11 +203,89 @@ class CheckpointSpec(_Model):
         return check_storage_uri(value)
 
 
+# Kubernetes resource quantities such as 500m, 4, 16Gi, 1.5G.
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=64)]
+DnsName = Annotated[str, Field(
+    min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+)]
+
+
 class ResourcesSpec(_Model):
-    """How many machines and accelerators the job uses."""
+    """How many machines and accelerators the job uses, and what each pod requests."""
 
     nodes: int = Field(default=1, ge=1, le=1024, description="Nodes (pods); 1 = single node.")
     gpus_per_node: int = Field(default=1, ge=0, le=16, description="GPUs per node; 0 trains on CPU.")
+    gpu_resource_name: str = Field(
+        default="nvidia.com/gpu", max_length=253, pattern=r"^[a-z0-9.-]+/[a-z0-9.-]+$",
+        description="The extended resource that counts GPUs on your nodes.",
+    )
+    cpu: Optional[Quantity] = Field(default=None, description="CPU per pod (request = limit), e.g. 8 or 7500m.")
+    memory: Optional[Quantity] = Field(default=None, description="Memory per pod (request = limit), e.g. 64Gi.")
+    shm_size: Quantity = Field(
+        default="1Gi", description="Size of the memory-backed /dev/shm (data loader workers and NCCL use it).",
+    )
+
+
+class S3Spec(_Model):
+    """How the trainer reaches S3 for s3:// URIs. Without a Secret the default AWS chain is used (IRSA)."""
+
+    credentials_secret: Optional[DnsName] = Field(
+        default=None,
+        description="Name of a Secret in the job's namespace with keys AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY; passed to pods only as secretKeyRef.",
+    )
+    endpoint_url: Optional[Annotated[str, Field(max_length=2048, pattern=r"^https?://[^\s]+$")]] = Field(
+        default=None, description="S3 endpoint for MinIO or other S3-compatible stores; unset = AWS.",
+    )
+    region: Optional[Annotated[str, Field(max_length=64, pattern=r"^[a-z0-9-]+$")]] = Field(
+        default=None, description="S3 region; unset = the operator's default.",
+    )
+    path_style: Optional[bool] = Field(
+        default=None, description="Path-style addressing (MinIO and most self-hosted stores); unset = automatic.",
+    )
+
+
+class Toleration(_Model):
+    """A Kubernetes toleration, passed to the training pods as is."""
+
+    key: Optional[str] = Field(default=None, max_length=316, description="Taint key.")
+    operator: Optional[Literal["Exists", "Equal"]] = Field(default=None, description="Exists or Equal.")
+    value: Optional[str] = Field(default=None, max_length=63, description="Taint value.")
+    effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = Field(
+        default=None, description="Taint effect.",
+    )
+    toleration_seconds: Optional[int] = Field(default=None, ge=0, description="For NoExecute: seconds to stay.")
+
+
+class SchedulingSpec(_Model):
+    """Where and under which identity the training pods run; passed through to the pods."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the pods require.")
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=64, description="Taints the pods tolerate.")
+    affinity: Optional[dict[str, Any]] = Field(default=None, description="A Kubernetes Affinity object.")
+    priority_class_name: Optional[DnsName] = Field(default=None, description="PriorityClass of the pods.")
+    queue_name: Optional[DnsName] = Field(
+        default=None, description="Kueue LocalQueue: set as the kueue.x-k8s.io/queue-name label.",
+    )
+    service_account_name: Optional[DnsName] = Field(
+        default=None, description="ServiceAccount of the training pods (e.g. one bound to an IAM role).",
+    )
+    image_pull_secrets: list[DnsName] = Field(
+        default_factory=list, max_length=16, description="Secrets for pulling the trainer image.",
+    )
+
+
+class RunPolicySpec(_Model):
+    """Lifetime limits of the run."""
+
+    backoff_limit: int = Field(default=3, ge=0, le=100, description="Pod restarts on retryable failures before Failed.")
+    active_deadline_seconds: Optional[int] = Field(
+        default=None, ge=1, description="Fail the job when it has run longer than this.",
+    )
+    ttl_seconds_after_finished: Optional[int] = Field(
+        default=None, ge=0, description="Delete the child job this long after it finished (the TrainingJob stays).",
+    )
 
 
 class TrainingJobSpec(_Model):
@@ -227,7 +305,16 @@ class TrainingJobSpec(_Model):
     data: DataSpec = Field(description="The training data.")
     training: TrainingSpec = Field(description="Length and optimisation.")
     checkpoints: CheckpointSpec = Field(description="Checkpoints and the final adapter.")
-    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Nodes and GPUs.")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Nodes, GPUs and pod sizes.")
+    s3: S3Spec = Field(default_factory=S3Spec, description="S3 access for s3:// URIs.")
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Pod placement and identity.")
+    run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec, description="Retries and time limits.")
+    suspend: bool = Field(
+        default=False, description="true stops the run's pods (it resumes from its latest checkpoint when false).",
+    )
+    image: Optional[Annotated[str, Field(min_length=1, max_length=1024)]] = Field(
+        default=None, description="Trainer image; unset = the operator's default.",
+    )
 
     @model_validator(mode="after")
     def _layout_fits_family(self) -> "TrainingJobSpec":
