@@ -15,18 +15,20 @@ from kubetune_trainer.loop import plan_steps, train
 from kubetune_trainer.optim import build_lr_scheduler, build_optimizer
 from kubetune_trainer.reporting import Reporter
 from kubetune_trainer.errors import ConfigError
-from kubetune_trainer.training_state import (Position, read_trainable, restore_state, save_main_state,
-                                             save_rank_state)
+from kubetune_trainer.storage.checkpoint_store import CheckpointStore
+from kubetune_trainer.storage.inputs import local_copy
+from kubetune_trainer.training_state import (Position, capture_rng, read_trainable, restore_state,
+                                             save_main_state, save_rng_states)
 
 log = logging.getLogger("kubetune.trainer")
 WEIGHT_DTYPES = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def local_path(uri: str, field: str) -> Path:
-    """Storage by URI: local paths today; s3:// comes with the storage layer."""
-    if uri.startswith("s3://"):
-        raise ConfigError(f"{field}: s3:// URIs are not supported by this trainer version yet; use a local path")
-    return Path(uri)
+def store_uri(store: CheckpointStore, path: Path) -> str:
+    """Where a file under the local checkpoint root ends up (its s3:// URI when mirrored)."""
+    if store.remote is None:
+        return str(path)
+    return store.remote.child(str(path.relative_to(store.local))).uri
 
 
 def setup_accelerator(spec: TrainingJobSpec):
@@ -52,7 +54,7 @@ def _quiet_libraries() -> None:
 
 def run(job: TrainingJob) -> Path:
     """Train the job to completion; return where the final weights are."""
-    from accelerate.utils import set_seed
+    from accelerate.utils import gather_object, set_seed
 
     spec = job.spec
     accelerator = setup_accelerator(spec)
@@ -60,9 +62,16 @@ def run(job: TrainingJob) -> Path:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _quiet_libraries()
     set_seed(spec.training.seed)
-    output = local_path(spec.checkpoints.uri, "spec.checkpoints.uri")
-    local_path(spec.data.uri, "spec.data.uri")
-    local_path(spec.model.pretrained, "spec.model.pretrained")
+    store = CheckpointStore(spec.checkpoints.uri)
+    output = store.local
+    # s3:// models and data are mirrored once per node; the other local processes then find them.
+    with accelerator.local_main_process_first():
+        spec = spec.model_copy(update={
+            "model": spec.model.model_copy(update={"pretrained": local_copy(spec.model.pretrained)}),
+            "data": spec.data.model_copy(update={"uri": local_copy(spec.data.uri)}),
+        })
+        if spec.checkpoints.resume_from == "latest" and accelerator.is_local_main_process:
+            store.fetch_latest()
 
     # Setup: model family, data, optimizer, schedule.
     family = family_for(spec.model.family)(spec, accelerator.device, WEIGHT_DTYPES[spec.training.mixed_precision])
@@ -95,11 +104,15 @@ def run(job: TrainingJob) -> Path:
             save_main_state(path, family.trainable_state_dict(), optimizer, scheduler, pos)
             if spec.adapter.type == "lora":
                 family.save_weights(path)  # the adapter in its standard format, ready to pull
-        save_rank_state(path, accelerator.process_index, noise_generator)
-        accelerator.wait_for_everyone()
+        # Every rank's RNG goes to the main process, the checkpoint's single writer.
+        rng_states = gather_object([capture_rng(noise_generator)])
         if accelerator.is_main_process:
+            save_rng_states(path, rng_states)
             checkpoints.write_manifest(path, pos.step, pos.epoch, pos.loss)
             checkpoints.prune(output, spec.checkpoints.keep_last)
+            store.publish(path)
+            store.prune(spec.checkpoints.keep_last)
+        accelerator.wait_for_everyone()
 
     samples_per_step = spec.training.batch_size * spec.training.gradient_accumulation_steps * world
     reporter = Reporter(accelerator.is_main_process, plan.total_steps, position.step, output / "logs",
@@ -114,7 +127,8 @@ def run(job: TrainingJob) -> Path:
 
     if accelerator.is_main_process:
         written = family.save_weights(output)
-        log.info("final weights: %s", ", ".join(str(p) for p in written))
+        store.publish_files(written + sorted(p for p in (output / "logs").rglob("*") if p.is_file()))
+        log.info("final weights: %s", ", ".join(store_uri(store, p) for p in written))
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return output

@@ -67,9 +67,11 @@ def save_main_state(path: Path, trainable: dict[str, torch.Tensor], optimizer, s
     (path / POSITION).write_text(json.dumps(asdict(position)))
 
 
-def save_rank_state(path: Path, rank: int, noise_generator: torch.Generator) -> None:
+def save_rng_states(path: Path, states: list[dict]) -> None:
+    """One file per rank, all written by the main process (states gathered in rank order)."""
     path.mkdir(parents=True, exist_ok=True)
-    torch.save(capture_rng(noise_generator), path / rng_file(rank))
+    for rank, state in enumerate(states):
+        torch.save(state, path / rng_file(rank))
 
 
 def read_trainable(path: Path) -> dict[str, torch.Tensor]:

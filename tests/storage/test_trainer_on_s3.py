@@ -1,0 +1,52 @@
+"""The trainer reads its model and data from s3:// and writes checkpoints and the LoRA there."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from kubetune_trainer.storage import s3
+from kubetune_trainer.storage.uri import parse_s3
+from tests.trainer.conftest import captions_data, tiny_job, tiny_sd15, run_trainer  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.slow
+
+
+def upload_dir(local, uri):
+    s3.upload_files(sorted(p for p in local.rglob("*") if p.is_file()), local, parse_s3(uri))
+
+
+def test_training_from_and_to_s3_then_resuming_on_a_fresh_machine(bucket, tiny_job, tiny_sd15, captions_data,
+                                                                  tmp_path, monkeypatch):
+    upload_dir(tiny_sd15, f"s3://{bucket}/models/sd15")
+    upload_dir(captions_data, f"s3://{bucket}/data/shapes")
+    manifest = tiny_job(maxSteps=4)
+    manifest["spec"]["model"]["pretrained"] = f"s3://{bucket}/models/sd15"
+    manifest["spec"]["data"]["uri"] = f"s3://{bucket}/data/shapes"
+    manifest["spec"]["checkpoints"].update(uri=f"s3://{bucket}/runs/tiny", everySteps=2, keepLast=1,
+                                           resumeFrom="latest")
+    first_machine = tmp_path / "machine-1"
+    monkeypatch.setenv("KUBETUNE_CACHE_DIR", str(first_machine / "cache"))
+    monkeypatch.setenv("KUBETUNE_STAGING_DIR", str(first_machine / "staging"))
+    first_machine.mkdir()
+    run_trainer(manifest, first_machine)
+
+    run = parse_s3(f"s3://{bucket}/runs/tiny")
+    objects = s3.list_objects(run)
+    assert "pytorch_lora_weights.safetensors" in objects
+    assert "checkpoint-4/manifest.json" in objects
+    assert not any(k.startswith("checkpoint-2/") for k in objects), "keepLast: 1 prunes the bucket too"
+    assert any(k.startswith("logs/events.out.tfevents") for k in objects)
+
+    # A restarted pod lands on another machine: nothing local, everything from the bucket.
+    second_machine = tmp_path / "machine-2"
+    second_machine.mkdir()
+    monkeypatch.setenv("KUBETUNE_CACHE_DIR", str(second_machine / "cache"))
+    monkeypatch.setenv("KUBETUNE_STAGING_DIR", str(second_machine / "staging"))
+    manifest["spec"]["training"]["maxSteps"] = 6
+    result = run_trainer(manifest, second_machine)
+    assert "resumed from" in result.stderr and "at step 4" in result.stderr
+    manifest_6 = json.loads(s3.client().get_object(Bucket=bucket, Key="runs/tiny/checkpoint-6/manifest.json")["Body"].read())
+    assert manifest_6["step"] == 6
+    assert "s3://" in result.stderr and "pytorch_lora_weights.safetensors" in result.stderr

@@ -1,0 +1,106 @@
+"""The S3 side of the storage layer, over boto3.
+
+Configuration comes from the environment the operator renders into the pod: AWS_ENDPOINT_URL
+(MinIO and other S3-compatible stores), AWS_DEFAULT_REGION, KUBETUNE_S3_PATH_STYLE, and the
+credentials either as AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (from a Secret) or whatever the
+default AWS chain finds (IRSA, instance profile). Nothing here logs a credential.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+from pathlib import Path
+
+from kubetune_trainer.storage.uri import S3Location
+
+log = logging.getLogger(__name__)
+PARALLEL_FILES = 8
+MULTIPART_CHUNK = 64 * 1024 * 1024
+
+
+def _path_style() -> bool | None:
+    value = os.environ.get("KUBETUNE_S3_PATH_STYLE", "").lower()
+    return {"true": True, "1": True, "false": False, "0": False}.get(value)
+
+
+@lru_cache(maxsize=1)
+def client():
+    """One client per process (boto3 clients are thread-safe); adaptive retries ride out blips."""
+    import boto3
+    from botocore.config import Config
+
+    path_style = _path_style()
+    if path_style is None:  # self-hosted endpoints rarely have wildcard DNS for virtual hosts
+        path_style = bool(os.environ.get("AWS_ENDPOINT_URL"))
+    config = Config(
+        retries={"max_attempts": 10, "mode": "adaptive"},
+        s3={"addressing_style": "path" if path_style else "auto"},
+        max_pool_connections=PARALLEL_FILES * 4,
+    )
+    return boto3.client("s3", config=config)
+
+
+def _transfer_config():
+    from boto3.s3.transfer import TransferConfig
+
+    return TransferConfig(multipart_threshold=MULTIPART_CHUNK, multipart_chunksize=MULTIPART_CHUNK,
+                          max_concurrency=4, use_threads=True)
+
+
+def list_objects(location: S3Location) -> dict[str, int]:
+    """Every object under the prefix: relative key -> size."""
+    found = {}
+    paginator = client().get_paginator("list_objects_v2")
+    for page in paginator.paginate(Bucket=location.bucket, Prefix=location.prefix):
+        for item in page.get("Contents", []):
+            found[item["Key"][len(location.prefix):]] = item["Size"]
+    return found
+
+
+def list_children(location: S3Location) -> list[str]:
+    """Names of the "directories" directly under the prefix."""
+    names = []
+    paginator = client().get_paginator("list_objects_v2")
+    for page in paginator.paginate(Bucket=location.bucket, Prefix=location.prefix, Delimiter="/"):
+        for common in page.get("CommonPrefixes", []):
+            names.append(common["Prefix"][len(location.prefix):].rstrip("/"))
+    return names
+
+
+def download_file(location: S3Location, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".part")
+    client().download_file(location.bucket, location.key, str(partial), Config=_transfer_config())
+    partial.replace(target)
+
+
+def upload_file(source: Path, location: S3Location) -> None:
+    client().upload_file(str(source), location.bucket, location.key, Config=_transfer_config())
+
+
+def download_prefix(location: S3Location, target: Path) -> list[Path]:
+    """Mirror a prefix into a directory; files already there with the same size are kept."""
+    objects = list_objects(location)
+    if not objects:
+        raise FileNotFoundError(f"{location.uri} is empty or does not exist")
+    wanted = [(name, size) for name, size in objects.items()
+              if not name.endswith("/") and not ((target / name).is_file() and (target / name).stat().st_size == size)]
+    with ThreadPoolExecutor(PARALLEL_FILES) as pool:
+        list(pool.map(lambda item: download_file(location.child(item[0]), target / item[0]), wanted))
+    log.info("fetched %d of %d files from %s", len(wanted), len(objects), location.uri)
+    return [target / name for name in objects]
+
+
+def upload_files(files: list[Path], root: Path, location: S3Location) -> None:
+    """Upload files (paths under root) to the same relative keys, in parallel."""
+    with ThreadPoolExecutor(PARALLEL_FILES) as pool:
+        list(pool.map(lambda f: upload_file(f, location.child(str(f.relative_to(root)))), files))
+
+
+def delete_prefix(location: S3Location) -> None:
+    keys = [location.prefix + name for name in list_objects(location)]
+    for start in range(0, len(keys), 1000):
+        client().delete_objects(Bucket=location.bucket,
+                                Delete={"Objects": [{"Key": k} for k in keys[start:start + 1000]], "Quiet": True})
