@@ -82,6 +82,12 @@ class ModelSpec(_Model):
         "(e.g. org/name), in the family's standard (diffusers/transformers) folder layout."
     )
 
+    quantization: Optional[Literal["fp8", "nf4"]] = Field(
+        default=None,
+        description="Load the frozen base weights quantized to save GPU memory: fp8 (a CUDA GPU of "
+        "compute capability 8.9+) or nf4 (a CUDA GPU with bitsandbytes). Unset = the training precision.",
+    )
+
     @field_validator("pretrained")
     @classmethod
     def _pretrained_scheme(cls, value: str) -> str:
@@ -104,6 +110,35 @@ class AdapterSpec(_Model):
         default=None, max_length=64,
         description="Module names that get LoRA layers; defaults to the family's attention projections.",
     )
+    init_from: Optional[StorageUri] = Field(
+        default=None,
+        description="Start the LoRA from existing weights: a directory holding "
+        "pytorch_lora_weights.safetensors, or the file. Its rank and target modules must match.",
+    )
+
+    @field_validator("init_from")
+    @classmethod
+    def _init_from_scheme(cls, value: Optional[str]) -> Optional[str]:
+        return None if value is None else check_storage_uri(value)
+
+
+class CacheSpec(_Model):
+    """Precomputed encoder outputs, keyed by each sample's content and the encoder's identity."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Encode each image and caption once and reuse the result in later steps, epochs and runs.",
+    )
+    uri: Optional[StorageUri] = Field(
+        default=None,
+        description="Where the cache lives (local path or s3://); shared by all processes and runs. "
+        "Unset = <spec.checkpoints.uri>/cache.",
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _uri_scheme(cls, value: Optional[str]) -> Optional[str]:
+        return None if value is None else check_storage_uri(value)
 
 
 class DataSpec(_Model):
@@ -125,7 +160,19 @@ class DataSpec(_Model):
         default=0.0, ge=0.0, le=1.0,
         description="Probability of training a sample with an empty caption (0-1).",
     )
+    control_dropout: float = Field(
+        default=0.0, ge=0.0, le=1.0,
+        description="edit-pairs only: probability of training a sample with a blank control image (0-1).",
+    )
+    bucketing: bool = Field(
+        default=False,
+        description="Aspect-ratio bucketing: resize each image to the bucket (about resolution x resolution "
+        "pixels) nearest its aspect ratio, and batch only images of one bucket, instead of square crops.",
+    )
     num_workers: int = Field(default=0, ge=0, le=64, description="Data-loading worker processes per rank.")
+    cache: CacheSpec = Field(
+        default_factory=CacheSpec, description="Cache of VAE latents and text embeddings.",
+    )
 
     @field_validator("uri")
     @classmethod
@@ -152,13 +199,30 @@ class TrainingSpec(_Model):
         default=1, ge=1, le=1024, description="Micro-batches accumulated per optimizer step."
     )
     learning_rate: float = Field(default=1e-4, gt=0, le=1, description="Peak learning rate (> 0).")
-    lr_scheduler: Literal["constant", "linear", "cosine"] = Field(
-        default="constant", description="Learning-rate schedule after warmup: constant, linear or cosine decay."
+    lr_scheduler: Literal["constant", "linear", "cosine", "cosine-restarts", "step", "plateau"] = Field(
+        default="constant",
+        description="Learning-rate schedule after warmup: constant; linear or cosine decay; cosine-restarts "
+        "(lrCycles cosine cycles); step (times lrGamma every lrStepSize steps); plateau (times lrGamma "
+        "after lrPlateauPatience steps without a lower loss).",
+    )
+    lr_cycles: int = Field(default=1, ge=1, le=1000, description="cosine-restarts: number of cosine cycles.")
+    lr_step_size: int = Field(default=1000, ge=1, le=10_000_000, description="step: optimizer steps between decays.")
+    lr_gamma: float = Field(default=0.1, gt=0, le=1, description="step and plateau: factor applied at each decay.")
+    lr_plateau_patience: int = Field(
+        default=10, ge=1, le=1_000_000,
+        description="plateau: losses (validation loss when validation runs, else training loss) without "
+        "improvement before a decay.",
     )
     lr_warmup_steps: int = Field(
         default=0, ge=0, le=10_000_000, description="Optimizer steps of linear warmup from 0."
     )
-    optimizer: Literal["adamw"] = Field(default="adamw", description="Optimizer.")
+    optimizer: Literal["adamw", "adamw8bit", "prodigy", "lion", "sgd", "schedulefree-adamw"] = Field(
+        default="adamw",
+        description="Optimizer: adamw; adamw8bit (CUDA + bitsandbytes); prodigy (learning-rate free: use "
+        "learningRate 1.0); lion (use a 3-10x smaller learning rate); sgd (with sgdMomentum); "
+        "schedulefree-adamw (needs no schedule: lrScheduler must be constant).",
+    )
+    sgd_momentum: float = Field(default=0.9, ge=0, lt=1, description="sgd: momentum.")
     adam_beta1: float = Field(default=0.9, ge=0, lt=1, description="AdamW beta1.")
     adam_beta2: float = Field(default=0.999, ge=0, lt=1, description="AdamW beta2.")
     adam_epsilon: float = Field(default=1e-8, gt=0, le=1, description="AdamW epsilon.")
@@ -176,6 +240,24 @@ class TrainingSpec(_Model):
     )
     noise_offset: float = Field(default=0.0, ge=0, le=1, description="Offset noise strength (0 disables).")
     log_every_steps: int = Field(default=1, ge=1, le=100_000, description="Log loss and lr every N steps.")
+    ema_decay: Optional[float] = Field(
+        default=None, gt=0, lt=1,
+        description="Keep an exponential moving average of the trained weights with this decay (e.g. 0.999); "
+        "the saved weights are the average. Unset = no EMA.",
+    )
+    gradient_checkpointing: bool = Field(
+        default=False, description="Recompute activations in the backward pass: less memory, about 30% slower.",
+    )
+    compile: bool = Field(default=False, description="torch.compile the trained model (slow first steps).")
+    debug_overfit_batch: bool = Field(
+        default=False,
+        description="Debug mode: train on the first batch only, again and again; the loss should go to ~0.",
+    )
+    profile_steps: Optional[int] = Field(
+        default=None, ge=1, le=1000,
+        description="Record a torch profiler trace of this many steps (after 1 warm-up step) into "
+        "<spec.checkpoints.uri>/profile, readable by TensorBoard and Perfetto.",
+    )
 
     @model_validator(mode="after")
     def _one_length(self) -> "TrainingSpec":
@@ -183,7 +265,71 @@ class TrainingSpec(_Model):
             raise ValueError("set spec.training.maxSteps or spec.training.epochs")
         if self.max_steps is not None and self.epochs is not None:
             raise ValueError("set either spec.training.maxSteps or spec.training.epochs, not both")
+        if self.optimizer == "schedulefree-adamw" and self.lr_scheduler != "constant":
+            raise ValueError("spec.training.optimizer schedulefree-adamw replaces the schedule: "
+                             "set spec.training.lrScheduler to constant (lrWarmupSteps still applies)")
         return self
+
+
+class ValidationSpec(_Model):
+    """Held-out evaluation and sample images during training."""
+
+    every_steps: Optional[int] = Field(
+        default=None, ge=1, le=10_000_000,
+        description="Validate every N optimizer steps and at the end; unset = no validation.",
+    )
+    held_out_fraction: float = Field(
+        default=0.0, ge=0.0, le=0.5,
+        description="Fraction of the data (chosen by file-name hash, stable across runs) kept out of "
+        "training for the held-out loss and metrics (0-0.5).",
+    )
+    prompts: list[Annotated[str, Field(min_length=1, max_length=1000)]] = Field(
+        default_factory=list, max_length=16,
+        description="Text-to-image families: prompts sampled as images at each validation. Edit families "
+        "sample the first held-out (else training) pairs instead.",
+    )
+    num_samples: int = Field(
+        default=2, ge=0, le=16, description="Images sampled at each validation (edit families; 0 = none).",
+    )
+    num_inference_steps: int = Field(default=20, ge=1, le=1000, description="Denoising steps of sample images.")
+    monitor: Literal["loss", "accuracy", "f1"] = Field(
+        default="loss",
+        description="Metric for early stopping and keepBest: held-out loss (lower is better), or the "
+        "classifier's accuracy or macro F1 (higher is better).",
+    )
+    early_stopping_patience: Optional[int] = Field(
+        default=None, ge=1, le=100_000,
+        description="Stop after this many validations without improvement of the monitored metric.",
+    )
+    keep_best: Optional[int] = Field(
+        default=None, ge=1, le=100,
+        description="Keep the weights of the K best validations by the monitored metric under "
+        "<spec.checkpoints.uri>/best/.",
+    )
+
+
+class PmgSpec(_Model):
+    """PMG (personalized generation) options; only for spec.model.family pmg."""
+
+    language_model: Optional[StorageUri] = Field(
+        default=None,
+        description="The frozen LLaMA-style causal LM (transformers layout). Unset = "
+        "<spec.model.pretrained>/language_model.",
+    )
+    num_image_prompt: int = Field(
+        default=2, ge=1, le=256, description="Trainable image-prompt tokens appended after the user's history.",
+    )
+    num_prefix_prompt: int = Field(
+        default=2, ge=1, le=256, description="Length of the P-Tuning v2 prefix fed to every LM layer.",
+    )
+    max_sequence_length: int = Field(
+        default=256, ge=8, le=8192, description="Tokens of user history the LM reads (longer is truncated).",
+    )
+
+    @field_validator("language_model")
+    @classmethod
+    def _uri_scheme(cls, value: Optional[str]) -> Optional[str]:
+        return None if value is None else check_storage_uri(value)
 
 
 class CheckpointSpec(_Model):
@@ -305,6 +451,10 @@ class TrainingJobSpec(_Model):
     data: DataSpec = Field(description="The training data.")
     training: TrainingSpec = Field(description="Length and optimisation.")
     checkpoints: CheckpointSpec = Field(description="Checkpoints and the final adapter.")
+    validation: ValidationSpec = Field(
+        default_factory=ValidationSpec, description="Held-out evaluation and sample images.",
+    )
+    pmg: Optional[PmgSpec] = Field(default=None, description="PMG options (family pmg only).")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Nodes, GPUs and pod sizes.")
     s3: S3Spec = Field(default_factory=S3Spec, description="S3 access for s3:// URIs.")
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Pod placement and identity.")
@@ -324,6 +474,13 @@ class TrainingJobSpec(_Model):
                 f"spec.data.layout {self.data.layout!r} does not fit family {self.model.family!r}; "
                 f"use {' or '.join(repr(a) for a in allowed)}"
             )
+        if self.pmg is not None and self.model.family != "pmg":
+            raise ValueError(f"spec.pmg applies to family pmg only, not {self.model.family!r}")
+        if self.data.control_dropout and self.data.layout != "edit-pairs":
+            raise ValueError("spec.data.controlDropout applies to the edit-pairs layout only")
+        if self.validation.monitor != "loss" and self.model.family != "classifier":
+            raise ValueError(f"spec.validation.monitor {self.validation.monitor!r} is a classifier metric; "
+                             "use loss for diffusion families")
         return self
 
 
