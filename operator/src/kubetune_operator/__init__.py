@@ -1,0 +1,1 @@
+"""The kubetune operator: TrainingJob → trainer ConfigMap + a child training job (PyTorchJob)."""

@@ -116,7 +116,7 @@ def run(job: TrainingJob) -> Path:
 
     samples_per_step = spec.training.batch_size * spec.training.gradient_accumulation_steps * world
     reporter = Reporter(accelerator.is_main_process, plan.total_steps, position.step, output / "logs",
-                        spec.training.log_every_steps, samples_per_step)
+                        spec.training.log_every_steps, samples_per_step, job.metadata.name)
     reporter.message("training %s: %d steps, %d process(es), %d samples", job.metadata.name,
                      plan.total_steps, world, len(dataset))
     try:

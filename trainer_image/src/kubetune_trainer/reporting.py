@@ -13,8 +13,11 @@ log = logging.getLogger("kubetune.trainer")
 
 class Reporter:
     def __init__(self, enabled: bool, total_steps: int, start_step: int, log_dir: Path | None,
-                 log_every: int, samples_per_step: int):
+                 log_every: int, samples_per_step: int, job_name: str = ""):
         self.enabled = enabled
+        self.start_step = start_step
+        self._started = time.perf_counter()
+        self.metrics = None
         self.total_steps = total_steps
         self.log_every = log_every
         self.samples_per_step = samples_per_step
@@ -30,6 +33,11 @@ class Reporter:
             from torch.utils.tensorboard import SummaryWriter
 
             self._writer = SummaryWriter(log_dir=str(log_dir))
+        from kubetune_trainer.metrics import TrainerMetrics
+
+        self.metrics = TrainerMetrics.from_env(job_name)
+        self.metrics.planned_steps.set(total_steps)
+        self.metrics.step.set(start_step)
 
     def step(self, step: int, loss: float, lr: float) -> None:
         if not self.enabled:
@@ -37,6 +45,13 @@ class Reporter:
         now = time.perf_counter()
         step_seconds, self._last_time = now - self._last_time, now
         samples_per_second = self.samples_per_step / step_seconds if step_seconds > 0 else 0.0
+        seconds_per_step = (now - self._started) / max(1, step - self.start_step)
+        eta = seconds_per_step * (self.total_steps - step)
+        self.metrics.step.set(step)
+        self.metrics.loss.set(loss)
+        self.metrics.learning_rate.set(lr)
+        self.metrics.samples_per_second.set(samples_per_second)
+        self.metrics.eta_seconds.set(eta)
         self._bar.update(1)
         self._bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
         if self._writer is not None:
@@ -56,3 +71,5 @@ class Reporter:
             self._bar.close()
         if self._writer is not None:
             self._writer.close()
+        if self.metrics is not None:
+            self.metrics.close()

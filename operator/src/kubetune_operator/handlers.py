@@ -1,0 +1,210 @@
+"""kopf handlers: short glue between the API server and the pure builders.
+
+Each handler reads, builds, applies idempotently and patches status; the decisions live in
+trainer_config, pod_template, backends and status, which are plain functions.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import urllib.request
+
+import kopf
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import ValidationError
+
+from kubetune_api.manifest import describe_errors
+from kubetune_api.spec import API_GROUP, API_VERSION, TrainingJob
+from kubetune_operator import naming, status
+from kubetune_operator.backends import PyTorchJobBackend
+from kubetune_operator.settings import Settings
+from kubetune_operator.trainer_config import build_config_map
+
+PLURAL = "trainingjobs"
+BACKEND = PyTorchJobBackend()
+SETTINGS = Settings.from_env()
+log = logging.getLogger("kubetune.operator")
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_job(body: kopf.Body) -> TrainingJob:
+    """The typed job; a spec the schema let through but the model refuses is a permanent error."""
+    try:
+        return TrainingJob.model_validate({
+            "apiVersion": body["apiVersion"], "kind": body["kind"],
+            "metadata": {"name": body.metadata.name, "namespace": body.metadata.namespace},
+            "spec": dict(body.spec),
+        })
+    except ValidationError as err:
+        raise kopf.PermanentError("invalid spec: " + "; ".join(describe_errors(err))) from None
+
+
+def create_owned(obj: dict, owner_uid: str, create, read) -> None:
+    """Create, or accept an existing object only if this TrainingJob owns it (restarts, re-runs)."""
+    try:
+        create(obj)
+        return
+    except ApiException as err:
+        if err.status != 409:
+            raise
+    existing = read()
+    owners = [ref.uid for ref in existing.metadata.owner_references or []] if hasattr(existing, "metadata") \
+        else [ref["uid"] for ref in existing["metadata"].get("ownerReferences", [])]
+    if owner_uid not in owners:
+        raise kopf.TemporaryError(
+            f"{obj['kind']} {obj['metadata']['name']} exists and belongs to something else "
+            "(an older TrainingJob of the same name still being deleted?)", delay=10)
+
+
+def check_secret(job: TrainingJob) -> None:
+    secret = job.spec.s3.credentials_secret
+    if not secret:
+        return
+    try:
+        client.CoreV1Api().read_namespaced_secret(secret, job.metadata.namespace)
+    except ApiException as err:
+        if err.status == 404:
+            raise kopf.TemporaryError(
+                f"spec.s3.credentialsSecret: Secret {secret!r} does not exist in namespace "
+                f"{job.metadata.namespace!r}; create it with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+                delay=15) from None
+        raise
+
+
+def load_kubernetes_config() -> None:
+    """In a pod: the service account; elsewhere: the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+    from kubernetes import config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_) -> None:
+    load_kubernetes_config()
+    settings.persistence.finalizer = f"{API_GROUP}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=API_GROUP)
+    settings.posting.level = logging.WARNING  # events come from the handlers, not kopf's chatter
+    settings.watching.server_timeout = 300
+
+
+@kopf.on.create(API_GROUP, API_VERSION, PLURAL)
+@kopf.on.resume(API_GROUP, API_VERSION, PLURAL)
+def reconcile(body: kopf.Body, uid: str, patch: kopf.Patch, **_) -> None:
+    """Make sure the ConfigMap and the child job exist; both are owned by the TrainingJob."""
+    if (body.get("status") or {}).get("phase") in status.FINISHED:
+        return
+    job = parse_job(body)
+    check_secret(job)
+    namespace = job.metadata.namespace
+    core, custom = client.CoreV1Api(), client.CustomObjectsApi()
+
+    config_map = build_config_map(job)
+    kopf.adopt(config_map, owner=body)
+    create_owned(config_map, uid,
+                 lambda obj: core.create_namespaced_config_map(namespace, obj),
+                 lambda: core.read_namespaced_config_map(config_map["metadata"]["name"], namespace))
+
+    child = BACKEND.build(job, uid, SETTINGS)
+    kopf.adopt(child, owner=body)
+    create_owned(child, uid,
+                 lambda obj: custom.create_namespaced_custom_object(BACKEND.group, BACKEND.version, namespace,
+                                                                    BACKEND.plural, obj),
+                 lambda: custom.get_namespaced_custom_object(BACKEND.group, BACKEND.version, namespace,
+                                                             BACKEND.plural, child["metadata"]["name"]))
+    if not (body.get("status") or {}).get("phase"):
+        patch.status["phase"] = "Suspended" if job.spec.suspend else "Pending"
+        patch.status["observedGeneration"] = body.metadata.get("generation")
+        kopf.info(body, reason="Created", message=f"{BACKEND.kind} {child['metadata']['name']} created")
+
+
+@kopf.on.update(API_GROUP, API_VERSION, PLURAL, field="spec")
+def spec_changed(body: kopf.Body, diff: kopf.Diff, patch: kopf.Patch, **_) -> None:
+    """Suspend/resume is applied; any other change to a started run is refused, visibly."""
+    changed = sorted({".".join(str(p) for p in entry[1]) for entry in diff})
+    if changed == ["suspend"]:
+        suspend = bool(body.spec.get("suspend"))
+        client.CustomObjectsApi().patch_namespaced_custom_object(
+            BACKEND.group, BACKEND.version, body.metadata.namespace, BACKEND.plural,
+            naming.child_name(body.metadata.name), BACKEND.suspend_patch(suspend))
+        kopf.info(body, reason="Suspended" if suspend else "Resumed",
+                  message="pods stopped; the run continues from its latest checkpoint when resumed" if suspend
+                  else "resuming from the latest checkpoint")
+        patch.status["observedGeneration"] = body.metadata.get("generation")
+        return
+    message = (f"spec.{', spec.'.join(changed)} changed after the run started; a running job keeps the "
+               "spec it started with. Delete and re-create the TrainingJob (or create one under a new "
+               "name) to train with the new spec; spec.suspend can be changed at any time.")
+    conditions = status.set_condition(list((body.get("status") or {}).get("conditions") or []),
+                                      "SpecChangeRefused", "True", "ImmutableSpec", message, now())
+    patch.status["conditions"] = conditions
+    kopf.warn(body, reason="SpecChangeRefused", message=message)
+
+
+@kopf.on.event(BACKEND.group, BACKEND.version, BACKEND.plural, labels={naming.JOB_LABEL: kopf.PRESENT})
+def child_changed(body: kopf.Body, namespace: str, type: str, **_) -> None:
+    """Mirror the child job's state into the owning TrainingJob's status."""
+    if type == "DELETED":
+        return
+    owner = next((ref for ref in body.metadata.get("ownerReferences", []) if ref.get("kind") == "TrainingJob"), None)
+    if owner is None:
+        return
+    custom = client.CustomObjectsApi()
+    try:
+        job = custom.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, owner["name"])
+    except ApiException as err:
+        if err.status == 404:
+            return
+        raise
+    if job["metadata"]["uid"] != owner["uid"]:
+        return
+    patch, events = status.status_for_child(job.get("status") or {}, BACKEND.read_state(dict(body)), now())
+    if not patch:
+        return
+    custom.patch_namespaced_custom_object_status(API_GROUP, API_VERSION, namespace, PLURAL, owner["name"],
+                                                 {"status": patch})
+    for event in events:
+        kopf.event(job, type=event.type, reason=event.reason, message=event.message)
+
+
+def master_pod_ip(namespace: str, job_name: str) -> str | None:
+    pods = client.CoreV1Api().list_namespaced_pod(
+        namespace, label_selector=f"training.kubeflow.org/job-name={naming.child_name(job_name)},"
+                                  "training.kubeflow.org/replica-type=master")
+    running = [p for p in pods.items if p.status.phase == "Running" and p.status.pod_ip]
+    return running[0].status.pod_ip if running else None
+
+
+def read_trainer_gauges(address: str, port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://{address}:{port}/metrics", timeout=3) as response:
+        text = response.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        if family.name.startswith("kubetune_trainer_"):
+            for sample in family.samples:
+                samples[sample.name.removeprefix("kubetune_trainer_")] = sample.value
+    return samples
+
+
+@kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=SETTINGS.progress_interval_seconds, idle=0,
+            when=lambda status, **_: (status or {}).get("phase") == "Running")
+def poll_progress(name: str, namespace: str, patch: kopf.Patch, logger: logging.Logger, **_) -> None:
+    """Copy step, loss and ETA from the rank-0 trainer's metrics into status.progress."""
+    address = master_pod_ip(namespace, name)
+    if address is None:
+        return
+    try:
+        progress = status.progress_from_metrics(read_trainer_gauges(address, SETTINGS.trainer_metrics_port))
+    except OSError as err:  # not listening yet, or restarting: try again next tick
+        logger.debug("no progress from %s yet: %s", address, err)
+        return
+    if progress:
+        patch.status["progress"] = progress

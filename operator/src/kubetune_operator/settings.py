@@ -1,0 +1,31 @@
+"""Operator-wide settings, from the environment the Helm chart renders."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Settings:
+    trainer_image: str = "ghcr.io/kubetune/trainer:0.1.0"
+    # Defaults for spec.s3 fields a job leaves out.
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+    s3_path_style: bool | None = None
+    # How often the operator reads progress from running trainers.
+    progress_interval_seconds: float = 10.0
+    # Port of the trainer's metrics and progress endpoint (rank 0).
+    trainer_metrics_port: int = 9400
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "Settings":
+        env = os.environ if env is None else env
+        path_style = env.get("KUBETUNE_S3_PATH_STYLE", "").lower()
+        return cls(
+            trainer_image=env.get("KUBETUNE_TRAINER_IMAGE", cls.trainer_image),
+            s3_endpoint_url=env.get("KUBETUNE_S3_ENDPOINT_URL") or None,
+            s3_region=env.get("KUBETUNE_S3_REGION") or None,
+            s3_path_style={"true": True, "false": False}.get(path_style),
+            progress_interval_seconds=float(env.get("KUBETUNE_PROGRESS_INTERVAL_SECONDS", cls.progress_interval_seconds)),
+            trainer_metrics_port=int(env.get("KUBETUNE_TRAINER_METRICS_PORT", cls.trainer_metrics_port)),
+        )

@@ -1,0 +1,190 @@
+"""What the operator renders for a TrainingJob: ConfigMap, PyTorchJob, pod, status (pure functions)."""
+import copy
+
+import pytest
+import yaml
+
+from kubetune_api.manifest import parse_manifest
+from kubetune_operator import naming
+from kubetune_operator.backends import ChildState, PyTorchJobBackend
+from kubetune_operator.settings import Settings
+from kubetune_operator.status import progress_from_metrics, status_for_child
+from kubetune_operator.trainer_config import build_config_map
+from kubetune_trainer.entrypoint import launch_argv
+
+SETTINGS = Settings(trainer_image="registry.example/kubetune/trainer:1.2", s3_endpoint_url="http://s3.local:9000",
+                    s3_region="eu-west-1")
+UID = "0d7f7c1e-5a55-4a4e-9a1b-2a7b0f3c9e11"
+
+
+@pytest.fixture
+def job_of(example_manifest):
+    def make(**spec_changes):
+        manifest = copy.deepcopy(example_manifest)
+        manifest["metadata"]["namespace"] = "team-a"
+        for dotted, value in spec_changes.items():
+            node = manifest["spec"]
+            *parents, last = dotted.split("__")
+            for key in parents:
+                node = node.setdefault(key, {})
+            node[last] = value
+        return parse_manifest(manifest)
+    return make
+
+
+def master(child):
+    return child["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+
+
+def container(template):
+    return template["spec"]["containers"][0]
+
+
+def env_of(template):
+    return {e["name"]: e for e in container(template)["env"]}
+
+
+@pytest.mark.parametrize("nodes,gpus,workers,nproc", [(1, 1, None, "1"), (1, 0, None, "1"), (3, 8, 2, "8"), (2, 0, 1, "1")])
+def test_replicas_and_processes_follow_the_resources(job_of, nodes, gpus, workers, nproc):
+    child = PyTorchJobBackend().build(job_of(resources__nodes=nodes, resources__gpusPerNode=gpus), UID, SETTINGS)
+    specs = child["spec"]["pytorchReplicaSpecs"]
+    assert specs["Master"]["replicas"] == 1
+    assert specs.get("Worker", {}).get("replicas") == workers
+    assert child["spec"]["nprocPerNode"] == nproc
+    assert all(s["restartPolicy"] == "ExitCode" for s in specs.values())
+    limits = container(master(child))["resources"].get("limits", {})
+    assert limits.get("nvidia.com/gpu") == (str(gpus) if gpus else None)
+
+
+def test_the_container_runs_the_trainer_entrypoint_with_the_config_map(job_of):
+    job = job_of()
+    child = PyTorchJobBackend().build(job, UID, SETTINGS)
+    template = master(child)
+    main = container(template)
+    assert main["name"] == "pytorch" and main["image"] == SETTINGS.trainer_image
+    assert main["command"] == ["python", "-m", "kubetune_trainer.entrypoint"]
+    assert main["args"] == ["--config", "/etc/kubetune/trainingjob.yaml"]
+    assert {"name": "pytorchjob-port", "containerPort": naming.master_port(UID), "protocol": "TCP"} in main["ports"]
+    volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == naming.config_map_name("sd15-lora-demo")
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
+
+    config_map = build_config_map(job)
+    trainer_view = parse_manifest(yaml.safe_load(config_map["data"]["trainingjob.yaml"]))
+    assert trainer_view.spec == job.spec
+
+
+def test_s3_credentials_reach_pods_only_as_secret_references(job_of):
+    job = job_of(s3={"credentialsSecret": "s3-creds", "pathStyle": True})
+    child = PyTorchJobBackend().build(job, UID, SETTINGS)
+    env = env_of(master(child))
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert env[key] == {"name": key, "valueFrom": {"secretKeyRef": {"name": "s3-creds", "key": key}}}
+    assert env["AWS_ENDPOINT_URL"]["value"] == "http://s3.local:9000", "the chart's default applies"
+    assert env["AWS_DEFAULT_REGION"]["value"] == "eu-west-1"
+    assert env["KUBETUNE_S3_PATH_STYLE"]["value"] == "true"
+    assert "s3-creds" not in build_config_map(job)["data"]["trainingjob.yaml"].replace("credentialsSecret: s3-creds", "")
+
+
+def test_without_a_secret_the_default_aws_chain_is_left_alone(job_of):
+    env = env_of(master(PyTorchJobBackend().build(job_of(), UID, SETTINGS)))
+    assert "AWS_ACCESS_KEY_ID" not in env and "AWS_SECRET_ACCESS_KEY" not in env
+
+
+def test_the_pod_passes_the_restricted_pod_security_standard(job_of):
+    template = master(PyTorchJobBackend().build(job_of(), UID, SETTINGS))
+    pod, main = template["spec"], container(template)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert main["securityContext"]["allowPrivilegeEscalation"] is False
+    assert main["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert all(set(v) - {"name"} <= {"configMap", "emptyDir"} for v in pod["volumes"])
+    assert "hostNetwork" not in pod and "hostPID" not in pod
+
+
+def test_scheduling_fields_pass_through(job_of):
+    scheduling = {
+        "nodeSelector": {"gpu": "h100"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}},
+        "priorityClassName": "training", "queueName": "team-a-queue", "serviceAccountName": "trainer",
+        "imagePullSecrets": ["regcred"],
+    }
+    child = PyTorchJobBackend().build(job_of(scheduling=scheduling), UID, SETTINGS)
+    pod = master(child)["spec"]
+    assert pod["nodeSelector"] == {"gpu": "h100"}
+    assert pod["tolerations"] == scheduling["tolerations"]
+    assert pod["affinity"] == scheduling["affinity"]
+    assert pod["priorityClassName"] == "training" and pod["serviceAccountName"] == "trainer"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert child["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a-queue"
+
+
+def test_run_policy_maps_suspend_deadline_and_ttl(job_of):
+    child = PyTorchJobBackend().build(
+        job_of(suspend=True, runPolicy={"activeDeadlineSeconds": 3600, "ttlSecondsAfterFinished": 60, "backoffLimit": 5}),
+        UID, SETTINGS)
+    assert child["spec"]["runPolicy"] == {"cleanPodPolicy": "None", "backoffLimit": 5, "suspend": True,
+                                          "activeDeadlineSeconds": 3600, "ttlSecondsAfterFinished": 60}
+    assert PyTorchJobBackend().suspend_patch(False) == {"spec": {"runPolicy": {"suspend": False}}}
+
+
+@pytest.mark.parametrize("name", ["a", "x" * 40, "x" * 41, "very-long-team-name-fine-tune-of-the-month." * 5][:4])
+def test_child_names_fit_service_name_limits(name):
+    child = naming.child_name(name)
+    assert len(f"{child}-worker-1023") <= 63
+    assert naming.child_name(name) == child, "stable"
+    if len(name) > naming.MAX_CHILD_NAME:
+        assert child != naming.child_name(name + "y"), "distinct names stay distinct"
+
+
+@pytest.mark.parametrize("conditions,phase", [
+    ([], "Pending"),
+    ([{"type": "Created", "status": "True"}], "Pending"),
+    ([{"type": "Created", "status": "True"}, {"type": "Running", "status": "True"}], "Running"),
+    ([{"type": "Running", "status": "False"}, {"type": "Succeeded", "status": "True"}], "Succeeded"),
+    ([{"type": "Running", "status": "False"}, {"type": "Failed", "status": "True", "message": "OOM"}], "Failed"),
+    ([{"type": "Suspended", "status": "True"}], "Suspended"),
+    ([{"type": "Restarting", "status": "True"}], "Running"),
+])
+def test_child_conditions_map_to_a_phase(conditions, phase):
+    assert PyTorchJobBackend().read_state({"status": {"conditions": conditions}}).phase == phase
+
+
+def test_a_transition_sets_phase_conditions_times_and_one_event():
+    patch, events = status_for_child({"phase": "Pending"}, ChildState("Running", "Running", "pods up", "T0"), "T1")
+    assert patch["phase"] == "Running" and patch["startTime"] == "T0"
+    assert {c["type"]: c["status"] for c in patch["conditions"]}["Running"] == "True"
+    assert [(e.type, e.reason) for e in events] == [("Normal", "Running")]
+
+    current = {"phase": "Running", "startTime": "T0", "conditions": patch["conditions"]}
+    again, events = status_for_child(current, ChildState("Running", "Running", "pods up", "T0"), "T2")
+    assert again == {} and events == [], "no change, no patch (level-based)"
+
+    failed, events = status_for_child(current, ChildState("Failed", "BackoffLimit", "exit 2"), "T3")
+    assert failed["phase"] == "Failed" and failed["completionTime"] == "T3"
+    assert events[0].type == "Warning" and events[0].message == "exit 2"
+
+
+def test_finished_jobs_ignore_late_child_updates():
+    assert status_for_child({"phase": "Succeeded"}, ChildState("Running"), "T") == ({}, [])
+
+
+def test_progress_comes_from_the_trainer_gauges():
+    progress = progress_from_metrics({"step": 25, "planned_steps": 100, "loss": 0.1234567, "eta_seconds": 30.04})
+    assert progress == {"step": 25, "totalSteps": 100, "percent": 25.0, "loss": 0.123457, "etaSeconds": 30.0}
+    assert progress_from_metrics({"loss": 1.0}) is None
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({}, ["--num_processes", "1", "--num_machines", "1"]),
+    ({"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_NPROC_PER_NODE": "4", "MASTER_ADDR": "job-master-0",
+      "MASTER_PORT": "23456"},
+     ["--multi_gpu", "--num_processes", "8", "--num_machines", "2", "--machine_rank", "1",
+      "--main_process_ip", "job-master-0", "--main_process_port", "23456"]),
+])
+def test_the_entrypoint_maps_the_injected_environment_onto_accelerate_launch(tmp_path, env, expected):
+    argv = launch_argv(tmp_path / "job.yaml", env, "bf16")
+    flags = argv[argv.index("accelerate.commands.launch") + 1:]
+    assert flags[:len(expected)] == expected
+    assert argv[-4:] == ["-m", "kubetune_trainer", "--config", str(tmp_path / "job.yaml")]
