@@ -59,7 +59,9 @@ build_kubernetes() {
   local pkg=k8s.io/component-base/version ldflags="-s -w"
   ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1"
   ldflags+=" -X $pkg.gitMinor=$(echo "$version" | cut -d. -f2)"
-  ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  local commit
+  commit="$(curl -fsS "$GOPROXY/k8s.io/kubernetes/@v/$version.info" | sed -n 's/.*"Hash":"\([0-9a-f]*\)".*/\1/p')"
+  ldflags+=" -X $pkg.gitCommit=$commit -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
   ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=$version"
   for cmd in kube-apiserver kube-controller-manager kubectl; do
     echo "  go build $cmd"
@@ -102,7 +104,7 @@ build_training_operator() {
   GOBIN="$dest/bin" go install -ldflags "-s -w" "$mod/cmd/training-operator.v1@$version"
   local src
   src="$(go env GOMODCACHE)/$mod@$version/manifests/base/crds"
-  mkdir -p "$dest/crds" && cp "$src"/*.yaml "$dest/crds/" && chmod u+w "$dest/crds"/*.yaml
+  mkdir -p "$dest/crds" && cp "$src"/kubeflow.org_*.yaml "$dest/crds/" && chmod u+w "$dest/crds"/*.yaml
 }
 
 build_versitygw() {

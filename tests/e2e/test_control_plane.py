@@ -54,10 +54,10 @@ def test_rbac_limits_a_service_account_to_its_role(control_plane, core, namespac
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
         "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}]})
     token = core.create_namespaced_service_account_token("reader", namespace, {"spec": {}}).status.token
-    reader = client.ApiClient(client.Configuration(host=control_plane.server,
-                                                   api_key={"authorization": f"Bearer {token}"}))
-    reader.configuration.ssl_ca_cert = str(control_plane.pki / "ca.crt")
-    as_reader = client.CoreV1Api(reader)
+    as_reader_config = client.Configuration(host=control_plane.server,
+                                            api_key={"authorization": f"Bearer {token}"})
+    as_reader_config.ssl_ca_cert = str(control_plane.pki / "ca.crt")
+    as_reader = client.CoreV1Api(client.ApiClient(as_reader_config))
 
     def allowed(call) -> bool:
         try:
@@ -90,7 +90,8 @@ def test_pod_security_admission_refuses_a_privileged_pod_in_a_restricted_namespa
     with pytest.raises(ApiException) as refused:
         core.create_namespaced_pod(namespace, privileged)
     assert refused.value.status == 403
-    assert 'violates PodSecurity "restricted:latest"' in refused.value.body
+    message = json.loads(refused.value.body)["message"]
+    assert 'violates PodSecurity "restricted:latest": privileged' in message
     # The same namespace admits a pod that meets the standard (dry run: nothing runs).
     compliant = {"metadata": {"name": "ok"}, "spec": {
         "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}},

@@ -10,6 +10,7 @@ recorded process, the kubelet's pods included.
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import secrets
@@ -156,7 +157,9 @@ class Cluster:
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
-                "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true", "--profiling=false"],
+                "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true", "--profiling=false",
+                # Endpoints may not hold loopback addresses; pods reach the API server directly.
+                "--endpoint-reconciler-type=none"],
                 lambda: self.api_get("/readyz")[0] == 200, timeout=90),
             Component("kube-controller-manager", lambda: [
                 str(versions.binary("kube-controller-manager")),
@@ -166,17 +169,12 @@ class Cluster:
                 "--controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller,"
                 "serviceaccount-token-controller,root-ca-certificate-publisher-controller,"
                 "endpoints-controller,endpointslice-controller,replicaset-controller,deployment-controller,"
-                "job-controller",
+                "job-controller,clusterrole-aggregation-controller",
                 f"--root-ca-file={pki / 'ca.crt'}", f"--service-account-private-key-file={pki / 'sa.key'}"],
                 # Pods need the default ServiceAccount; the controller manager creates it.
                 lambda: self._exists("/api/v1/namespaces/default/serviceaccounts/default")),
-            Component("training-operator", lambda: [
-                str(versions.binary("training-operator.v1")), "--enable-scheme=pytorchjob",
-                f"--metrics-bind-address=127.0.0.1:{p('operator_metrics')}",
-                f"--health-probe-bind-address=127.0.0.1:{p('operator_health')}",
-                f"--webhook-server-port={p('operator_webhook')}"],
-                lambda: self._get(f"http://127.0.0.1:{p('operator_health')}/readyz")[0] == 200,
-                env=lambda: {"KUBECONFIG": str(self.kubeconfig("training-operator"))}),
+            Component("training-operator", self._training_operator_argv, self._training_operator_ready,
+                      env=lambda: {"KUBECONFIG": str(self.kubeconfig("training-operator"))}),
             Component("s3", lambda: [
                 str(versions.binary("versitygw")), "--access", self.s3_credentials["access_key"],
                 "--secret", self.s3_credentials["secret_key"], "--region", REGION,
@@ -189,7 +187,8 @@ class Cluster:
                 lambda: self._get(f"http://127.0.0.1:{p('prometheus')}/-/ready")[0] == 200),
             Component("kubelet", lambda: [
                 sys.executable, "-m", "kubetune_dev.kubelet", f"--kubeconfig={self.kubeconfig('kubelet')}",
-                f"--state={self.kubelet_state}", f"--api-port={p('apiserver')}"],
+                f"--state={self.kubelet_state}", f"--api-port={p('apiserver')}",
+                f"--prometheus-targets={self.prometheus_targets}"],
                 lambda: self._node_ready()),
         ]
 
@@ -213,19 +212,10 @@ class Cluster:
             "scrape_configs": [
                 {"job_name": "prometheus",
                  "static_configs": [{"targets": [f"127.0.0.1:{self.ports['prometheus']}"]}]},
+                # Debian builds Prometheus without Kubernetes service discovery, so the kubelet
+                # writes pods annotated prometheus.io/scrape=true into this directory instead.
                 {"job_name": "files", "file_sd_configs": [
                     {"files": [str(self.prometheus_targets / "*.json")], "refresh_interval": "2s"}]},
-                # Pods annotated prometheus.io/scrape=true, at their 127.x address: how the
-                # operator's and trainer's metrics reach Prometheus here as in a real cluster.
-                {"job_name": "pods",
-                 "kubernetes_sd_configs": [{"role": "pod", "kubeconfig_file": str(self.kubeconfig())}],
-                 "relabel_configs": [
-                     {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"],
-                      "regex": "true", "action": "keep"},
-                     {"source_labels": ["__meta_kubernetes_pod_ip", "__meta_kubernetes_pod_annotation_prometheus_io_port"],
-                      "regex": "(.+);(\\d+)", "replacement": "$1:$2", "target_label": "__address__"},
-                     {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-                     {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"}]},
             ],
         }
         path.write_text(json.dumps(config, indent=1))  # JSON is YAML
@@ -285,19 +275,63 @@ class Cluster:
             self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(f))
         self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
 
-    def _prepare_training_operator(self) -> None:
-        """The namespace and the (empty) webhook-certificate Secret it fills in and requires.
+    # ---- the training operator ----------------------------------------------------------------
+    # v1.9 always runs its certificate rotator: it fills the Secret below with a CA and a serving
+    # certificate, then waits until those files appear in its fixed certificate directory, where
+    # a real kubelet would mount the Secret. Here the operator runs in the sandbox with a state
+    # directory bind-mounted there, and `up` copies the Secret's files into it. Its
+    # ValidatingWebhookConfiguration is left out on purpose: the API server never calls a
+    # webhook that listens outside loopback.
+    WEBHOOK_SECRET = "training-operator-webhook-cert"
+    WEBHOOK_CERT_DIR = "/tmp/k8s-webhook-server/serving-certs"
 
-        v1.9 always runs its certificate rotator; its ValidatingWebhookConfiguration is left out
-        on purpose, so the API server never calls a webhook that listens outside loopback.
-        """
+    def _prepare_training_operator(self) -> None:
+        """The namespace and the (empty) webhook-certificate Secret the operator requires."""
         manifest = {
             "apiVersion": "v1", "kind": "List", "items": [
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kubeflow"}},
                 {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                 "metadata": {"name": "training-operator-webhook-cert", "namespace": "kubeflow"}},
+                 "metadata": {"name": self.WEBHOOK_SECRET, "namespace": "kubeflow"}},
             ]}
-        self.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+        # create, not apply: a re-run of `up` must keep the certificates the operator wrote.
+        result = self.kubectl("create", "-f", "-", input=json.dumps(manifest), check=False)
+        if result.returncode != 0 and "AlreadyExists" not in result.stderr:
+            raise NotReady(f"kubeflow namespace: {result.stderr}")
+
+    def _training_operator_argv(self) -> list[str]:
+        p = self.ports
+        spec = {
+            "mounts": [{"source": str(self._webhook_certs), "target": self.WEBHOOK_CERT_DIR, "readOnly": True}],
+            "workingDir": str(self.home),
+            "argv": [str(versions.binary("training-operator.v1")), "--enable-scheme=pytorchjob",
+                     f"--metrics-bind-address=127.0.0.1:{p['operator_metrics']}",
+                     f"--health-probe-bind-address=127.0.0.1:{p['operator_health']}",
+                     f"--webhook-server-port={p['operator_webhook']}"],
+            "env": {"KUBECONFIG": str(self.kubeconfig("training-operator")), "PATH": os.environ.get("PATH", "")},
+        }
+        spec_file = self.home / "training-operator" / "sandbox.json"
+        spec_file.write_text(json.dumps(spec, indent=1))
+        return [sys.executable, "-m", "kubetune_dev.sandbox", str(spec_file)]
+
+    @property
+    def _webhook_certs(self) -> Path:
+        path = self.home / "training-operator" / "serving-certs"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _training_operator_ready(self) -> bool:
+        status, body = self.api_get(f"/api/v1/namespaces/kubeflow/secrets/{self.WEBHOOK_SECRET}")
+        data = json.loads(body).get("data") or {} if status == 200 else {}
+        for key in ("ca.crt", "tls.crt", "tls.key"):
+            if key not in data:
+                return False
+        for key, value in data.items():
+            path = self._webhook_certs / key
+            content = base64.b64decode(value)
+            if not path.exists() or path.read_bytes() != content:
+                path.write_bytes(content)
+                path.chmod(0o600)
+        return self._get(f"http://127.0.0.1:{self.ports['operator_health']}/readyz")[0] == 200
 
     def down(self) -> None:
         """Stop the kubelet first (it stops its pods), then the rest in reverse start order."""

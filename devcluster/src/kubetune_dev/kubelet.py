@@ -8,7 +8,9 @@ Each second it reconciles the API's view with the processes it runs:
   * starts a PodRunner for each new pod bound to it, giving it the next 127.x.y.z address;
   * on deletion, stops the pod (SIGTERM, SIGKILL after the grace period) and then removes it
     from the API, which is the kubelet's part in graceful deletion;
-  * rewrites every running pod's hosts file from the current pods and services.
+  * rewrites every running pod's hosts file from the current pods and services;
+  * lists pods annotated `prometheus.io/scrape: "true"` (port from `prometheus.io/port`) as
+    Prometheus file_sd targets, standing in for Kubernetes service discovery.
 """
 from __future__ import annotations
 
@@ -47,8 +49,8 @@ class Addresses:
 
 
 class Kubelet:
-    def __init__(self, api: client.CoreV1Api, state: Path, api_port: int):
-        self.api, self.state = api, state
+    def __init__(self, api: client.CoreV1Api, state: Path, api_port: int, prometheus_targets: Path | None = None):
+        self.api, self.state, self.prometheus_targets = api, state, prometheus_targets
         self.pods_dir = state / "pods"
         self.addresses = Addresses(state / "next-pod-ip")
         self.runners: dict[str, PodRunner] = {}  # pod uid -> runner
@@ -163,8 +165,9 @@ class Kubelet:
     def finalize_deletion(self, pod: dict) -> None:
         meta = pod["metadata"]
         try:
-            self.api.delete_namespaced_pod(meta["name"], meta["namespace"], grace_period_seconds=0,
-                                           body={"preconditions": {"uid": meta["uid"]}}, _preload_content=False)
+            # Options go in the body: with a body, the API server ignores query parameters.
+            self.api.delete_namespaced_pod(meta["name"], meta["namespace"], _preload_content=False,
+                                           body={"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}})
             log.info("deleted %s/%s", meta["namespace"], meta["name"])
         except ApiException as e:
             if e.status not in (404, 409):
@@ -186,6 +189,23 @@ class Kubelet:
                 live.append((pod, runner))
         for pod, runner in live:
             hosts.write_in_place(runner.hosts_file, hosts.render(pod, [p for p, _ in live], services))
+        if self.prometheus_targets is not None:
+            self.write_scrape_targets([pod for pod, _ in live])
+
+    def write_scrape_targets(self, pods: list[dict]) -> None:
+        targets = []
+        for pod in pods:
+            meta = pod["metadata"]
+            annotations = meta.get("annotations") or {}
+            if annotations.get("prometheus.io/scrape") == "true" and annotations.get("prometheus.io/port"):
+                targets.append({"targets": [f"{pod['status']['podIP']}:{annotations['prometheus.io/port']}"],
+                                "labels": {"namespace": meta["namespace"], "pod": meta["name"]}})
+        path = self.prometheus_targets / "kubelet-pods.json"
+        content = json.dumps(targets, indent=1)
+        if not path.exists() or path.read_text() != content:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(content)
+            tmp.replace(path)  # atomic: Prometheus never reads half a file
 
     # ---- shutdown -----------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -209,10 +229,11 @@ def main() -> None:
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--state", required=True, type=Path)
     parser.add_argument("--api-port", required=True, type=int)
+    parser.add_argument("--prometheus-targets", type=Path, help="file_sd directory for annotated pods")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     api = client.CoreV1Api(config.new_client_from_config(config_file=args.kubeconfig))
-    kubelet = Kubelet(api, args.state, args.api_port)
+    kubelet = Kubelet(api, args.state, args.api_port, args.prometheus_targets)
     signal.signal(signal.SIGTERM, lambda *_: kubelet.stopped.set())
     signal.signal(signal.SIGINT, lambda *_: kubelet.stopped.set())
     kubelet.run()

@@ -1,6 +1,7 @@
 """The first program of every container: private mounts and hostname, then exec.
 
-The process kubelet starts `python -m kubetune_dev.sandbox SPEC.json`. In a new mount and UTS
+The process kubelet starts `python -m kubetune_dev.sandbox SPEC.json` (and `dev up` starts the
+training operator that way, to give it its certificate directory). In a new mount and UTS
 namespace (we run as root), it bind-mounts the pod's hosts file over /etc/hosts and each volume
 directory over its container path, sets the pod's hostname, and execs the container command.
 Only this process tree sees those mounts; the host's files stay as they are. Name lookups from
@@ -55,8 +56,10 @@ def main(spec_path: str) -> None:
     _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWUTS), "unshare")
     # Keep our mounts from propagating back to the host's mount namespace.
     _mount(None, "/", MS_REC | MS_PRIVATE)
-    socket.sethostname(spec["hostname"])
-    bind(spec["hosts"], "/etc/hosts", read_only=True)
+    if "hostname" in spec:
+        socket.sethostname(spec["hostname"])
+    if "hosts" in spec:
+        bind(spec["hosts"], "/etc/hosts", read_only=True)
     for m in spec["mounts"]:
         bind(m["source"], m["target"], m["readOnly"])
     os.chdir(spec["workingDir"])

@@ -63,5 +63,6 @@ def binary(name: str) -> Path:
 
 
 def training_operator_crds() -> list[Path]:
-    """The training operator's CRD manifests, copied from its Go module by the builder."""
-    return sorted((component_dir("training-operator.v1") / "crds").glob("*.yaml"))
+    """The training operator's CRDs (copied from its Go module by the builder) that we serve:
+    only PyTorchJob, the one scheme the operator runs with here."""
+    return [component_dir("training-operator.v1") / "crds" / "kubeflow.org_pytorchjobs.yaml"]
