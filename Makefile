@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= out/demo
 
-.PHONY: demo test unit e2e install cluster-bins crd bench clean
+.PHONY: demo test unit e2e install cluster-bins crd manifests bench clean
 
 # The Python environment: one virtualenv in the checkout, rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -26,6 +26,10 @@ cluster-bins:
 # Regenerate the CRD from the typed spec (a test fails when the committed one drifts).
 crd: $(STAMP)
 	$(PY) -m kubetune_api.crd --write
+
+# Re-render manifests/install.yaml from the chart (a test fails when they differ).
+manifests: $(STAMP) cluster-bins
+	bash scripts/render-manifests.sh
 
 demo: $(STAMP)
 	bash scripts/demo.sh $(DEMO_DIR)

@@ -14,11 +14,18 @@ def main(argv: list[str] | None = None) -> None:
                         help="watch only these namespaces (repeatable); default: all")
     parser.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
                         help="liveness endpoint for the Deployment's probe")
+    parser.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (0: off)")
+    parser.add_argument("--metrics-addr", default="0.0.0.0", help="address the metrics server binds")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from kubetune_operator import handlers  # noqa: F401  (registers the handlers)
+
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port, addr=args.metrics_addr)
 
     asyncio.run(kopf.operator(
         clusterwide=not args.namespace,

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from kubetune_api.manifest import describe_errors
 from kubetune_api.spec import API_GROUP, API_VERSION, TrainingJob
-from kubetune_operator import naming, status
+from kubetune_operator import metrics, naming, status
 from kubetune_operator.backends import PyTorchJobBackend
 from kubetune_operator.settings import Settings
 from kubetune_operator.trainer_config import build_config_map
@@ -44,11 +44,14 @@ def parse_job(body: kopf.Body) -> TrainingJob:
         raise kopf.PermanentError("invalid spec: " + "; ".join(describe_errors(err))) from None
 
 
-def create_owned(obj: dict, owner_uid: str, create, read) -> None:
-    """Create, or accept an existing object only if this TrainingJob owns it (restarts, re-runs)."""
+def create_owned(obj: dict, owner_uid: str, create, read) -> bool:
+    """Create, or accept an existing object only if this TrainingJob owns it (restarts, re-runs).
+
+    Returns whether it was created now.
+    """
     try:
         create(obj)
-        return
+        return True
     except ApiException as err:
         if err.status != 409:
             raise
@@ -59,6 +62,7 @@ def create_owned(obj: dict, owner_uid: str, create, read) -> None:
         raise kopf.TemporaryError(
             f"{obj['kind']} {obj['metadata']['name']} exists and belongs to something else "
             "(an older TrainingJob of the same name still being deleted?)", delay=10)
+    return False
 
 
 def check_secret(job: TrainingJob) -> None:
@@ -102,6 +106,20 @@ def reconcile(body: kopf.Body, uid: str, patch: kopf.Patch, **_) -> None:
     """Make sure the ConfigMap and the child job exist; both are owned by the TrainingJob."""
     if (body.get("status") or {}).get("phase") in status.FINISHED:
         return
+    with metrics.RECONCILE_SECONDS.time():
+        try:
+            ensure_children(body, uid, patch)
+        except kopf.TemporaryError:
+            metrics.RECONCILES.labels("retry").inc()
+            raise
+        except Exception:
+            metrics.RECONCILES.labels("error").inc()
+            raise
+    metrics.RECONCILES.labels("ok").inc()
+
+
+def ensure_children(body: kopf.Body, uid: str, patch: kopf.Patch) -> None:
+    """Create what is missing; accept what exists and is ours (a repeat event, a restart)."""
     job = parse_job(body)
     check_secret(job)
     namespace = job.metadata.namespace
@@ -115,11 +133,13 @@ def reconcile(body: kopf.Body, uid: str, patch: kopf.Patch, **_) -> None:
 
     child = BACKEND.build(job, uid, SETTINGS)
     kopf.adopt(child, owner=body)
-    create_owned(child, uid,
+    created = create_owned(child, uid,
                  lambda obj: custom.create_namespaced_custom_object(BACKEND.group, BACKEND.version, namespace,
                                                                     BACKEND.plural, obj),
                  lambda: custom.get_namespaced_custom_object(BACKEND.group, BACKEND.version, namespace,
                                                              BACKEND.plural, child["metadata"]["name"]))
+    if created:
+        metrics.CHILD_JOBS_CREATED.labels(BACKEND.kind).inc()
     if not (body.get("status") or {}).get("phase"):
         patch.status["phase"] = "Suspended" if job.spec.suspend else "Pending"
         patch.status["observedGeneration"] = body.metadata.get("generation")
