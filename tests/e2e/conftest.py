@@ -26,6 +26,7 @@ def control_plane(tmp_path_factory):
         pytest.skip(reason)
     yield cluster
     cluster.down()
+    assert not cluster.pids(), "`down` left control-plane or pod processes running"
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from kubetune_dev.cluster import Cluster, NotReady
+from kubetune_dev.cluster import Cluster, NotReady, rss_bytes, tree
 from kubetune_dev.versions import MissingBinary
 
 _HOME = click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -49,11 +49,17 @@ def down(home: Path | None, purge: bool) -> None:
 @click.command()
 @_HOME
 def status(home: Path | None) -> None:
-    """Show which components run (exit status 1 when any is stopped)."""
+    """Show which components run and their resident memory (exit status 1 when any is stopped)."""
     cluster = Cluster(home)
     states = cluster.status()
+    pods = cluster.pod_pids()
     for name, pid in states.items():
-        click.echo(f"{name:24} {'running (pid %d)' % pid if pid else 'stopped'}")
+        if pid:
+            click.echo(f"{name:24} running (pid {pid}, RSS {rss_bytes(tree(pid) - pods) / 2**20:.0f} MiB)")
+        else:
+            click.echo(f"{name:24} stopped")
+    click.echo(f"{'pods':24} {len(pods)} processes, RSS {rss_bytes(pods) / 2**20:.0f} MiB")
+    click.echo(f"{'total':24} RSS {rss_bytes(cluster.pids()) / 2**20:.0f} MiB")
     if not all(states.values()):
         sys.exit(1)
 

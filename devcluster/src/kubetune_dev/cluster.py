@@ -189,10 +189,15 @@ class Cluster:
                 sys.executable, "-m", "kubetune_dev.kubelet", f"--kubeconfig={self.kubeconfig('kubelet')}",
                 f"--state={self.kubelet_state}", f"--api-port={p('apiserver')}",
                 f"--prometheus-targets={self.prometheus_targets}"],
-                lambda: self._node_ready()),
+                self._kubelet_ready),
         ]
 
-    def _node_ready(self) -> bool:
+    def _kubelet_ready(self) -> bool:
+        """The running kubelet registered its Node and synced once (it writes its pid then)."""
+        proc = processes.running(self._pid_file("kubelet"))
+        ready_file = self.kubelet_state / "ready"
+        if proc is None or not ready_file.exists() or ready_file.read_text() != str(proc.pid):
+            return False
         status, body = self.api_get("/api/v1/nodes/kubetune-dev")
         if status != 200:
             return False
@@ -355,11 +360,15 @@ class Cluster:
             result[component.name] = proc.pid if proc else None
         return result
 
+    def pod_pids(self) -> set[int]:
+        """Every process of every running container (the kubelet's children and theirs)."""
+        roots = [proc.pid for f in self.kubelet_state.glob("pods/*/pids/*.json") if (proc := processes.running(f))]
+        return set().union(*(tree(root) for root in roots))
+
     def pids(self) -> list[int]:
         """Every process of the control plane: components, their children and the pods."""
         roots = [p for p in self.status().values() if p]
-        roots += [proc.pid for f in self.kubelet_state.glob("pods/*/pids/*.json") if (proc := processes.running(f))]
-        return sorted(set(roots) | {child for root in roots for child in _descendants(root)})
+        return sorted(self.pod_pids().union(*(tree(root) for root in roots)))
 
     def pod_log(self, pod: str, namespace: str, container: str | None) -> Path:
         """The log file of a container (the newest pod of that name; the only container by default)."""
@@ -376,6 +385,24 @@ class Cluster:
             names = ", ".join(f.stem for f in sorted((dirs[-1] / 'logs').glob('*.log')))
             raise FileNotFoundError(f"pick a container with -c (containers: {names})")
         return logs[0]
+
+
+def rss_bytes(pids: list[int] | set[int]) -> int:
+    """Resident memory of PIDS (VmRSS from /proc, summed); vanished processes count as 0."""
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return total
+
+
+def tree(pid: int) -> set[int]:
+    """PID and all its descendants."""
+    return {pid} | _descendants(pid)
 
 
 def _descendants(pid: int) -> set[int]:

@@ -52,6 +52,7 @@ class Kubelet:
     def __init__(self, api: client.CoreV1Api, state: Path, api_port: int, prometheus_targets: Path | None = None):
         self.api, self.state, self.prometheus_targets = api, state, prometheus_targets
         self.pods_dir = state / "pods"
+        self.pods_dir.mkdir(parents=True, exist_ok=True)
         self.addresses = Addresses(state / "next-pod-ip")
         self.runners: dict[str, PodRunner] = {}  # pod uid -> runner
         self.base_env = {"HOME": "/root", "KUBERNETES_SERVICE_HOST": "127.0.0.1",
@@ -92,6 +93,8 @@ class Kubelet:
     def run(self) -> None:
         self._kill_leftovers()
         self.register()
+        self.sync()
+        (self.state / "ready").write_text(str(os.getpid()))
         ticks = 0
         while not self.stopped.wait(1.0):
             ticks += 1
