@@ -41,7 +41,9 @@ def validate(path: str, overrides: tuple[str, ...]) -> None:
               help="Override a field, e.g. --set spec.training.maxSteps=2 (repeatable).")
 @click.option("--nproc", default=1, show_default=True, type=click.IntRange(1, 64),
               help="Processes on this machine (one per GPU; on CPU each process uses gloo).")
-def train(path: str, overrides: tuple[str, ...], nproc: int) -> None:
+@click.option("--cache-only", is_flag=True,
+              help="Only encode every sample into the embedding cache (spec.data.cache), then stop.")
+def train(path: str, overrides: tuple[str, ...], nproc: int, cache_only: bool) -> None:
     """Train locally from a TrainingJob manifest."""
     try:
         job = load_manifest(Path(path), overrides)
@@ -50,7 +52,7 @@ def train(path: str, overrides: tuple[str, ...], nproc: int) -> None:
         sys.exit(1)
     from kubetune_trainer.launch import launch_local
 
-    sys.exit(launch_local(job, nproc=nproc))
+    sys.exit(launch_local(job, nproc=nproc, trainer_args=("--cache-only",) if cache_only else ()))
 
 
 @cli.group()

@@ -11,6 +11,8 @@ from kubetune_api.manifest import ManifestError, load_manifest
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kubetune_trainer", description=__doc__)
     parser.add_argument("--config", required=True, type=Path, help="the TrainingJob manifest")
+    parser.add_argument("--cache-only", action="store_true",
+                        help="only encode every sample into spec.data.cache (a stage before training)")
     args = parser.parse_args(argv)
     try:
         job = load_manifest(args.config)
@@ -21,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     from kubetune_trainer.main import run
 
     try:
-        run(job)
+        run(job, cache_only=args.cache_only)
     except (ConfigError, FileNotFoundError) as err:
         print(f"kubetune trainer: {err}", file=sys.stderr)
         return 2

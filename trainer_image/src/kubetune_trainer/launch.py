@@ -15,7 +15,7 @@ from kubetune_api.spec import TrainingJob
 
 def accelerate_command(config: Path, nproc: int, nnodes: int = 1, node_rank: int = 0,
                        master_addr: str = "127.0.0.1", master_port: int = 29500,
-                       mixed_precision: str = "no") -> list[str]:
+                       mixed_precision: str = "no", trainer_args: tuple[str, ...] = ()) -> list[str]:
     """The `accelerate launch` argv that starts `nproc` trainer processes on this node.
 
     --multi_gpu selects Accelerate's torchrun launcher, which also serves CPU-only processes
@@ -31,7 +31,7 @@ def accelerate_command(config: Path, nproc: int, nnodes: int = 1, node_rank: int
     else:
         command += ["--num_processes", "1", "--num_machines", "1"]
     command += ["--mixed_precision", mixed_precision, "--dynamo_backend", "no",
-                "-m", "kubetune_trainer", "--config", str(config)]
+                "-m", "kubetune_trainer", "--config", str(config), *trainer_args]
     return command
 
 
@@ -48,15 +48,16 @@ def write_config(job: TrainingJob, directory: Path) -> Path:
     return path
 
 
-def launch_local(job: TrainingJob, nproc: int = 1) -> int:
-    """Run the job on this machine; returns the exit code."""
+def launch_local(job: TrainingJob, nproc: int = 1, trainer_args: tuple[str, ...] = ()) -> int:
+    """Run the job on this machine (trainer_args: e.g. --cache-only); returns the exit code."""
     if nproc == 1:
         from kubetune_trainer.__main__ import main
 
         with tempfile.TemporaryDirectory(prefix="kubetune-") as tmp:
-            return main(["--config", str(write_config(job, Path(tmp)))])
+            return main(["--config", str(write_config(job, Path(tmp))), *trainer_args])
     with tempfile.TemporaryDirectory(prefix="kubetune-") as tmp:
         command = accelerate_command(write_config(job, Path(tmp)), nproc, master_port=free_port(),
-                                     mixed_precision=job.spec.training.mixed_precision)
+                                     mixed_precision=job.spec.training.mixed_precision,
+                                     trainer_args=trainer_args)
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         return subprocess.call(command, env=env)

@@ -51,8 +51,13 @@ def train(accelerator, family: ModelFamily, model: torch.nn.Module, optimizer, s
     running_loss = torch.zeros((), device=accelerator.device)
 
     while position.step < plan.total_steps:
+        groups = getattr(dataset, "groups", None)  # aspect-ratio buckets
         batches = epoch_batches(len(dataset), training.batch_size, accelerator.num_processes,
-                                accelerator.process_index, training.seed, position.epoch)
+                                accelerator.process_index, training.seed, position.epoch, groups)
+        if training.debug_overfit_batch:  # epoch 0's first batch, augmentations included, every time
+            first = epoch_batches(len(dataset), training.batch_size, accelerator.num_processes,
+                                  accelerator.process_index, training.seed, 0, groups)[0]
+            batches = [first] * len(batches)
         # The loader gets its own generator: creating an iterator otherwise draws from the global
         # torch RNG, and a resumed run (which creates one mid-epoch) would drift from the original.
         loader = DataLoader(dataset, batch_sampler=batches[position.batches_done_in_epoch:],

@@ -3,16 +3,21 @@ from __future__ import annotations
 
 import logging
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from kubetune_api.spec import TrainingJob, TrainingJobSpec
 from kubetune_trainer import checkpoints
-from kubetune_trainer.data.sampler import batches_per_epoch, check_enough_samples
+from kubetune_trainer.data.cache import EmbeddingCache, open_store
+from kubetune_trainer.data.sampler import batches_per_epoch, check_enough_samples, epoch_batches
+from kubetune_trainer.ema import EMA
 from kubetune_trainer.families import family_for
 from kubetune_trainer.loop import plan_steps, train
-from kubetune_trainer.optim import build_lr_scheduler, build_optimizer
+from kubetune_trainer.optim import PlateauScheduler, build_lr_scheduler, build_optimizer, set_optimizer_mode
+from kubetune_trainer.profiling import maybe_profile
+from kubetune_trainer.validation import Validator
 from kubetune_trainer.reporting import Reporter
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.storage.checkpoint_store import CheckpointStore
@@ -52,8 +57,30 @@ def _quiet_libraries() -> None:
     transformers.utils.logging.set_verbosity_error()
 
 
-def run(job: TrainingJob) -> Path:
-    """Train the job to completion; return where the final weights are."""
+class EarlyStop(Exception):
+    """Raised after a step whose validation ended the run (spec.validation.earlyStoppingPatience)."""
+
+
+def open_cache(spec: TrainingJobSpec) -> EmbeddingCache | None:
+    if not spec.data.cache.enabled:
+        return None
+    return EmbeddingCache(open_store(spec.data.cache.uri or f"{spec.checkpoints.uri.rstrip('/')}/cache"))
+
+
+def fill_cache(accelerator, family, datasets, spec: TrainingJobSpec) -> None:
+    """Encode this rank's share of every sample once (epoch 0's augmentations) into the cache."""
+    from torch.utils.data import DataLoader
+
+    for dataset in datasets:
+        batch_size = min(spec.training.batch_size, len(dataset))
+        batches = epoch_batches(len(dataset), batch_size, accelerator.num_processes, accelerator.process_index,
+                                spec.training.seed, 0, getattr(dataset, "groups", None))
+        for batch in DataLoader(dataset, batch_sampler=batches, collate_fn=family.collate):
+            family.encode_batch(batch)
+
+
+def run(job: TrainingJob, cache_only: bool = False) -> Path:
+    """Train the job to completion (or only fill the embedding cache); return where the output is."""
     from accelerate.utils import gather_object, set_seed
 
     spec = job.spec
@@ -69,20 +96,57 @@ def run(job: TrainingJob) -> Path:
         spec = spec.model_copy(update={
             "model": spec.model.model_copy(update={"pretrained": local_copy(spec.model.pretrained)}),
             "data": spec.data.model_copy(update={"uri": local_copy(spec.data.uri)}),
+            "adapter": spec.adapter.model_copy(update={
+                "init_from": spec.adapter.init_from and local_copy(spec.adapter.init_from)}),
+            "pmg": spec.pmg and spec.pmg.model_copy(update={
+                "language_model": spec.pmg.language_model and local_copy(spec.pmg.language_model)}),
         })
         if spec.checkpoints.resume_from == "latest" and accelerator.is_local_main_process:
             store.fetch_latest()
 
     # Setup: model family, data, optimizer, schedule.
     family = family_for(spec.model.family)(spec, accelerator.device, WEIGHT_DTYPES[spec.training.mixed_precision])
-    dataset = family.build_dataset()
+    family.cache = open_cache(spec)
+    dataset, held_out = family.build_datasets()
+    if cache_only:
+        if family.cache is None:
+            raise ConfigError("--cache-only needs spec.data.cache.enabled: true")
+        fill_cache(accelerator, family, [d for d in (dataset, held_out) if d is not None], spec)
+        log.info("embedding cache filled: %d encoded, %d already there", family.cache.misses, family.cache.hits)
+        accelerator.wait_for_everyone()
+        return output
     world = accelerator.num_processes
-    check_enough_samples(len(dataset), spec.training.batch_size, world)
-    plan = plan_steps(spec.training, batches_per_epoch(len(dataset), spec.training.batch_size, world))
+    groups = getattr(dataset, "groups", None)
+    check_enough_samples(len(dataset), spec.training.batch_size, world, groups)
+    plan = plan_steps(spec.training, batches_per_epoch(len(dataset), spec.training.batch_size, world, groups))
+    if spec.training.gradient_checkpointing:
+        family.enable_gradient_checkpointing()
     optimizer = build_optimizer(family.trainable_parameters(), spec.training)
     scheduler = build_lr_scheduler(optimizer, spec.training, plan.total_steps)
     model, optimizer = accelerator.prepare(family.trainable_module, optimizer)
+    if spec.training.compile:
+        model = torch.compile(model)
+    set_optimizer_mode(optimizer, training=True)
+    ema = EMA(family.trainable_parameters(), spec.training.ema_decay) if spec.training.ema_decay else None
+    if ema is not None:
+        ema.attach(optimizer)
+    validator = Validator(spec, family, held_out, output, accelerator.is_main_process)
+    # State beyond weights, optimizer and schedule that an exact resume needs.
+    extra_state = {name: obj for name, obj in (("ema", ema), ("validation", validator)) if obj is not None}
     noise_generator = torch.Generator().manual_seed(spec.training.seed * 7919 + accelerator.process_index + 1)
+
+    @contextmanager
+    def weights_to_publish():
+        """The weights a user gets: the EMA average, the schedule-free evaluation point."""
+        set_optimizer_mode(optimizer, training=False)
+        if ema is not None:
+            ema.swap()
+        try:
+            yield
+        finally:
+            if ema is not None:
+                ema.swap()
+            set_optimizer_mode(optimizer, training=True)
 
     position = Position()
     if spec.checkpoints.resume_from == "latest":
@@ -91,10 +155,12 @@ def run(job: TrainingJob) -> Path:
             family.load_trainable_state_dict(read_trainable(latest.path))
             position = restore_state(latest.path, accelerator.process_index, optimizer, scheduler,
                                      noise_generator)
+            for name, obj in extra_state.items():
+                obj.load_state_dict(torch.load(latest.path / f"{name}.pt", weights_only=False))
             log.info("resumed from %s at step %d", latest.path, position.step)
 
-    def save_checkpoint(pos: Position) -> None:
-        if pos.step % spec.checkpoints.every_steps and pos.step != plan.total_steps:
+    def save_checkpoint(pos: Position, force: bool = False) -> None:
+        if pos.step % spec.checkpoints.every_steps and pos.step != plan.total_steps and not force:
             return
         path = checkpoints.checkpoint_dir(output, pos.step)
         if accelerator.is_main_process and path.exists():
@@ -102,8 +168,11 @@ def run(job: TrainingJob) -> Path:
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             save_main_state(path, family.trainable_state_dict(), optimizer, scheduler, pos)
+            for name, obj in extra_state.items():
+                torch.save(obj.state_dict(), path / f"{name}.pt")
             if spec.adapter.type == "lora":
-                family.save_weights(path)  # the adapter in its standard format, ready to pull
+                with weights_to_publish():
+                    family.save_weights(path)  # the adapter in its standard format, ready to pull
         # Every rank's RNG goes to the main process, the checkpoint's single writer.
         rng_states = gather_object([capture_rng(noise_generator)])
         if accelerator.is_main_process:
@@ -119,15 +188,43 @@ def run(job: TrainingJob) -> Path:
                         spec.training.log_every_steps, samples_per_step, job.metadata.name)
     reporter.message("training %s: %d steps, %d process(es), %d samples", job.metadata.name,
                      plan.total_steps, world, len(dataset))
+
+    def save_best(folder: Path) -> None:
+        with weights_to_publish():
+            family.save_weights(folder)
+
+    def on_step_end(pos: Position) -> None:
+        if isinstance(scheduler, PlateauScheduler) and held_out is None:
+            scheduler.observe(pos.loss)
+        stop = False
+        if validator.due(pos.step, plan.total_steps):
+            with weights_to_publish():
+                metrics = validator.run(accelerator.unwrap_model(model), pos.step, save_best)
+            if isinstance(scheduler, PlateauScheduler) and "loss" in metrics:
+                scheduler.observe(metrics["loss"])
+            stop = validator.should_stop
+        save_checkpoint(pos, force=stop)
+        if stop:
+            raise EarlyStop
+
     try:
-        train(accelerator, family, model, optimizer, scheduler, dataset, position, plan, reporter,
-              noise_generator, save_checkpoint)
+        with maybe_profile(optimizer, spec.training.profile_steps, output / "profile", accelerator.is_main_process):
+            train(accelerator, family, model, optimizer, scheduler, dataset, position, plan, reporter,
+                  noise_generator, on_step_end)
+    except EarlyStop:
+        reporter.message("early stop: %s did not improve in %d validations", spec.validation.monitor,
+                         spec.validation.early_stopping_patience)
     finally:
         reporter.close()
+        validator.close()
+    if family.cache is not None:
+        reporter.message("embedding cache: %d hits, %d misses", family.cache.hits, family.cache.misses)
 
     if accelerator.is_main_process:
-        written = family.save_weights(output)
-        store.publish_files(written + sorted(p for p in (output / "logs").rglob("*") if p.is_file()))
+        with weights_to_publish():
+            written = family.save_weights(output)
+        extras = [p for folder in ("logs", "samples", "best", "profile") for p in (output / folder).rglob("*")]
+        store.publish_files(written + sorted(p for p in extras if p.is_file()))
         log.info("final weights: %s", ", ".join(store_uri(store, p) for p in written))
     accelerator.wait_for_everyone()
     accelerator.end_training()

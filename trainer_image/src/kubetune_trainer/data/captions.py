@@ -2,15 +2,14 @@
 from __future__ import annotations
 
 import json
-import random
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from PIL import Image
-from kubetune_trainer.errors import ConfigError
 
 from kubetune_trainer.data.images import ImageTransform
+from kubetune_trainer.data.keyed import KeyedDataset
+from kubetune_trainer.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -44,30 +43,23 @@ def read_captions(root: Path) -> list[CaptionedImage]:
     return samples
 
 
-class CaptionsDataset(torch.utils.data.Dataset):
-    """Items are looked up by (epoch, index) so augmentations are reproducible on resume."""
-
-    def __init__(self, root: Path, transform: ImageTransform, caption_dropout: float, seed: int):
-        self.samples = read_captions(root)
-        self.transform = transform
+class CaptionsDataset(KeyedDataset):
+    def __init__(self, samples: list[CaptionedImage], transform: ImageTransform, caption_dropout: float,
+                 seed: int, bucketing: bool = False):
+        super().__init__(samples, [s.path for s in samples], transform, seed, bucketing)
         self.caption_dropout = caption_dropout
-        self.seed = seed
-
-    def __len__(self) -> int:
-        return len(self.samples)
 
     def __getitem__(self, key: tuple[int, int]) -> dict:
-        epoch, index = key
-        rng = random.Random(f"{self.seed}:{epoch}:{index}")
-        sample = self.samples[index]
-        with Image.open(sample.path) as image:
-            pixels = self.transform(image.convert("RGB"), rng)
+        rng = self.rng(key)
+        sample = self.samples[key[1]]
+        pixels, crop = self.load_image(sample.path, key[1], rng)
         caption = "" if rng.random() < self.caption_dropout else sample.caption
-        return {"pixel_values": pixels, "caption": caption}
+        return {"pixel_values": pixels, "caption": caption, "crop": crop}
 
 
 def collate(items: list[dict]) -> dict:
     return {
         "pixel_values": torch.stack([item["pixel_values"] for item in items]),
         "captions": [item["caption"] for item in items],
+        "crops": [item["crop"] for item in items],
     }

@@ -10,32 +10,62 @@ from PIL import Image
 
 
 @dataclass(frozen=True)
+class Crop:
+    """Where the training pixels came from: SDXL is conditioned on both (height-first, as it expects)."""
+
+    original_size: tuple[int, int]  # (height, width) before resizing
+    top_left: tuple[int, int]       # (top, left) of the crop in the resized image
+
+
+@dataclass(frozen=True)
 class ImageTransform:
     resolution: int
     center_crop: bool = True
     random_flip: bool = False
 
     def __call__(self, image: Image.Image, rng: random.Random) -> torch.Tensor:
-        image = resize_shorter_side(image, self.resolution)
-        left, top = crop_origin(image.size, self.resolution, self.center_crop, rng)
-        image = image.crop((left, top, left + self.resolution, top + self.resolution))
-        if self.random_flip and rng.random() < 0.5:
+        return self.apply(image, rng)[0]
+
+    def apply(self, image: Image.Image, rng: random.Random, size: tuple[int, int] | None = None,
+              flip: bool | None = None) -> tuple[torch.Tensor, Crop]:
+        """Resize to cover `size` (width, height; default a square of the resolution), crop, maybe flip.
+
+        `flip` forces the decision, so an edit pair's control and target images flip together.
+        """
+        width, height = size or (self.resolution, self.resolution)
+        original = (image.height, image.width)
+        image = resize_to_cover(image, width, height)
+        left, top = crop_origin(image.size, (width, height), self.center_crop, rng)
+        image = image.crop((left, top, left + width, top + height))
+        if flip is None:
+            flip = self.random_flip and rng.random() < 0.5
+        if flip:
             image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        array = np.asarray(image, dtype=np.float32) / 127.5 - 1.0
-        return torch.from_numpy(array).permute(2, 0, 1).contiguous()
+        return to_tensor(image), Crop(original, (top, left))
+
+
+def to_tensor(image: Image.Image) -> torch.Tensor:
+    array = np.asarray(image, dtype=np.float32) / 127.5 - 1.0
+    return torch.from_numpy(array).permute(2, 0, 1).contiguous()
+
+
+def resize_to_cover(image: Image.Image, width: int, height: int) -> Image.Image:
+    """The smallest resize (aspect kept) that covers width x height."""
+    scale = max(width / image.width, height / image.height)
+    if scale == 1:
+        return image
+    size = (max(width, round(image.width * scale)), max(height, round(image.height * scale)))
+    return image.resize(size, Image.Resampling.BICUBIC)
 
 
 def resize_shorter_side(image: Image.Image, size: int) -> Image.Image:
-    width, height = image.size
-    scale = size / min(width, height)
-    if scale == 1:
-        return image
-    return image.resize((max(size, round(width * scale)), max(size, round(height * scale))),
-                        Image.Resampling.BICUBIC)
+    return resize_to_cover(image, size, size)
 
 
-def crop_origin(image_size: tuple[int, int], size: int, center: bool, rng: random.Random) -> tuple[int, int]:
+def crop_origin(image_size: tuple[int, int], crop_size: int | tuple[int, int], center: bool,
+                rng: random.Random) -> tuple[int, int]:
     width, height = image_size
+    crop_w, crop_h = (crop_size, crop_size) if isinstance(crop_size, int) else crop_size
     if center:
-        return (width - size) // 2, (height - size) // 2
-    return rng.randint(0, width - size), rng.randint(0, height - size)
+        return (width - crop_w) // 2, (height - crop_h) // 2
+    return rng.randint(0, width - crop_w), rng.randint(0, height - crop_h)

@@ -1,94 +1,135 @@
 """Stable Diffusion 1.5: LoRA (or full) fine-tuning of the UNet on captioned images."""
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
 
 import torch
 
-from kubetune_trainer import diffusion
-from kubetune_trainer.data.captions import CaptionsDataset, collate
+from kubetune_trainer import diffusion, quantization
+from kubetune_trainer.data.cache import Encoder, model_identity
+from kubetune_trainer.data.captions import CaptionsDataset, collate, read_captions
 from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.families.base import ModelFamily
+from kubetune_trainer.families.lora import attach_lora, load_lora_init, lora_layers
 
 # The attention projections the diffusers LoRA recipes adapt by default.
 DEFAULT_LORA_TARGETS = ["to_k", "to_q", "to_v", "to_out.0"]
 
 
 class StableDiffusion15(ModelFamily):
+    """A UNet denoiser conditioned on CLIP text embeddings; SDXL extends it."""
+
+    pipeline_class = "StableDiffusionPipeline"
+
     def __init__(self, spec, device, weight_dtype):
         super().__init__(spec, device, weight_dtype)
         from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
-        from transformers import CLIPTextModel, CLIPTokenizer
 
         root = spec.model.pretrained
+        quant = spec.model.quantization
+        quantization.check_supported(quant)
         # Frozen weights load in the training precision; trained weights stay in fp32.
         frozen_dtype = weight_dtype if spec.adapter.type == "lora" else torch.float32
         self.noise_scheduler = DDPMScheduler.from_pretrained(root, subfolder="scheduler")
-        self.tokenizer = CLIPTokenizer.from_pretrained(root, subfolder="tokenizer")
-        self.text_encoder = CLIPTextModel.from_pretrained(root, subfolder="text_encoder", torch_dtype=weight_dtype)
+        self.load_text_encoders(root)
         self.vae = AutoencoderKL.from_pretrained(root, subfolder="vae", torch_dtype=weight_dtype)
-        self.unet = UNet2DConditionModel.from_pretrained(root, subfolder="unet", torch_dtype=frozen_dtype)
-        for frozen in (self.text_encoder, self.vae):
+        self.unet = UNet2DConditionModel.from_pretrained(root, subfolder="unet", torch_dtype=frozen_dtype,
+                                                         **quantization.load_kwargs(quant, weight_dtype))
+        quantization.apply_after_load(quant, self.unet, weight_dtype)
+        for frozen in (*self.text_encoders, self.vae):
             frozen.requires_grad_(False).to(device).eval()
-        self._attach_trainable_weights()
+        if spec.adapter.type == "full":
+            self.unet.requires_grad_(True)
+        else:
+            attach_lora(self.unet, spec.adapter, DEFAULT_LORA_TARGETS)
+            if spec.adapter.init_from:
+                load_lora_init(self.unet, spec.adapter.init_from, "unet")
         self.unet.to(device)
         self.unet.train()
 
-    def _attach_trainable_weights(self) -> None:
-        adapter = self.spec.adapter
-        if adapter.type == "full":
-            self.unet.requires_grad_(True)
-            return
-        from peft import LoraConfig
+    def load_text_encoders(self, root: str) -> None:
+        from transformers import CLIPTextModel, CLIPTokenizer
 
-        self.unet.requires_grad_(False)
-        self.unet.add_adapter(LoraConfig(
-            r=adapter.rank,
-            lora_alpha=adapter.alpha or adapter.rank,
-            lora_dropout=adapter.dropout,
-            init_lora_weights="gaussian",
-            target_modules=adapter.target_modules or DEFAULT_LORA_TARGETS,
-        ))
-        for param in self.unet.parameters():
-            if param.requires_grad:
-                param.data = param.data.float()
+        self.tokenizer = CLIPTokenizer.from_pretrained(root, subfolder="tokenizer")
+        self.text_encoder = CLIPTextModel.from_pretrained(root, subfolder="text_encoder",
+                                                          torch_dtype=self.weight_dtype)
+        self.text_encoders = [self.text_encoder]
 
     @property
     def trainable_module(self) -> torch.nn.Module:
         return self.unet
 
-    def build_dataset(self):
+    # --- data ---------------------------------------------------------------------------------
+
+    def read_samples(self):
+        return read_captions(Path(self.spec.data.uri))
+
+    def make_dataset(self, samples, training):
         data = self.spec.data
-        transform = ImageTransform(data.resolution, data.center_crop, data.random_flip)
-        return CaptionsDataset(Path(data.uri), transform, data.caption_dropout, self.spec.training.seed)
+        transform = ImageTransform(data.resolution, data.center_crop or not training, data.random_flip and training)
+        return CaptionsDataset(samples, transform, data.caption_dropout if training else 0.0,
+                               self.spec.training.seed, data.bucketing)
 
     def collate(self, items):
         return collate(items)
 
+    # --- encoders -----------------------------------------------------------------------------
+
+    @cached_property
+    def _encoders(self) -> dict[str, Encoder]:
+        root = self.spec.model.pretrained
+        text_identity = "".join(model_identity(m, m.name_or_path, self.weight_dtype)
+                                for m in self.text_encoders)
+        return {
+            "latents": Encoder("latents", model_identity(self.vae, f"{root}/vae", self.weight_dtype), self._vae_moments),
+            "text": Encoder("text", text_identity + type(self).__name__, self.encode_prompts),
+        }
+
+    def encoders(self):
+        return self._encoders
+
     @torch.no_grad()
-    def encode_prompts(self, captions: list[str]) -> torch.Tensor:
+    def _vae_moments(self, pixels: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Mean and log-variance of each latent, not a sample: the noise is drawn at training time."""
+        stacked = torch.stack(pixels).to(self.device, dtype=self.weight_dtype)
+        return {"moments": self.vae.encode(stacked).latent_dist.parameters}
+
+    @torch.no_grad()
+    def encode_prompts(self, captions: list[str]) -> dict[str, torch.Tensor]:
         tokens = self.tokenizer(
             captions, padding="max_length", truncation=True,
             max_length=self.tokenizer.model_max_length, return_tensors="pt",
         )
-        return self.text_encoder(tokens.input_ids.to(self.device))[0]
+        return {"prompt_embeds": self.text_encoder(tokens.input_ids.to(self.device))[0]}
 
-    @torch.no_grad()
-    def encode_images(self, pixels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        pixels = pixels.to(self.device, dtype=self.weight_dtype)
-        latents = self.vae.encode(pixels).latent_dist.sample(generator=generator)
-        return latents * self.vae.config.scaling_factor
+    def encode_batch(self, batch):
+        return {"latents": self.encode("latents", list(batch["pixel_values"])),
+                "text": self.encode("text", batch["captions"])}
+
+    def sample_latents(self, moments: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+
+        latents = DiagonalGaussianDistribution(moments).sample(generator=generator)
+        shift = getattr(self.vae.config, "shift_factor", None) or 0.0
+        return (latents - shift) * self.vae.config.scaling_factor
+
+    def conditioning(self, batch: dict, text: dict[str, torch.Tensor]) -> dict:
+        """Keyword arguments of the UNet besides the noisy latents and timesteps."""
+        return {"encoder_hidden_states": text["prompt_embeds"]}
+
+    # --- loss ---------------------------------------------------------------------------------
 
     def compute_loss(self, model, batch, generator):
         training = self.spec.training
-        latents = self.encode_images(batch["pixel_values"], generator)
-        prompt_embeds = self.encode_prompts(batch["captions"])
+        encoded = self.encode_batch(batch)
+        latents = self.sample_latents(encoded["latents"]["moments"], generator)
         noise = diffusion.sample_noise(latents, generator, training.noise_offset)
         timesteps = diffusion.sample_timesteps(
             latents.shape[0], self.noise_scheduler.config.num_train_timesteps, generator, latents.device
         )
         noisy = self.noise_scheduler.add_noise(latents, noise, timesteps)
-        prediction = model(noisy, timesteps, prompt_embeds).sample
+        prediction = model(noisy, timesteps, **self.conditioning(batch, encoded["text"])).sample
         target = diffusion.training_target(self.noise_scheduler, latents, noise, timesteps)
         weights = None
         if training.snr_gamma:
@@ -96,18 +137,42 @@ class StableDiffusion15(ModelFamily):
             weights = diffusion.min_snr_weights(snr, training.snr_gamma, self.noise_scheduler.config.prediction_type)
         return diffusion.denoising_loss(prediction, target, weights)
 
+    # --- output -------------------------------------------------------------------------------
+
+    def pipeline(self):
+        """The family's diffusers pipeline around the models being trained (for samples and saving)."""
+        import diffusers
+
+        return getattr(diffusers, self.pipeline_class).from_pretrained(
+            self.spec.model.pretrained, unet=self.unet, vae=self.vae, torch_dtype=self.weight_dtype,
+            **{f"text_encoder{'_' + str(i + 1) if i else ''}": m for i, m in enumerate(self.text_encoders)},
+            **({"safety_checker": None, "requires_safety_checker": False}
+               if self.pipeline_class == "StableDiffusionPipeline" else {}),
+        )
+
+    @torch.no_grad()
+    def sample_images(self, model, held_out, generator):
+        prompts = self.spec.validation.prompts
+        if not prompts:
+            return []
+        from diffusers import DPMSolverMultistepScheduler
+
+        pipeline = self.pipeline()
+        pipeline.scheduler = DPMSolverMultistepScheduler.from_config(pipeline.scheduler.config)
+        pipeline.set_progress_bar_config(disable=True)
+        size = self.spec.data.resolution
+        return pipeline(prompts, num_inference_steps=self.spec.validation.num_inference_steps, height=size,
+                        width=size, generator=generator, output_type="pil").images
+
     def save_weights(self, out_dir: Path) -> list[Path]:
         out_dir.mkdir(parents=True, exist_ok=True)
         if self.spec.adapter.type == "full":
             self.unet.save_pretrained(out_dir / "unet")
             return sorted((out_dir / "unet").iterdir())
-        from diffusers import StableDiffusionPipeline
-        from diffusers.utils import convert_state_dict_to_diffusers
-        from peft.utils import get_peft_model_state_dict
+        import diffusers
 
-        layers = convert_state_dict_to_diffusers(get_peft_model_state_dict(self.unet))
-        StableDiffusionPipeline.save_lora_weights(
-            out_dir, unet_lora_layers=layers, safe_serialization=True,
+        getattr(diffusers, self.pipeline_class).save_lora_weights(
+            out_dir, unet_lora_layers=lora_layers(self.unet), safe_serialization=True,
             unet_lora_adapter_metadata=self.unet.peft_config["default"].to_dict(),
         )
         return [out_dir / "pytorch_lora_weights.safetensors"]

@@ -1,0 +1,47 @@
+"""Aspect-ratio buckets: a few image shapes of about resolution^2 pixels; each image goes to the nearest.
+
+Training on buckets keeps a portrait a portrait instead of cropping it square; the sampler then
+batches images of one bucket only, so a batch stacks into one tensor.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from PIL import Image
+
+# Width:height ratios from 1:2 to 2:1; the usual set of the SDXL and FLUX trainers, give or take.
+ASPECT_RATIOS = (1 / 2, 9 / 16, 2 / 3, 3 / 4, 1.0, 4 / 3, 3 / 2, 16 / 9, 2.0)
+
+
+def bucket_step(resolution: int) -> int:
+    """Sides are multiples of 64 at real sizes (VAE x UNet downsampling); tiny test sizes use 8."""
+    return 64 if resolution >= 256 else 8
+
+
+def bucket_sizes(resolution: int) -> list[tuple[int, int]]:
+    """(width, height) of each bucket: the ratio's shape with resolution^2 area, rounded to the step."""
+    step = bucket_step(resolution)
+    sizes = []
+    for ratio in ASPECT_RATIOS:
+        width = max(step, round(resolution * math.sqrt(ratio) / step) * step)
+        height = max(step, round(resolution / math.sqrt(ratio) / step) * step)
+        if (width, height) not in sizes:
+            sizes.append((width, height))
+    return sizes
+
+
+def nearest_bucket(width: int, height: int, sizes: list[tuple[int, int]]) -> int:
+    """Index of the bucket whose aspect ratio is closest (in log space: 2:1 is as far as 1:2)."""
+    ratio = math.log(width / height)
+    return min(range(len(sizes)), key=lambda i: abs(math.log(sizes[i][0] / sizes[i][1]) - ratio))
+
+
+def assign_buckets(paths: list[Path], resolution: int) -> tuple[list[int], list[tuple[int, int]]]:
+    """Each image's bucket (read from the file header only) and the bucket sizes."""
+    sizes = bucket_sizes(resolution)
+    groups = []
+    for path in paths:
+        with Image.open(path) as image:
+            groups.append(nearest_bucket(image.width, image.height, sizes))
+    return groups, sizes

@@ -1,0 +1,154 @@
+"""A cache of encoder outputs (VAE latents, text embeddings) keyed by content, never by position.
+
+The key of one sample's entry is a hash of the encoder's identity (weights, config, precision)
+and of exactly what the encoder reads (the transformed pixels, the caption after dropout). A
+reshuffle, another process count, another run or a changed caption therefore can never pair a
+latent with the wrong text: different input, different key. Entries are one safetensors file
+each, written atomically, so every rank and every run can share one cache directory (or prefix).
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from safetensors.torch import load, save
+
+log = logging.getLogger(__name__)
+Encoded = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Encoder:
+    """A frozen encoder: `encode` turns a list of per-sample inputs into batch-first tensors."""
+
+    name: str
+    identity: str  # changes whenever the outputs would (see model_identity)
+    encode: Callable[[list[Any]], Encoded]
+
+
+def model_identity(model: torch.nn.Module, source: str, dtype: torch.dtype, extra: str = "") -> str:
+    """Where the weights came from, their files' sizes and times, the config and the precision."""
+    files = []
+    folder = Path(source)
+    if folder.is_dir():
+        files = sorted((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns)
+                       for p in folder.rglob("*.safetensors"))
+    config = getattr(model, "config", None)
+    config_text = config.to_json_string() if hasattr(config, "to_json_string") else json.dumps(
+        dict(config or {}), sort_keys=True, default=str)
+    return json.dumps([source, files, config_text, str(dtype), type(model).__name__, extra])
+
+
+def content_hash(value: Any) -> bytes:
+    """A stable digest of a tensor, string, number or nested tuple/list of them."""
+    digest = hashlib.sha256()
+
+    def feed(item: Any) -> None:
+        if isinstance(item, torch.Tensor):
+            tensor = item.detach().cpu().contiguous()
+            digest.update(f"T{tensor.dtype}{tuple(tensor.shape)}".encode())
+            digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        elif isinstance(item, (list, tuple)):
+            digest.update(f"L{len(item)}".encode())
+            for part in item:
+                feed(part)
+        else:
+            digest.update(f"{type(item).__name__}:{item!r}".encode())
+
+    feed(value)
+    return digest.digest()
+
+
+class Store(Protocol):
+    def get(self, key: str) -> bytes | None: ...
+    def put(self, key: str, data: bytes) -> None: ...
+
+
+class LocalStore:
+    """A directory, e.g. on a volume all pods mount; writes are atomic renames."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def _path(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key}.safetensors"
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, partial = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.replace(partial, path)
+
+
+class S3Store:
+    """An s3://bucket/prefix; objects appear whole, so concurrent writers of one key are harmless."""
+
+    def __init__(self, uri: str, client):
+        self.bucket, _, prefix = uri[len("s3://"):].partition("/")
+        self.prefix = prefix.strip("/")
+        self.client = client
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key[:2]}/{key}.safetensors".lstrip("/")
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+        except self.client.exceptions.NoSuchKey:
+            return None
+
+    def put(self, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=io.BytesIO(data))
+
+
+class EmbeddingCache:
+    """Looks each sample up; encodes the misses of a batch together; stores them one per sample."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self.hits = 0
+        self.misses = 0
+
+    def encode(self, encoder: Encoder, inputs: list[Any]) -> Encoded:
+        identity = hashlib.sha256(encoder.identity.encode()).digest()
+        keys = [hashlib.sha256(identity + content_hash(item)).hexdigest() for item in inputs]
+        found = [self._load(key) for key in keys]
+        missing = [i for i, entry in enumerate(found) if entry is None]
+        self.hits += len(inputs) - len(missing)
+        self.misses += len(missing)
+        if missing:
+            fresh = encoder.encode([inputs[i] for i in missing])
+            for row, i in enumerate(missing):
+                entry = {name: tensor[row].detach().cpu().contiguous() for name, tensor in fresh.items()}
+                self.store.put(keys[i], save(entry))
+                found[i] = entry
+        return {name: torch.stack([entry[name] for entry in found]) for name in found[0]}
+
+    def _load(self, key: str) -> Encoded | None:
+        data = self.store.get(key)
+        return None if data is None else load(data)
+
+
+def open_store(uri: str) -> Store:
+    if not uri.startswith("s3://"):
+        return LocalStore(Path(uri))
+    from kubetune_trainer.storage import s3
+
+    return S3Store(uri, s3.client())

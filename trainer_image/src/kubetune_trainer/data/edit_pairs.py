@@ -1,0 +1,74 @@
+"""The edit-pairs layout: control_images/NAME.* (before), training_images/NAME.png (after) + NAME.txt
+(the instruction that turns one into the other)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kubetune_trainer.data.images import ImageTransform
+from kubetune_trainer.data.keyed import KeyedDataset
+from kubetune_trainer.errors import ConfigError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
+
+
+@dataclass(frozen=True)
+class EditPair:
+    control: Path
+    target: Path
+    instruction: str
+
+
+def read_edit_pairs(root: Path) -> list[EditPair]:
+    """Pair every training image with its control image and instruction; name what is missing."""
+    controls_dir, targets_dir = root / "control_images", root / "training_images"
+    for folder in (controls_dir, targets_dir):
+        if not folder.is_dir():
+            raise FileNotFoundError(f"spec.data.uri: {root} has no {folder.name}/; the edit-pairs layout "
+                                    "needs control_images/NAME.jpg and training_images/NAME.png + NAME.txt")
+    controls = {p.stem: p for p in controls_dir.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES}
+    pairs = []
+    for target in sorted(p for p in targets_dir.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES):
+        prompt = target.with_suffix(".txt")
+        if not prompt.is_file():
+            raise FileNotFoundError(f"{target}: no instruction {prompt.name} next to it")
+        if target.stem not in controls:
+            raise FileNotFoundError(f"{target}: no control image control_images/{target.stem}.* for it")
+        pairs.append(EditPair(controls[target.stem], target, prompt.read_text().strip()))
+    if not pairs:
+        raise ConfigError(f"spec.data.uri: {targets_dir} holds no images")
+    return pairs
+
+
+class EditPairsDataset(KeyedDataset):
+    """Control and target get the same crop and flip; dropouts blank the instruction or the control."""
+
+    def __init__(self, samples: list[EditPair], transform: ImageTransform, caption_dropout: float,
+                 control_dropout: float, seed: int, bucketing: bool = False):
+        super().__init__(samples, [s.target for s in samples], transform, seed, bucketing)
+        self.caption_dropout = caption_dropout
+        self.control_dropout = control_dropout
+
+    def __getitem__(self, key: tuple[int, int]) -> dict:
+        rng = self.rng(key)
+        pair = self.samples[key[1]]
+        flip = self.transform.random_flip and rng.random() < 0.5
+        state = rng.getstate()
+        target, crop = self.load_image(pair.target, key[1], rng, flip)
+        rng.setstate(state)  # the same random crop for the control image
+        control, _ = self.load_image(pair.control, key[1], rng, flip)
+        if rng.random() < self.control_dropout:
+            control = torch.zeros_like(control)  # mid-grey: "edit nothing in particular"
+        instruction = "" if rng.random() < self.caption_dropout else pair.instruction
+        return {"pixel_values": target, "control_values": control, "caption": instruction, "crop": crop}
+
+
+def collate(items: list[dict]) -> dict:
+    return {
+        "pixel_values": torch.stack([item["pixel_values"] for item in items]),
+        "control_values": torch.stack([item["control_values"] for item in items]),
+        "captions": [item["caption"] for item in items],
+        "crops": [item["crop"] for item in items],
+    }

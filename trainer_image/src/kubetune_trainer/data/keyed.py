@@ -1,0 +1,57 @@
+"""What every layout's data set shares: items by (epoch, index) key, buckets, a held-out split."""
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+from PIL import Image
+
+from kubetune_trainer.data.buckets import assign_buckets
+from kubetune_trainer.data.images import Crop, ImageTransform
+
+Sample = TypeVar("Sample")
+
+
+def split_held_out(samples: Sequence[Sample], fraction: float, name: Callable[[Sample], str]
+                   ) -> tuple[list[Sample], list[Sample]]:
+    """(training, held out): the held-out part is chosen by a hash of each sample's name, so it stays
+    the same across runs, process counts and added data, and never depends on the shuffle."""
+    if fraction <= 0:
+        return list(samples), []
+    ranked = sorted(samples, key=lambda s: hashlib.sha256(name(s).encode()).hexdigest())
+    count = min(len(samples) - 1, max(1, math.floor(fraction * len(samples))))
+    held = {id(s) for s in ranked[:count]}
+    return [s for s in samples if id(s) not in held], [s for s in samples if id(s) in held]
+
+
+class KeyedDataset(torch.utils.data.Dataset):
+    """Items are looked up by (epoch, index) so augmentations are reproducible on resume.
+
+    `groups` is each sample's aspect-ratio bucket (None without bucketing), read by the sampler.
+    """
+
+    def __init__(self, samples: Sequence, image_paths: list[Path], transform: ImageTransform, seed: int,
+                 bucketing: bool):
+        self.samples = list(samples)
+        self.transform = transform
+        self.seed = seed
+        self.groups, self.bucket_sizes = (assign_buckets(image_paths, transform.resolution) if bucketing
+                                          else (None, None))
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def rng(self, key: tuple[int, int]) -> random.Random:
+        epoch, index = key
+        return random.Random(f"{self.seed}:{epoch}:{index}")
+
+    def load_image(self, path: Path, index: int, rng: random.Random,
+                   flip: bool | None = None) -> tuple[torch.Tensor, Crop]:
+        size = self.bucket_sizes[self.groups[index]] if self.groups is not None else None
+        with Image.open(path) as image:
+            return self.transform.apply(image.convert("RGB"), rng, size, flip)

@@ -1,0 +1,134 @@
+"""Validation during training: held-out metrics, sample images, early stopping, the best K weights.
+
+Every process evaluates the same held-out batches with the same fixed generator, so all reach
+the same early-stopping decision without talking to each other; only the main process writes.
+Validation runs inside `torch.random.fork_rng`, so it never shifts the training's random stream
+(a resumed run stays bitwise identical whether or not it validated).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from kubetune_api.spec import TrainingJobSpec
+from kubetune_trainer.data.sampler import epoch_batches
+
+log = logging.getLogger("kubetune.trainer")
+HIGHER_IS_BETTER = {"loss": False, "accuracy": True, "f1": True}
+
+
+def improves(value: float, best: float | None, metric: str) -> bool:
+    if best is None:
+        return True
+    return value > best if HIGHER_IS_BETTER[metric] else value < best
+
+
+class Validator:
+    def __init__(self, spec: TrainingJobSpec, family, held_out, output: Path, is_main: bool):
+        self.spec = spec.validation
+        self.seed = spec.training.seed
+        self.batch_size = spec.training.batch_size
+        self.family = family
+        self.held_out = held_out
+        self.output = output
+        self.is_main = is_main
+        self.best: float | None = None
+        self.validations_without_improvement = 0
+        self._writer = None
+
+    def due(self, step: int, total_steps: int) -> bool:
+        every = self.spec.every_steps
+        return every is not None and (step % every == 0 or step == total_steps)
+
+    def _held_out_batches(self) -> list[dict]:
+        if self.held_out is None:
+            return []
+        size = min(self.batch_size, len(self.held_out))
+        batches = epoch_batches(len(self.held_out), size, 1, 0, self.seed, 0,
+                                getattr(self.held_out, "groups", None))
+        return list(DataLoader(self.held_out, batch_sampler=batches, collate_fn=self.family.collate))
+
+    def run(self, model: torch.nn.Module, step: int, save_best: Callable[[Path], None]) -> dict[str, float]:
+        """Evaluate and sample at `step`; returns the metrics (empty without held-out data)."""
+        metrics: dict[str, float] = {}
+        with torch.random.fork_rng(devices=[]):
+            generator = torch.Generator().manual_seed(self.seed)
+            batches = self._held_out_batches()
+            was_training = model.training
+            model.eval()
+            try:
+                if batches:
+                    metrics = self.family.evaluate(model, batches, generator)
+                images = self.family.sample_images(model, batches, torch.Generator().manual_seed(self.seed)) \
+                    if self.is_main else []
+            finally:
+                model.train(was_training)
+        self._record(step, metrics, images)
+        monitored = metrics.get(self.spec.monitor)
+        if monitored is not None and not math.isnan(monitored):
+            if improves(monitored, self.best, self.spec.monitor):
+                self.best, self.validations_without_improvement = monitored, 0
+            else:
+                self.validations_without_improvement += 1
+            if self.spec.keep_best and self.is_main:
+                self._keep_best(step, monitored, save_best)
+        return metrics
+
+    @property
+    def should_stop(self) -> bool:
+        patience = self.spec.early_stopping_patience
+        return patience is not None and self.validations_without_improvement >= patience
+
+    def _record(self, step: int, metrics: dict[str, float], images: list) -> None:
+        if not self.is_main:
+            return
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=str(self.output / "logs"))
+        for name, value in metrics.items():
+            self._writer.add_scalar(f"validation/{name}", value, step)
+        if metrics:
+            log.info("validation at step %d: %s", step, ", ".join(f"{k} {v:.5f}" for k, v in metrics.items()))
+        if images:
+            import numpy as np
+
+            folder = self.output / "samples" / f"step-{step:07d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for i, image in enumerate(images):
+                image.save(folder / f"{i}.png")
+                self._writer.add_image(f"samples/{i}", np.asarray(image), step, dataformats="HWC")
+        self._writer.flush()
+
+    def _keep_best(self, step: int, value: float, save_best: Callable[[Path], None]) -> None:
+        """Save this step's weights under best/ if they rank among the K best; drop the rest."""
+        root = self.output / "best"
+        entries = [json.loads(p.read_text()) for p in root.glob("step-*/metric.json")] if root.is_dir() else []
+        entries.append({"step": step, "value": value})
+        ranked = sorted(entries, key=lambda e: e["value"], reverse=HIGHER_IS_BETTER[self.spec.monitor])
+        kept = {e["step"] for e in ranked[:self.spec.keep_best]}
+        if step in kept:
+            folder = root / f"step-{step:07d}"
+            save_best(folder)
+            (folder / "metric.json").write_text(json.dumps({"step": step, "value": value,
+                                                            "metric": self.spec.monitor}))
+        for entry in entries:
+            if entry["step"] not in kept:
+                shutil.rmtree(root / f"step-{entry['step']:07d}", ignore_errors=True)
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "bad": self.validations_without_improvement}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best, self.validations_without_improvement = state["best"], state["bad"]
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
