@@ -17,7 +17,8 @@ class EMA:
 
     def attach(self, optimizer: torch.optim.Optimizer) -> None:
         """Update after each real optimizer step (a step skipped by the fp16 scaler does not count)."""
-        optimizer.register_step_post_hook(lambda *_: self.update())
+        inner = getattr(optimizer, "optimizer", optimizer)  # under Accelerate's wrapper
+        inner.register_step_post_hook(lambda *_: self.update())
 
     @torch.no_grad()
     def swap(self) -> None:

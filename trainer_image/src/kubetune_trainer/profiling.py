@@ -15,7 +15,8 @@ def _profiling(optimizer: torch.optim.Optimizer, steps: int, out_dir: Path):
     with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=steps, repeat=1),
                  on_trace_ready=tensorboard_trace_handler(str(out_dir)), record_shapes=True) as profiler:
         # The profiler advances per optimizer step; the loop needs to know nothing about it.
-        handle = optimizer.register_step_post_hook(lambda *_: profiler.step())
+        inner = getattr(optimizer, "optimizer", optimizer)  # under Accelerate's wrapper
+        handle = inner.register_step_post_hook(lambda *_: profiler.step())
         try:
             yield profiler
         finally:

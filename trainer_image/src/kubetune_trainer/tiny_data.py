@@ -39,7 +39,50 @@ def write_captions_dataset(out_dir: Path, count: int = 8, size: int = 64, seed: 
     return out_dir
 
 
-WRITERS = {"captions": write_captions_dataset}
+def write_edit_pairs_dataset(out_dir: Path, count: int = 8, size: int = 64, seed: int = 0) -> Path:
+    """control_images/NAME.jpg -> training_images/NAME.png, the instruction in training_images/NAME.txt."""
+    rng = random.Random(seed)
+    (out_dir / "control_images").mkdir(parents=True, exist_ok=True)
+    (out_dir / "training_images").mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        before, after = rng.sample(list(COLOURS), 2)
+        shape = rng.choice(SHAPES)
+        state = rng.getstate()
+        draw_shape(before, shape, size, rng).save(out_dir / "control_images" / f"{i:04d}.jpg")
+        rng.setstate(state)  # the same background and margin: only the colour changes
+        draw_shape(after, shape, size, rng).save(out_dir / "training_images" / f"{i:04d}.png")
+        (out_dir / "training_images" / f"{i:04d}.txt").write_text(f"make the {shape} {after}\n")
+    return out_dir
+
+
+def write_image_folder_dataset(out_dir: Path, count: int = 8, size: int = 64, seed: int = 0) -> Path:
+    """CLASS/NAME.png with the shape as the class (square, circle)."""
+    rng = random.Random(seed)
+    for i in range(count):
+        shape = SHAPES[i % len(SHAPES)]
+        (out_dir / shape).mkdir(parents=True, exist_ok=True)
+        draw_shape(rng.choice(list(COLOURS)), shape, size, rng).save(out_dir / shape / f"{i:04d}.png")
+    return out_dir
+
+
+def write_pmg_dataset(out_dir: Path, count: int = 8, size: int = 64, seed: int = 0) -> Path:
+    """data.json of users whose history leans to one colour; their target image shows it."""
+    rng = random.Random(seed)
+    (out_dir / "images").mkdir(parents=True, exist_ok=True)
+    records = []
+    for i in range(count):
+        colour, shape = rng.choice(list(COLOURS)), rng.choice(SHAPES)
+        name = f"images/{i:04d}.png"
+        draw_shape(colour, shape, size, rng).save(out_dir / name)
+        history = [f"{colour} {rng.choice(['shirt', 'car', 'mug', 'poster'])}" for _ in range(3)]
+        records.append({"user_id": f"user{i % 3}", "history": history, "target_image": name,
+                        "target_caption": f"a {colour} {shape}"})
+    (out_dir / "data.json").write_text(json.dumps(records, indent=1))
+    return out_dir
+
+
+WRITERS = {"captions": write_captions_dataset, "edit-pairs": write_edit_pairs_dataset,
+           "image-folder": write_image_folder_dataset, "pmg": write_pmg_dataset}
 
 
 def write_tiny_data(layout: str, out_dir: Path, count: int = 8, size: int = 64, seed: int = 0) -> Path:

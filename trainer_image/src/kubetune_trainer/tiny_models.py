@@ -141,7 +141,58 @@ def write_full_size_sd15(out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
-WRITERS = {"sd15": write_tiny_sd15}
+def tiny_sdxl_unet(seed: int = 0):
+    """The SDXL UNet (text_time additional conditioning, linear projections) at toy width."""
+    from diffusers import UNet2DConditionModel
+
+    torch.manual_seed(seed)
+    return UNet2DConditionModel(
+        sample_size=16, in_channels=4, out_channels=4, layers_per_block=1,
+        block_out_channels=(32, 64), down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), attention_head_dim=(2, 4),
+        use_linear_projection=True, addition_embed_type="text_time", addition_time_embed_dim=8,
+        transformer_layers_per_block=(1, 2), projection_class_embeddings_input_dim=6 * 8 + 32,
+        cross_attention_dim=64, norm_num_groups=32,
+    )
+
+
+def write_tiny_sdxl(out_dir: Path, seed: int = 0) -> Path:
+    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+
+    tokenizer = tiny_clip_tokenizer()
+    torch.manual_seed(seed + 1)
+    text_encoder_2 = CLIPTextModelWithProjection(CLIPTextConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=77, projection_dim=32,
+        bos_token_id=0, eos_token_id=1, pad_token_id=1,
+    ))
+    scheduler = EulerDiscreteScheduler(
+        num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+        prediction_type="epsilon", steps_offset=1, timestep_spacing="leading",
+    )
+    pipeline = StableDiffusionXLPipeline(
+        vae=tiny_vae(seed), text_encoder=tiny_clip_text_encoder(len(tokenizer), seed=seed), tokenizer=tokenizer,
+        text_encoder_2=text_encoder_2, tokenizer_2=tokenizer, unet=tiny_sdxl_unet(seed), scheduler=scheduler,
+    )
+    pipeline.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+def write_tiny_classifier(out_dir: Path, seed: int = 0) -> Path:
+    """A ViT image classifier (2 labels; training replaces the head to fit the data's classes)."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(seed)
+    model = ViTForImageClassification(ViTConfig(
+        image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, num_labels=2,
+    ))
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+WRITERS = {"sd15": write_tiny_sd15, "sdxl": write_tiny_sdxl, "classifier": write_tiny_classifier}
 FULL_SIZE_WRITERS = {"sd15": write_full_size_sd15}
 
 

@@ -144,7 +144,7 @@ class StableDiffusion15(ModelFamily):
         import diffusers
 
         return getattr(diffusers, self.pipeline_class).from_pretrained(
-            self.spec.model.pretrained, unet=self.unet, vae=self.vae, torch_dtype=self.weight_dtype,
+            self.spec.model.pretrained, unet=self.unet, vae=self.vae, dtype=self.weight_dtype,
             **{f"text_encoder{'_' + str(i + 1) if i else ''}": m for i, m in enumerate(self.text_encoders)},
             **({"safety_checker": None, "requires_safety_checker": False}
                if self.pipeline_class == "StableDiffusionPipeline" else {}),

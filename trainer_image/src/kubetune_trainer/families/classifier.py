@@ -1,0 +1,97 @@
+"""Supervised image classification with any transformers image-classification model (full or LoRA)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from kubetune_trainer.data.image_folder import ImageFolderDataset, collate, read_image_folder
+from kubetune_trainer.data.images import ImageTransform
+from kubetune_trainer.families.base import ModelFamily
+
+# Attention projections of ViT-style encoders; set spec.adapter.targetModules for other models.
+DEFAULT_LORA_TARGETS = ["q_proj", "v_proj", "query", "value"]  # transformers 5 names, then older ones
+
+
+def accuracy_and_f1(predictions: torch.Tensor, labels: torch.Tensor, num_classes: int) -> dict[str, float]:
+    """Accuracy and macro F1 (the mean over classes of 2PR/(P+R); a class never predicted nor present is skipped)."""
+    scores = []
+    for c in range(num_classes):
+        true_pos = ((predictions == c) & (labels == c)).sum().item()
+        predicted, actual = (predictions == c).sum().item(), (labels == c).sum().item()
+        if predicted + actual:
+            scores.append(2 * true_pos / (predicted + actual))
+    return {"accuracy": (predictions == labels).float().mean().item(), "f1": sum(scores) / len(scores)}
+
+
+class ImageClassifier(ModelFamily):
+    def __init__(self, spec, device, weight_dtype):
+        super().__init__(spec, device, weight_dtype)
+        from transformers import AutoModelForImageClassification
+
+        self.samples, self.classes = read_image_folder(Path(spec.data.uri))
+        model = AutoModelForImageClassification.from_pretrained(
+            spec.model.pretrained, num_labels=len(self.classes), ignore_mismatched_sizes=True,
+            id2label=dict(enumerate(self.classes)), label2id={c: i for i, c in enumerate(self.classes)},
+        )
+        config = model.config
+        self.mean = torch.tensor(getattr(config, "image_mean", None) or [0.5] * 3).view(1, 3, 1, 1)
+        self.std = torch.tensor(getattr(config, "image_std", None) or [0.5] * 3).view(1, 3, 1, 1)
+        if spec.adapter.type == "lora":
+            from peft import LoraConfig, get_peft_model
+
+            adapter = spec.adapter
+            # The new classification head always trains in full (it starts random).
+            model = get_peft_model(model, LoraConfig(
+                r=adapter.rank, lora_alpha=adapter.alpha or adapter.rank, lora_dropout=adapter.dropout,
+                target_modules=adapter.target_modules or DEFAULT_LORA_TARGETS,
+                modules_to_save=[self._head_name(model)],
+            ))
+        self.model = model.to(device).train()
+
+    @staticmethod
+    def _head_name(model) -> str:
+        for name in ("classifier", "score", "head", "fc"):
+            if isinstance(getattr(model, name, None), torch.nn.Module):
+                return name
+        raise ValueError(f"{type(model).__name__}: no classification head found to train with LoRA")
+
+    @property
+    def trainable_module(self):
+        return self.model
+
+    def read_samples(self):
+        return self.samples
+
+    def make_dataset(self, samples, training):
+        data = self.spec.data
+        transform = ImageTransform(data.resolution, data.center_crop or not training, data.random_flip and training)
+        return ImageFolderDataset(samples, transform, self.spec.training.seed)
+
+    def collate(self, items):
+        return collate(items)
+
+    def logits(self, model, pixels: torch.Tensor) -> torch.Tensor:
+        pixels = ((pixels + 1) / 2 - self.mean) / self.std  # [-1, 1] -> the model's normalisation
+        return model(pixel_values=pixels.to(self.device)).logits
+
+    def compute_loss(self, model, batch, generator):
+        return F.cross_entropy(self.logits(model, batch["pixel_values"]).float(), batch["labels"].to(self.device))
+
+    @torch.no_grad()
+    def evaluate(self, model, batches, generator):
+        losses, predictions, labels = [], [], []
+        for batch in batches:
+            logits = self.logits(model, batch["pixel_values"]).float()
+            losses.append(F.cross_entropy(logits, batch["labels"].to(self.device)).item())
+            predictions.append(logits.argmax(-1).cpu())
+            labels.append(batch["labels"])
+        metrics = accuracy_and_f1(torch.cat(predictions), torch.cat(labels), len(self.classes))
+        return {"loss": sum(losses) / len(losses), **metrics}
+
+    def save_weights(self, out_dir: Path) -> list[Path]:
+        """Full: a transformers model folder; LoRA: a PEFT adapter folder (`model.load_adapter(out_dir)`)."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out_dir, safe_serialization=True)
+        return sorted(p for p in out_dir.iterdir() if p.is_file() and p.suffix in (".safetensors", ".json"))
