@@ -64,3 +64,52 @@ def run_trainer(manifest: dict, directory: Path) -> subprocess.CompletedProcess:
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     return result
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """tiny_model(family): a random-weight model of the family, written once per session."""
+    made: dict[str, Path] = {}
+
+    def make(family: str) -> Path:
+        if family not in made:
+            made[family] = write_tiny_model(family, tmp_path_factory.mktemp(family), seed=0)
+        return made[family]
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(tmp_path_factory):
+    """tiny_dataset(layout): 8 generated 32-pixel samples in the layout, written once per session."""
+    made: dict[str, Path] = {}
+
+    def make(layout: str) -> Path:
+        if layout not in made:
+            made[layout] = write_tiny_data(layout, tmp_path_factory.mktemp(layout), count=8, size=32, seed=0)
+        return made[layout]
+    return make
+
+
+def family_job(family: str, layout: str, model_dir: Path, data_dir: Path, out: Path, **spec_parts) -> dict:
+    """A two-step CPU manifest for any family; spec_parts extend spec sections (a None value removes a field)."""
+    spec = {
+        "model": {"family": family, "pretrained": str(model_dir)},
+        "adapter": {"type": "lora", "rank": 4, "alpha": 4},
+        "data": {"layout": layout, "uri": str(data_dir), "resolution": 32},
+        "training": {"maxSteps": 2, "batchSize": 2, "learningRate": 1e-2, "seed": 3},
+        "checkpoints": {"uri": str(out), "everySteps": 2, "keepLast": 10},
+        "resources": {"gpusPerNode": 0},
+    }
+    for section, values in spec_parts.items():
+        merged = {**spec.get(section, {}), **values}
+        spec[section] = {key: value for key, value in merged.items() if value is not None}
+    return {"apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "tiny"},
+            "spec": spec}
+
+
+def run_trainer_expecting_failure(manifest: dict, directory: Path) -> str:
+    """Run the trainer, assert it refused the job (exit 2), return its stderr."""
+    result = subprocess.run(trainer_command(write_manifest(manifest, directory)), env=trainer_env(),
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 2, result.stderr[-4000:]
+    return result.stderr

@@ -67,5 +67,5 @@ def load_lora_init(model: torch.nn.Module, source: str, prefix: str) -> None:
 
 
 def _rank(key: str, weight: torch.Tensor) -> int:
-    """lora_A is (rank, in), lora_B is (out, rank)."""
-    return weight.shape[0] if ".lora_A." in key else weight.shape[1]
+    """The down (A) projection is (rank, in), the up (B) one (out, rank)."""
+    return weight.shape[0] if ".lora_A." in key or ".lora.down." in key else weight.shape[1]
