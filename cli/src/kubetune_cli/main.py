@@ -12,6 +12,10 @@ from pathlib import Path
 import click
 
 from kubetune_api.manifest import ManifestError, load_manifest
+from kubetune_api.spec import LAYOUTS_BY_FAMILY
+
+FAMILIES = tuple(LAYOUTS_BY_FAMILY)
+LAYOUTS = sorted({layout for layouts in LAYOUTS_BY_FAMILY.values() for layout in layouts})
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -61,7 +65,7 @@ def dev() -> None:
 
 
 @dev.command("tiny-model")
-@click.option("--family", required=True, type=click.Choice(["sd15"]), help="Model family.")
+@click.option("--family", required=True, type=click.Choice(list(FAMILIES)), help="Model family.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Directory to write the model into (standard diffusers layout).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random weights.")
@@ -75,7 +79,7 @@ def tiny_model(family: str, out_dir: str, seed: int, full_size: bool) -> None:
 
 
 @dev.command("tiny-data")
-@click.option("--layout", required=True, type=click.Choice(["captions"]), help="Data layout.")
+@click.option("--layout", required=True, type=click.Choice(LAYOUTS), help="Data layout.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Directory to write into.")
 @click.option("--count", default=8, show_default=True, type=click.IntRange(1, 100_000), help="Number of samples.")
 @click.option("--size", default=64, show_default=True, type=click.IntRange(8, 4096), help="Image size in pixels.")
