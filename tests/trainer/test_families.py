@@ -146,3 +146,31 @@ def test_quantization_on_cpu_is_refused_naming_the_option(quantization, tiny_sd1
                           model={"quantization": quantization})
     stderr = run_trainer_expecting_failure(manifest, tmp_path)
     assert f"spec.model.quantization: {quantization} needs a CUDA GPU" in stderr
+
+
+def flux_transformer_output(transformer) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(0)
+    tokens, text = 32, 8
+    with torch.no_grad():
+        return transformer(
+            hidden_states=torch.randn(1, tokens, 16, generator=generator), timestep=torch.tensor([0.5]),
+            guidance=torch.tensor([2.5]), pooled_projections=torch.randn(1, 32, generator=generator),
+            encoder_hidden_states=torch.randn(1, text, 32, generator=generator), txt_ids=torch.zeros(text, 3),
+            img_ids=torch.zeros(tokens, 3), return_dict=False,
+        )[0]
+
+
+def test_flux_kontext_edit_lora_loads_in_the_kontext_pipeline_and_changes_the_transformer(
+        tiny_model, tiny_dataset, tmp_path):
+    from diffusers import FluxKontextPipeline
+
+    model = tiny_model("flux-kontext")
+    run_trainer(family_job("flux-kontext", "edit-pairs", model, tiny_dataset("edit-pairs"), tmp_path / "out",
+                           data={"controlDropout": 0.5, "captionDropout": 0.5, "randomFlip": True},
+                           validation={"everySteps": 2, "heldOutFraction": 0.25, "numSamples": 1,
+                                       "numInferenceSteps": 2}), tmp_path)
+    assert (tmp_path / "out" / "samples" / "step-0000002" / "0.png").is_file(), "an edited held-out sample"
+    pipeline = FluxKontextPipeline.from_pretrained(model)
+    before = flux_transformer_output(pipeline.transformer)
+    pipeline.load_lora_weights(tmp_path / "out")
+    assert (flux_transformer_output(pipeline.transformer) - before).abs().max() > 1e-4

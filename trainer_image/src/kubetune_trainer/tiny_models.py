@@ -192,7 +192,51 @@ def write_tiny_classifier(out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
-WRITERS = {"sd15": write_tiny_sd15, "sdxl": write_tiny_sdxl, "classifier": write_tiny_classifier}
+def tiny_t5_tokenizer(max_length: int = 32):
+    """A T5 tokenizer (sentencepiece-style unigram) over printable ASCII, built without downloads."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import T5TokenizerFast
+
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [(chr(c), -1.0) for c in range(32, 127)] + [("▁", -1.0)]
+    backend = Tokenizer(models.Unigram(pieces, unk_id=2))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.decoder = decoders.Metaspace()
+    backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    return T5TokenizerFast(tokenizer_object=backend, eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
+                           extra_ids=0, model_max_length=max_length)
+
+
+def write_tiny_flux_kontext(out_dir: Path, seed: int = 0) -> Path:
+    """FLUX.1 Kontext's pipeline: a 1+1-block FluxTransformer2DModel, a 2-level 4-channel VAE, CLIP + T5."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxKontextPipeline, FluxTransformer2DModel
+    from transformers import T5Config, T5EncoderModel
+
+    clip_tokenizer, t5_tokenizer = tiny_clip_tokenizer(), tiny_t5_tokenizer()
+    torch.manual_seed(seed)
+    transformer = FluxTransformer2DModel(
+        patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=True,
+        axes_dims_rope=(4, 4, 8),
+    )
+    vae = AutoencoderKL(
+        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(16, 16), layers_per_block=1,
+        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+        norm_num_groups=4, sample_size=32, use_quant_conv=False, use_post_quant_conv=False,
+        shift_factor=0.0609, scaling_factor=1.5035,
+    )
+    t5 = T5EncoderModel(T5Config(vocab_size=len(t5_tokenizer), d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                                 num_heads=4, relative_attention_num_buckets=8, decoder_start_token_id=0))
+    pipeline = FluxKontextPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True), vae=vae,
+        text_encoder=tiny_clip_text_encoder(len(clip_tokenizer), seed=seed), tokenizer=clip_tokenizer,
+        text_encoder_2=t5, tokenizer_2=t5_tokenizer, transformer=transformer,
+    )
+    pipeline.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+WRITERS = {"sd15": write_tiny_sd15, "sdxl": write_tiny_sdxl, "classifier": write_tiny_classifier,
+           "flux-kontext": write_tiny_flux_kontext}
 FULL_SIZE_WRITERS = {"sd15": write_full_size_sd15}
 
 

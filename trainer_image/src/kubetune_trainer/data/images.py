@@ -69,3 +69,9 @@ def crop_origin(image_size: tuple[int, int], crop_size: int | tuple[int, int], c
     if center:
         return (width - crop_w) // 2, (height - crop_h) // 2
     return rng.randint(0, width - crop_w), rng.randint(0, height - crop_h)
+
+
+def to_pil(pixels: torch.Tensor) -> Image.Image:
+    """The inverse of to_tensor: a [-1, 1] CHW tensor back to an RGB image."""
+    array = ((pixels.float().clamp(-1, 1) + 1) * 127.5).round().byte().permute(1, 2, 0).cpu().numpy()
+    return Image.fromarray(array)

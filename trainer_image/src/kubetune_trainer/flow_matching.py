@@ -1,0 +1,26 @@
+"""Rectified-flow (flow-matching) training math for FLUX and Qwen-Image, as small pure functions.
+
+x_sigma = (1 - sigma) * x0 + sigma * noise; the network predicts the velocity noise - x0.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def sample_sigmas(batch_size: int, generator: torch.Generator) -> torch.Tensor:
+    """Logit-normal noise levels (SD3's default): more weight on the middle of the path than the ends."""
+    return torch.sigmoid(torch.randn(batch_size, generator=generator))
+
+
+def noisy_latents(latents: torch.Tensor, generator: torch.Generator
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(noise, sigmas, x_sigma) for clean latents of shape [B, ...]."""
+    noise = torch.randn(latents.shape, generator=generator, dtype=torch.float32).to(latents.device, latents.dtype)
+    sigmas = sample_sigmas(latents.shape[0], generator).to(latents.device)
+    expanded = sigmas.view(-1, *([1] * (latents.dim() - 1))).to(latents.dtype)
+    return noise, sigmas, (1 - expanded) * latents + expanded * noise
+
+
+def loss(prediction: torch.Tensor, velocity: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(prediction.float(), velocity.float())
