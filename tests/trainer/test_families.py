@@ -174,3 +174,30 @@ def test_flux_kontext_edit_lora_loads_in_the_kontext_pipeline_and_changes_the_tr
     before = flux_transformer_output(pipeline.transformer)
     pipeline.load_lora_weights(tmp_path / "out")
     assert (flux_transformer_output(pipeline.transformer) - before).abs().max() > 1e-4
+
+
+def test_pmg_trains_every_soft_prompt_part_and_its_tokens_steer_the_sd_unet(tiny_model, tiny_dataset, tmp_path):
+    from diffusers import StableDiffusionPipeline
+
+    from kubetune_trainer.families.pmg import load_language_model, load_pmg_adapter
+
+    model = tiny_model("pmg")
+    run_trainer(family_job("pmg", "pmg", model, tiny_dataset("pmg"), tmp_path / "out",
+                           pmg={"numImagePrompt": 2, "numPrefixPrompt": 3, "maxSequenceLength": 16},
+                           checkpoints={"everySteps": 1}), tmp_path)
+    tokenizer, language_model = load_language_model(str(model / "language_model"), torch.float32)
+    adapters = [load_pmg_adapter(tmp_path / "out" / f"checkpoint-{step}", language_model) for step in (1, 2)]
+    first, second = (a.state_dict() for a in adapters)
+    for part in ("image_prompt", "prefix_tokens", "prefix_encoder", "mapping"):
+        assert any(not torch.equal(first[k], second[k]) for k in first if k.startswith(part)), f"{part} trained"
+
+    pipeline = StableDiffusionPipeline.from_pretrained(model)
+    tokens = tokenizer(["red shirt\nred mug"], return_tensors="pt")
+    caption = pipeline.encode_prompt("a red square", "cpu", 1, False)[0]
+    outputs = []
+    for adapter in adapters:
+        with torch.no_grad():
+            personal = adapter(language_model, tokens.input_ids, tokens.attention_mask)
+            context = torch.cat([caption, personal], dim=1)
+            outputs.append(pipeline.unet(torch.zeros(1, 4, 16, 16), torch.tensor([500]), context).sample)
+    assert (outputs[0] - outputs[1]).abs().max() > 1e-6

@@ -235,8 +235,27 @@ def write_tiny_flux_kontext(out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
+def write_tiny_pmg(out_dir: Path, seed: int = 0) -> Path:
+    """PMG's parts: the tiny SD1.5 pipeline plus a 2-layer Llama causal LM in language_model/."""
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    write_tiny_sd15(out_dir, seed)
+    t5_style = tiny_t5_tokenizer(max_length=256)  # any subword tokenizer will do for random weights
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=t5_style.backend_tokenizer, eos_token="</s>",
+                                        pad_token="<pad>", unk_token="<unk>", model_max_length=256)
+    torch.manual_seed(seed)
+    language_model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        pad_token_id=0, eos_token_id=1, bos_token_id=1,
+    ))
+    language_model.save_pretrained(out_dir / "language_model", safe_serialization=True)
+    tokenizer.save_pretrained(out_dir / "language_model")
+    return out_dir
+
+
 WRITERS = {"sd15": write_tiny_sd15, "sdxl": write_tiny_sdxl, "classifier": write_tiny_classifier,
-           "flux-kontext": write_tiny_flux_kontext}
+           "flux-kontext": write_tiny_flux_kontext, "pmg": write_tiny_pmg}
 FULL_SIZE_WRITERS = {"sd15": write_full_size_sd15}
 
 

@@ -39,14 +39,18 @@ class StableDiffusion15(ModelFamily):
         quantization.apply_after_load(quant, self.unet, weight_dtype)
         for frozen in (*self.text_encoders, self.vae):
             frozen.requires_grad_(False).to(device).eval()
-        if spec.adapter.type == "full":
-            self.unet.requires_grad_(True)
-        else:
-            attach_lora(self.unet, spec.adapter, DEFAULT_LORA_TARGETS)
-            if spec.adapter.init_from:
-                load_lora_init(self.unet, spec.adapter.init_from, "unet")
+        self.attach_trainable_weights()
         self.unet.to(device)
         self.unet.train()
+
+    def attach_trainable_weights(self) -> None:
+        adapter = self.spec.adapter
+        if adapter.type == "full":
+            self.unet.requires_grad_(True)
+            return
+        attach_lora(self.unet, adapter, DEFAULT_LORA_TARGETS)
+        if adapter.init_from:
+            load_lora_init(self.unet, adapter.init_from, "unet")
 
     def load_text_encoders(self, root: str) -> None:
         from transformers import CLIPTextModel, CLIPTokenizer
@@ -114,7 +118,11 @@ class StableDiffusion15(ModelFamily):
         shift = getattr(self.vae.config, "shift_factor", None) or 0.0
         return (latents - shift) * self.vae.config.scaling_factor
 
-    def conditioning(self, batch: dict, text: dict[str, torch.Tensor]) -> dict:
+    def denoiser(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The UNet to call: the prepared trainable module itself (PMG trains something else)."""
+        return model
+
+    def conditioning(self, model: torch.nn.Module, batch: dict, text: dict[str, torch.Tensor]) -> dict:
         """Keyword arguments of the UNet besides the noisy latents and timesteps."""
         return {"encoder_hidden_states": text["prompt_embeds"]}
 
@@ -129,7 +137,7 @@ class StableDiffusion15(ModelFamily):
             latents.shape[0], self.noise_scheduler.config.num_train_timesteps, generator, latents.device
         )
         noisy = self.noise_scheduler.add_noise(latents, noise, timesteps)
-        prediction = model(noisy, timesteps, **self.conditioning(batch, encoded["text"])).sample
+        prediction = self.denoiser(model)(noisy, timesteps, **self.conditioning(model, batch, encoded["text"])).sample
         target = diffusion.training_target(self.noise_scheduler, latents, noise, timesteps)
         weights = None
         if training.snr_gamma:

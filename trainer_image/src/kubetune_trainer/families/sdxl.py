@@ -35,7 +35,7 @@ class StableDiffusionXL(StableDiffusion15):
             hidden.append(output.hidden_states[-2])
         return {"prompt_embeds": torch.cat(hidden, dim=-1), "pooled": output[0]}
 
-    def conditioning(self, batch, text):
+    def conditioning(self, model, batch, text):
         height, width = batch["pixel_values"].shape[-2:]
         ids = time_ids(batch["crops"], height, width).to(self.device, text["prompt_embeds"].dtype)
         return {"encoder_hidden_states": text["prompt_embeds"],

@@ -1,0 +1,151 @@
+"""PMG, personalized generation: a frozen LLaMA-style LM reads a user's history and steers a frozen
+Stable Diffusion 1.5 through trained soft prompts.
+
+Trained: image-prompt tokens appended after the history, a P-Tuning v2 prefix encoder whose output
+becomes every LM layer's first keys and values, and a mapping layer from the LM's hidden size to
+the UNet's text-embedding size. The UNet sees the target caption's CLIP embedding followed by the
+mapped image-prompt states; the loss is SD's noise-prediction MSE.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from kubetune_api.spec import PmgSpec
+from kubetune_trainer.data.images import ImageTransform
+from kubetune_trainer.data.pmg import PmgDataset, collate, read_pmg
+from kubetune_trainer.errors import ConfigError
+from kubetune_trainer.families.sd15 import StableDiffusion15
+
+ADAPTER_FILE = "pmg_adapter.safetensors"
+ADAPTER_CONFIG = "pmg_adapter.json"
+
+
+class PmgAdapter(torch.nn.Module):
+    """Everything PMG trains; `forward` runs the frozen LM with it and returns UNet-ready tokens."""
+
+    def __init__(self, lm_config, num_image_prompt: int, num_prefix_prompt: int, cross_attention_dim: int):
+        super().__init__()
+        hidden = lm_config.hidden_size
+        self.num_layers = lm_config.num_hidden_layers
+        self.num_kv_heads = getattr(lm_config, "num_key_value_heads", None) or lm_config.num_attention_heads
+        self.head_dim = getattr(lm_config, "head_dim", None) or hidden // lm_config.num_attention_heads
+        self.image_prompt = torch.nn.Parameter(torch.randn(num_image_prompt, hidden) * 0.02)
+        self.prefix_tokens = torch.nn.Embedding(num_prefix_prompt, hidden)
+        # P-Tuning v2's reparameterisation: an MLP makes prefix training stable.
+        self.prefix_encoder = torch.nn.Sequential(
+            torch.nn.Linear(hidden, hidden), torch.nn.Tanh(),
+            torch.nn.Linear(hidden, self.num_layers * 2 * self.num_kv_heads * self.head_dim),
+        )
+        self.mapping = torch.nn.Sequential(torch.nn.Linear(hidden, cross_attention_dim),
+                                           torch.nn.LayerNorm(cross_attention_dim))
+
+    def prefix_cache(self, batch_size: int, dtype: torch.dtype):
+        from transformers import DynamicCache
+
+        prefix = self.prefix_encoder(self.prefix_tokens.weight)  # [P, layers * 2 * heads * dim]
+        length = prefix.shape[0]
+        prefix = prefix.view(length, self.num_layers, 2, self.num_kv_heads, self.head_dim).to(dtype)
+        cache = DynamicCache()
+        for layer in range(self.num_layers):
+            key, value = (prefix[:, layer, i].permute(1, 0, 2).unsqueeze(0).expand(batch_size, -1, -1, -1)
+                          for i in (0, 1))
+            cache.update(key, value, layer)
+        return cache
+
+    def forward(self, language_model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        batch_size = input_ids.shape[0]
+        embeds = language_model.get_input_embeddings()(input_ids)
+        prompt = self.image_prompt.to(embeds.dtype).unsqueeze(0).expand(batch_size, -1, -1)
+        inputs = torch.cat([embeds, prompt], dim=1)
+        cache = self.prefix_cache(batch_size, embeds.dtype)
+        prefix_mask = attention_mask.new_ones(batch_size, self.prefix_tokens.num_embeddings)
+        prompt_mask = attention_mask.new_ones(batch_size, prompt.shape[1])
+        hidden = language_model.model(
+            inputs_embeds=inputs, attention_mask=torch.cat([prefix_mask, attention_mask, prompt_mask], dim=1),
+            past_key_values=cache, use_cache=False,
+        ).last_hidden_state[:, -prompt.shape[1]:]
+        return self.mapping(hidden.float())
+
+
+def load_language_model(path: str, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"  # the image prompt then follows the history directly
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer, AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+
+
+def load_pmg_adapter(folder: Path, language_model) -> PmgAdapter:
+    """The saved trainable parts, ready to condition a StableDiffusionPipeline via prompt_embeds."""
+    config = json.loads((folder / ADAPTER_CONFIG).read_text())
+    adapter = PmgAdapter(language_model.config, config["num_image_prompt"], config["num_prefix_prompt"],
+                         config["cross_attention_dim"])
+    adapter.load_state_dict(load_file(folder / ADAPTER_FILE))
+    return adapter
+
+
+class PersonalizedGeneration(StableDiffusion15):
+    def __init__(self, spec, device, weight_dtype):
+        if spec.adapter.type == "full" or spec.adapter.init_from:
+            raise ConfigError("spec.adapter: pmg trains its soft prompts and mapping only; use type lora "
+                              "(rank and targets are ignored) without initFrom")
+        super().__init__(spec, device, weight_dtype)
+        self.pmg = spec.pmg or PmgSpec()
+        lm_path = self.pmg.language_model or f"{spec.model.pretrained}/language_model"
+        self.lm_tokenizer, self.language_model = load_language_model(lm_path, weight_dtype)
+        self.language_model.requires_grad_(False).to(device).eval()
+        self.adapter = PmgAdapter(self.language_model.config, self.pmg.num_image_prompt,
+                                  self.pmg.num_prefix_prompt, self.unet.config.cross_attention_dim).to(device)
+
+    def attach_trainable_weights(self) -> None:
+        self.unet.requires_grad_(False)  # SD stays frozen
+
+    @property
+    def trainable_module(self):
+        return self.adapter
+
+    def enable_gradient_checkpointing(self):
+        self.unet.enable_gradient_checkpointing()
+
+    def read_samples(self):
+        return read_pmg(Path(self.spec.data.uri))
+
+    def make_dataset(self, samples, training):
+        data = self.spec.data
+        transform = ImageTransform(data.resolution, data.center_crop or not training, data.random_flip and training)
+        return PmgDataset(samples, transform, self.spec.training.seed)
+
+    def collate(self, items):
+        return collate(items)
+
+    def personal_tokens(self, model, histories: list[str]) -> torch.Tensor:
+        tokens = self.lm_tokenizer(histories, padding=True, truncation=True,
+                                   max_length=self.pmg.max_sequence_length, return_tensors="pt")
+        return model(self.language_model, tokens.input_ids.to(self.device), tokens.attention_mask.to(self.device))
+
+    def denoiser(self, model):
+        return self.unet
+
+    def conditioning(self, model, batch, text):
+        personal = self.personal_tokens(model, batch["histories"])
+        return {"encoder_hidden_states": torch.cat([text["prompt_embeds"], personal.to(text["prompt_embeds"].dtype)], 1)}
+
+    def sample_images(self, model, held_out, generator):
+        return []
+
+    def save_weights(self, out_dir: Path) -> list[Path]:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.detach().cpu().contiguous() for k, v in self.adapter.state_dict().items()},
+                  out_dir / ADAPTER_FILE)
+        (out_dir / ADAPTER_CONFIG).write_text(json.dumps({
+            "num_image_prompt": self.pmg.num_image_prompt, "num_prefix_prompt": self.pmg.num_prefix_prompt,
+            "cross_attention_dim": self.unet.config.cross_attention_dim,
+            "max_sequence_length": self.pmg.max_sequence_length,
+        }, indent=1))
+        return [out_dir / ADAPTER_FILE, out_dir / ADAPTER_CONFIG]
