@@ -186,6 +186,9 @@ class TrainingSpec(_Model):
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
         "rule": "has(self.maxSteps) != has(self.epochs)",
         "message": "set either spec.training.maxSteps or spec.training.epochs (exactly one)",
+    }, {
+        "rule": "self.optimizer != 'schedulefree-adamw' || self.lrScheduler == 'constant'",
+        "message": "spec.training.optimizer schedulefree-adamw replaces the schedule: set lrScheduler to constant",
     }]})
 
     max_steps: Optional[int] = Field(
@@ -444,6 +447,17 @@ class TrainingJobSpec(_Model):
         ),
         "message": "spec.data.layout does not fit spec.model.family: sd15/sdxl read captions, "
         "flux-kontext/qwen-image-edit read edit-pairs, pmg reads pmg, classifier reads image-folder",
+    }, {
+        # The cross-field rules of _layout_fits_family below, for the API server.
+        "rule": "!has(self.pmg) || self.model.family == 'pmg'",
+        "message": "spec.pmg applies to family pmg only",
+    }, {
+        "rule": "!has(self.data.controlDropout) || self.data.controlDropout == 0.0 || self.data.layout == 'edit-pairs'",
+        "message": "spec.data.controlDropout applies to the edit-pairs layout only",
+    }, {
+        "rule": "!has(self.validation) || !has(self.validation.monitor) || self.validation.monitor == 'loss' "
+                "|| self.model.family == 'classifier'",
+        "message": "spec.validation.monitor accuracy and f1 are classifier metrics; use loss for diffusion families",
     }]})
 
     model: ModelSpec = Field(description="The base model.")

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
 
     asyncio.run(kopf.operator(
         clusterwide=not args.namespace,
-        namespaces=args.namespace or None,
+        namespaces=args.namespace,
         standalone=True,  # one replica (Recreate); no peering objects needed
         liveness_endpoint=args.liveness,
     ))

@@ -96,7 +96,8 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.persistence.finalizer = f"{API_GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=API_GROUP)
-    settings.posting.level = logging.WARNING  # events come from the handlers, not kopf's chatter
+    # Events come from the handlers (kopf.event is not level-filtered), not from kopf's own log lines.
+    settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
 
 
@@ -143,7 +144,7 @@ def ensure_children(body: kopf.Body, uid: str, patch: kopf.Patch) -> None:
     if not (body.get("status") or {}).get("phase"):
         patch.status["phase"] = "Suspended" if job.spec.suspend else "Pending"
         patch.status["observedGeneration"] = body.metadata.get("generation")
-        kopf.info(body, reason="Created", message=f"{BACKEND.kind} {child['metadata']['name']} created")
+        kopf.event(body, type="Normal", reason="Created", message=f"{BACKEND.kind} {child['metadata']['name']} created")
 
 
 @kopf.on.update(API_GROUP, API_VERSION, PLURAL, field="spec")
@@ -155,7 +156,7 @@ def spec_changed(body: kopf.Body, diff: kopf.Diff, patch: kopf.Patch, **_) -> No
         client.CustomObjectsApi().patch_namespaced_custom_object(
             BACKEND.group, BACKEND.version, body.metadata.namespace, BACKEND.plural,
             naming.child_name(body.metadata.name), BACKEND.suspend_patch(suspend))
-        kopf.info(body, reason="Suspended" if suspend else "Resumed",
+        kopf.event(body, type="Normal", reason="Suspended" if suspend else "Resumed",
                   message="pods stopped; the run continues from its latest checkpoint when resumed" if suspend
                   else "resuming from the latest checkpoint")
         patch.status["observedGeneration"] = body.metadata.get("generation")
