@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/trainer_throughput.py            # CPU: the tiny model
     .venv/bin/python benchmarks/trainer_throughput.py --full-size  # GPU: real SD1.5 architecture
+    .venv/bin/python benchmarks/trainer_throughput.py --families   # every family, with and without the cache
 
 Both sides train the same random-weight model on the same generated data with the same batch,
 resolution, precision, LoRA rank and optimizer, each in a fresh process. The baseline is written
@@ -38,6 +39,8 @@ def parse_args(argv=None):
     parser.add_argument("--warmup-steps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=15, help="measured steps after warm-up")
     parser.add_argument("--workdir", type=Path, help="keep the model and data here (default: a temp dir)")
+    parser.add_argument("--families", action="store_true",
+                        help="kubetune only: every family's tiny model, uncached and with a filled embedding cache")
     parser.add_argument("--baseline-worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     defaults = {"batch_size": 8, "resolution": 512, "mixed_precision": "bf16"} if args.full_size \
@@ -105,6 +108,59 @@ def steady_rate(step_end_times: list[float], cfg: dict) -> float:
     """Samples/s between the end of the warm-up and the end of the last step."""
     measured = step_end_times[cfg["warmup_steps"] - 1:]
     return (len(measured) - 1) * cfg["batch_size"] / (measured[-1] - measured[0])
+
+
+# --- every family, with and without the embedding cache ------------------------------------------
+
+def run_family(args, family: str, layout: str, workdir: Path, cached: bool) -> float:
+    """Steady-state samples/s of one family's tiny model; `cached` fills the cache first (--cache-only)."""
+    from kubetune_trainer.tiny_data import write_tiny_data
+    from kubetune_trainer.tiny_models import write_tiny_model
+
+    model, data = workdir / f"model-{family}", workdir / f"data-{layout}"
+    if not model.exists():
+        write_tiny_model(family, model)
+    if not data.exists():
+        write_tiny_data(layout, data, count=args.batch_size * 4, size=args.resolution)
+    out = workdir / f"run-{family}-{'cached' if cached else 'plain'}"
+    manifest = {
+        "apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "bench"},
+        "spec": {
+            "model": {"family": family, "pretrained": str(model)},
+            "adapter": {"type": "lora", "rank": args.rank, "alpha": args.rank},
+            "data": {"layout": layout, "uri": str(data), "resolution": args.resolution,
+                     "cache": {"enabled": cached, "uri": str(out / "cache")}},
+            "training": {"maxSteps": args.warmup_steps + args.steps, "batchSize": args.batch_size,
+                         "learningRate": 1e-4, "mixedPrecision": args.mixed_precision},
+            "checkpoints": {"uri": str(out), "everySteps": 10_000_000, "keepLast": 1},
+            "resources": {"gpusPerNode": 1 if args.full_size else 0},
+        },
+    }
+    config = out.with_suffix(".yaml")
+    config.write_text(yaml.safe_dump(manifest))
+    command = [sys.executable, "-m", "kubetune_trainer", "--config", str(config)]
+    for extra in ([["--cache-only"]] if cached else []) + [[]]:
+        result = subprocess.run(command + list(extra), capture_output=True, text=True)
+        if result.returncode:
+            sys.exit(f"{family} failed:\n{result.stderr[-4000:]}")
+    cfg = {"warmup_steps": args.warmup_steps, "batch_size": args.batch_size}
+    return steady_rate(step_times_from_events(out / "logs"), cfg)
+
+
+def benchmark_families(args, workdir: Path) -> None:
+    from kubetune_api.spec import LAYOUTS_BY_FAMILY
+
+    print(f"every family, tiny models, LoRA r{args.rank}, batch {args.batch_size}, {args.resolution} px, "
+          f"precision {args.mixed_precision}, {args.steps} steps after {args.warmup_steps} warm-up")
+    print(f"{'family':16s} {'uncached':>10s} {'cached':>10s}  samples/s")
+    for family, layouts in LAYOUTS_BY_FAMILY.items():
+        try:
+            plain = run_family(args, family, layouts[0], workdir, cached=False)
+            cached = run_family(args, family, layouts[0], workdir, cached=True)
+        except ValueError as err:  # no tiny model for the family in this version
+            print(f"{family:16s} skipped: {err}")
+            continue
+        print(f"{family:16s} {plain:10.2f} {cached:10.2f}")
 
 
 # --- baseline: a plain loop in the style of the diffusers LoRA example --------------------------
@@ -204,6 +260,9 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory(prefix="kubetune-bench-") as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
+        if args.families:
+            benchmark_families(args, workdir)
+            return
         model, data = prepare_inputs(args, workdir)
         import torch
 
