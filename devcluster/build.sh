@@ -59,9 +59,7 @@ build_kubernetes() {
   local pkg=k8s.io/component-base/version ldflags="-s -w"
   ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1"
   ldflags+=" -X $pkg.gitMinor=$(echo "$version" | cut -d. -f2)"
-  local commit
-  commit="$(curl -fsS "$GOPROXY/k8s.io/kubernetes/@v/$version.info" | sed -n 's/.*"Hash":"\([0-9a-f]*\)".*/\1/p')"
-  ldflags+=" -X $pkg.gitCommit=$commit -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
   ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=$version"
   for cmd in kube-apiserver kube-controller-manager kubectl; do
     echo "  go build $cmd"

@@ -112,8 +112,11 @@ class Cluster:
         if tls:
             context = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
             context.load_cert_chain(self.pki / "admin.crt", self.pki / "admin.key")
+        # No proxy, whatever the environment says: every address here is loopback.
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                             urllib.request.HTTPSHandler(context=context))
         try:
-            with urllib.request.urlopen(url, timeout=3, context=context) as r:
+            with opener.open(url, timeout=3) as r:
                 return r.status, r.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()
@@ -124,8 +127,11 @@ class Cluster:
         return self._get(self.server + path, tls=True)
 
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([str(versions.binary("kubectl")), "--kubeconfig", str(self.kubeconfig()), *args],
-                              check=check, capture_output=True, text=True, input=input)
+        result = subprocess.run([str(versions.binary("kubectl")), "--kubeconfig", str(self.kubeconfig()), *args],
+                                capture_output=True, text=True, input=input)
+        if check and result.returncode != 0:
+            raise NotReady(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
+        return result
 
     def _exists(self, path: str) -> bool:
         return self.api_get(path)[0] == 200
@@ -201,7 +207,7 @@ class Cluster:
         status, body = self.api_get("/api/v1/nodes/kubetune-dev")
         if status != 200:
             return False
-        conditions = json.loads(body).get("status", {}).get("conditions", [])
+        conditions = (json.loads(body).get("status") or {}).get("conditions") or []
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
     @property
@@ -276,9 +282,22 @@ class Cluster:
 
     def _install_crds(self) -> None:
         files = versions.training_operator_crds() + sorted(REPO_CRDS.glob("*.yaml"))
+        names = []
         for f in files:
-            self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(f))
-        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+            applied = self.kubectl("apply", "--server-side", "--force-conflicts", "-o", "name", "-f", str(f))
+            names += [line.split("/", 1)[1] for line in applied.stdout.split()]
+        deadline = time.monotonic() + 60
+        for name in names:
+            while not self._crd_established(name):
+                if time.monotonic() > deadline:
+                    raise NotReady(f"CRD {name} not Established after 60 s")
+                time.sleep(0.2)
+
+    def _crd_established(self, name: str) -> bool:
+        status, body = self.api_get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+        # Right after creation the CRD has no conditions at all (null), not an empty list.
+        conditions = (json.loads(body).get("status") or {}).get("conditions") if status == 200 else None
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions or [])
 
     # ---- the training operator ----------------------------------------------------------------
     # v1.9 always runs its certificate rotator: it fills the Secret below with a CA and a serving
