@@ -252,3 +252,62 @@ def _get_or_none(read):
         if err.status == 404:
             return None
         raise
+
+
+def test_killing_the_operator_while_it_reconciles_leaves_one_child_per_job(
+        control_plane, api_client, core, operator_release, job_namespace, inputs_in_s3):
+    """20 jobs applied at once, the operator pod killed mid-way; its successor finishes the work."""
+    names = [f"burst-{i:02d}" for i in range(20)]
+    documents = []
+    for name in names:
+        manifest = example_job(inputs_in_s3, name, f"runs/{name}")
+        manifest["spec"]["suspend"] = True  # reconcile only: no trainer pods for this test
+        documents.append(yaml.safe_dump(manifest))
+    kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input="---\n".join(documents))
+    jobs = client.CustomObjectsApi(api_client)
+
+    def children() -> list[dict]:
+        return jobs.list_namespaced_custom_object("kubeflow.org", "v1", job_namespace, "pytorchjobs")["items"]
+
+    eventually(lambda: len(children()) >= 3, timeout=120, interval=0.2, message="reconciling started")
+    kubectl(control_plane, "delete", "pod", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=kubetune-operator",
+            "--grace-period=0", "--force", "--wait=false")
+    eventually(lambda: len(children()) >= len(names), timeout=300, interval=1,
+               message=lambda: f"{len(children())} of {len(names)} children; operator log:\n"
+                               + operator_log(control_plane, core))
+    time.sleep(5)  # a duplicate would show up now, if one were being made
+    owners = sorted(c["metadata"]["ownerReferences"][0]["name"] for c in children())
+    assert owners == names, "exactly one PyTorchJob per TrainingJob"
+    for name in names:
+        job = get_job(api_client, job_namespace, name)
+        assert (job.get("status") or {}).get("phase") == "Suspended", name
+
+
+def test_suspend_maps_to_the_child_and_back(control_plane, api_client, operator_release, job_namespace,
+                                            inputs_in_s3):
+    manifest = example_job(inputs_in_s3, "pausable", "runs/pausable")
+    manifest["spec"]["suspend"] = True
+    kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(manifest))
+    jobs = client.CustomObjectsApi(api_client)
+
+    def child_suspend():
+        child = _get_or_none(lambda: jobs.get_namespaced_custom_object(
+            "kubeflow.org", "v1", job_namespace, "pytorchjobs", "pausable"))
+        return child and child["spec"]["runPolicy"].get("suspend")
+
+    assert eventually(lambda: child_suspend() is True, timeout=60, message="child created suspended")
+    kubectl(control_plane, "patch", "tj", "pausable", "-n", job_namespace, "--type=merge",
+            "-p", '{"spec": {"suspend": false}}')
+    eventually(lambda: child_suspend() is False, timeout=60, message="child resumed")
+
+    # Any other change to a started job is refused, visibly, and the child keeps its spec.
+    kubectl(control_plane, "patch", "tj", "pausable", "-n", job_namespace, "--type=merge",
+            "-p", '{"spec": {"adapter": {"rank": 32}}}')
+
+    def refused():
+        conditions = (get_job(api_client, job_namespace, "pausable").get("status") or {}).get("conditions") or []
+        return next((c for c in conditions if c["type"] == "SpecChangeRefused" and c["status"] == "True"), None)
+
+    condition = eventually(refused, timeout=60, message="SpecChangeRefused condition")
+    assert "spec.adapter.rank" in condition["message"]
+    kubectl(control_plane, "delete", "tj", "pausable", "-n", job_namespace, "--wait=false")
