@@ -128,6 +128,8 @@ def test_kubelet_runs_a_pod_with_its_env_volumes_and_exit_code(control_plane, co
               "print('file', pathlib.Path('/etc/settings/file.txt').read_text());"
               "print('labels', pathlib.Path('/etc/podinfo/labels').read_text());"
               "print('hostname', socket.gethostname(), socket.gethostbyname(socket.gethostname()));"
+              "pathlib.Path('/tmp/marker').touch();"
+              "print('private tmp', os.listdir('/tmp'));"
               "raise SystemExit(3)")
     core.create_namespaced_pod(namespace, {
         "metadata": {"name": "probe", "labels": {"app": "probe"}},
@@ -137,9 +139,12 @@ def test_kubelet_runs_a_pod_with_its_env_volumes_and_exit_code(control_plane, co
                     {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "token", "key": "value"}}},
                     {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                     {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
-            "volumeMounts": [{"name": "settings", "mountPath": "/etc/settings"},
+            # An emptyDir over /tmp, listed first: it must not hide the other volumes' sources.
+            "volumeMounts": [{"name": "scratch", "mountPath": "/tmp"},
+                             {"name": "settings", "mountPath": "/etc/settings"},
                              {"name": "podinfo", "mountPath": "/etc/podinfo"}]}],
-            "volumes": [{"name": "settings", "configMap": {"name": "settings"}},
+            "volumes": [{"name": "scratch", "emptyDir": {}},
+                        {"name": "settings", "configMap": {"name": "settings"}},
                         {"name": "podinfo", "downwardAPI": {"items": [
                             {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}}]}})
 
@@ -155,6 +160,7 @@ def test_kubelet_runs_a_pod_with_its_env_volumes_and_exit_code(control_plane, co
     assert "file from a configmap" in log
     assert 'app="probe"' in log
     assert f"hostname probe {ip}" in log
+    assert "private tmp ['marker']" in log
 
 
 def test_deleting_a_pod_stops_its_process_with_sigterm(control_plane, core, namespace):

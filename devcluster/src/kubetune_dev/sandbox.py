@@ -53,15 +53,24 @@ def bind(source: str, target: str, read_only: bool) -> None:
 def main(spec_path: str) -> None:
     with open(spec_path) as f:
         spec = json.load(f)
+    # Shallow targets first (a volume at /data before one at /data/cache), as runtimes do.
+    mounts = sorted(spec["mounts"], key=lambda m: m["target"].rstrip("/").count("/"))
     _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWUTS), "unshare")
     # Keep our mounts from propagating back to the host's mount namespace.
     _mount(None, "/", MS_REC | MS_PRIVATE)
+    # Open every source before mounting anything (and after unshare: a bind source must belong
+    # to this namespace). A volume mounted at /tmp would otherwise hide the sources of the
+    # mounts after it whenever the state directory lives under /tmp.
+    sources = [os.open(m["source"], os.O_PATH) for m in mounts]
+    hosts = os.open(spec["hosts"], os.O_PATH) if "hosts" in spec else None
     if "hostname" in spec:
         socket.sethostname(spec["hostname"])
-    if "hosts" in spec:
-        bind(spec["hosts"], "/etc/hosts", read_only=True)
-    for m in spec["mounts"]:
-        bind(m["source"], m["target"], m["readOnly"])
+    if hosts is not None:
+        bind(f"/proc/self/fd/{hosts}", "/etc/hosts", read_only=True)
+    for m, fd in zip(mounts, sources):
+        bind(f"/proc/self/fd/{fd}", m["target"], m["readOnly"])
+    for fd in sources + ([hosts] if hosts is not None else []):
+        os.close(fd)
     os.chdir(spec["workingDir"])
     argv = spec["argv"]
     try:
