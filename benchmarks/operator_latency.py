@@ -96,6 +96,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=200, help="suspended TrainingJobs applied at once")
     parser.add_argument("--running-jobs", type=int, default=5, help="extra jobs that really run (apply → Running)")
+    parser.add_argument("--operator-log", type=Path, help="copy the operator pod's log here at the end")
     args = parser.parse_args(argv)
 
     from kubernetes import client, config
@@ -159,6 +160,9 @@ def main(argv=None) -> None:
             print(line("apply → status.phase (Suspended)", status, len(names)))
             print(line("apply → status.phase Running", runs, len(running)))
             print(f"operator peak RSS: {peak[0] / 2**20:.0f} MiB")
+            if args.operator_log:
+                logs = sorted((Path(tmp) / "cluster" / "kubelet" / "pods").glob("kubetune-system_*/logs/operator.log"))
+                args.operator_log.write_text("".join(p.read_text() for p in logs))
         finally:
             cluster.down()
 

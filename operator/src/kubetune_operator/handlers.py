@@ -6,6 +6,7 @@ trainer_config, pod_template, backends and status, which are plain functions.
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import urllib.request
 
@@ -30,6 +31,27 @@ log = logging.getLogger("kubetune.operator")
 
 def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@functools.cache
+def core_api() -> client.CoreV1Api:
+    """One client per process: connections are pooled and reused across handler calls."""
+    return client.CoreV1Api()
+
+
+@functools.cache
+def custom_api() -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(core_api().api_client)
+
+
+def load_kubernetes_config() -> None:
+    """In a pod: the service account; elsewhere: the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+    from kubernetes import config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
 
 
 def parse_job(body: kopf.Body) -> TrainingJob:
@@ -70,7 +92,7 @@ def check_secret(job: TrainingJob) -> None:
     if not secret:
         return
     try:
-        client.CoreV1Api().read_namespaced_secret(secret, job.metadata.namespace)
+        core_api().read_namespaced_secret(secret, job.metadata.namespace)
     except ApiException as err:
         if err.status == 404:
             raise kopf.TemporaryError(
@@ -78,16 +100,6 @@ def check_secret(job: TrainingJob) -> None:
                 f"{job.metadata.namespace!r}; create it with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
                 delay=15) from None
         raise
-
-
-def load_kubernetes_config() -> None:
-    """In a pod: the service account; elsewhere: the kubeconfig (KUBECONFIG or ~/.kube/config)."""
-    from kubernetes import config
-
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
 
 
 @kopf.on.startup()
@@ -99,6 +111,8 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     # Events come from the handlers (kopf.event is not level-filtered), not from kopf's own log lines.
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
+    # Handlers are synchronous (the Kubernetes client): enough threads for bursts of new jobs.
+    settings.execution.max_workers = 16
 
 
 @kopf.on.create(API_GROUP, API_VERSION, PLURAL)
@@ -124,7 +138,7 @@ def ensure_children(body: kopf.Body, uid: str, patch: kopf.Patch) -> None:
     job = parse_job(body)
     check_secret(job)
     namespace = job.metadata.namespace
-    core, custom = client.CoreV1Api(), client.CustomObjectsApi()
+    core, custom = core_api(), custom_api()
 
     config_map = build_config_map(job)
     kopf.adopt(config_map, owner=body)
@@ -153,7 +167,7 @@ def spec_changed(body: kopf.Body, diff: kopf.Diff, patch: kopf.Patch, **_) -> No
     changed = sorted({".".join(str(p) for p in entry[1]) for entry in diff})
     if changed == ["suspend"]:
         suspend = bool(body.spec.get("suspend"))
-        client.CustomObjectsApi().patch_namespaced_custom_object(
+        custom_api().patch_namespaced_custom_object(
             BACKEND.group, BACKEND.version, body.metadata.namespace, BACKEND.plural,
             naming.child_name(body.metadata.name), BACKEND.suspend_patch(suspend))
         kopf.event(body, type="Normal", reason="Suspended" if suspend else "Resumed",
@@ -178,7 +192,7 @@ def child_changed(body: kopf.Body, namespace: str, type: str, **_) -> None:
     owner = next((ref for ref in body.metadata.get("ownerReferences", []) if ref.get("kind") == "TrainingJob"), None)
     if owner is None:
         return
-    custom = client.CustomObjectsApi()
+    custom = custom_api()
     try:
         job = custom.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, owner["name"])
     except ApiException as err:
@@ -197,7 +211,7 @@ def child_changed(body: kopf.Body, namespace: str, type: str, **_) -> None:
 
 
 def master_pod_ip(namespace: str, job_name: str) -> str | None:
-    pods = client.CoreV1Api().list_namespaced_pod(
+    pods = core_api().list_namespaced_pod(
         namespace, label_selector=f"training.kubeflow.org/job-name={naming.child_name(job_name)},"
                                   "training.kubeflow.org/replica-type=master")
     running = [p for p in pods.items if p.status.phase == "Running" and p.status.pod_ip]
