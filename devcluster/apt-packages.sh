@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Debian packages the local control plane needs (run by .ci/run before `make install`):
 # Prometheus (the server only), openssl for the control plane's certificates, util-linux for
-# `unshare` (each pod's private /etc/hosts and hostname).
+# `unshare` (each pod's private /etc/hosts and hostname), curl for the builder's tag checks.
 set -euo pipefail
-packages=(prometheus openssl util-linux)
+packages=(prometheus openssl util-linux curl)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

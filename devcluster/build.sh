@@ -9,6 +9,12 @@ here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=versions.env
 source "$here/versions.env"
 
+# The machines we run on install Go under /usr/local/go without always putting it on PATH.
+command -v go >/dev/null || export PATH="/usr/local/go/bin:$PATH"
+for tool in go curl; do
+  command -v "$tool" >/dev/null || { echo "devcluster/build.sh: $tool is not installed (needed to build from the Go module proxy)" >&2; exit 1; }
+done
+
 cache="${KUBETUNE_CACHE:-$HOME/.cache/kubetune}"
 # The installed Go only (no toolchain download); scratch modules resolve their graph on the fly.
 export GOTOOLCHAIN=local GOFLAGS="-mod=mod -trimpath" CGO_ENABLED=0
