@@ -219,7 +219,16 @@ def baseline_worker(cfg: dict) -> None:
         return {"pixel_values": torch.stack([i["pixel_values"] for i in items]).contiguous().float(),
                 "input_ids": torch.stack([i["input_ids"] for i in items])}
 
-    dataloader = torch.utils.data.DataLoader([load(r) for r in records], shuffle=True,
+    class LazyImages(torch.utils.data.Dataset):
+        """Decoded and tokenized per item, as the example's with_transform(preprocess_train) does."""
+
+        def __len__(self):
+            return len(records)
+
+        def __getitem__(self, index):
+            return load(records[index])
+
+    dataloader = torch.utils.data.DataLoader(LazyImages(), shuffle=True,
                                              batch_size=cfg["batch_size"], collate_fn=collate, drop_last=True)
     lr_scheduler = get_scheduler("constant", optimizer=optimizer)
     unet, optimizer, dataloader, lr_scheduler = accelerator.prepare(unet, optimizer, dataloader, lr_scheduler)
