@@ -136,3 +136,31 @@ def test_bf16_mixed_precision_trains_on_cpu(tiny_job, tmp_path):
     run_trainer(tiny_job(maxSteps=1, mixedPrecision="bf16"), tmp_path)
     weights = load_file(tmp_path / "out" / "checkpoint-1" / "trainable.safetensors")
     assert all(t.dtype == torch.float32 for t in weights.values()), "trained weights stay in fp32"
+
+
+def test_sigterm_takes_a_last_checkpoint_and_exits_retryably(tiny_job, tmp_path):
+    """Preemption: SIGTERM mid-run → a checkpoint at the current step, exit 143; a restart resumes there."""
+    manifest = tiny_job(maxSteps=10_000, logEverySteps=1)
+    manifest["spec"]["checkpoints"].update(everySteps=1_000_000, resumeFrom="latest")
+    config = write_manifest(manifest, tmp_path)
+    process = subprocess.Popen(trainer_command(config), env=trainer_env(), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in process.stderr:
+        seen.append(line)
+        if "step 3/" in line:
+            break
+    process.send_signal(signal.SIGTERM)
+    _, rest = process.communicate(timeout=120)
+    assert process.returncode == 143, "".join(seen[-5:]) + rest[-2000:]
+    assert "stopped by SIGTERM after step" in rest
+
+    out = tmp_path / "out"
+    from kubetune_trainer.checkpoints import latest_complete
+
+    saved = latest_complete(out)
+    assert saved is not None and saved.step >= 3, "the last checkpoint was taken on SIGTERM"
+    manifest["spec"]["training"]["maxSteps"] = saved.step + 1
+    resumed = run_trainer(manifest, tmp_path)
+    assert f"at step {saved.step}" in resumed.stderr
+    assert latest_complete(out).step == saved.step + 1

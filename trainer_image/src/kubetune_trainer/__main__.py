@@ -21,12 +21,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from kubetune_trainer.errors import ConfigError
     from kubetune_trainer.main import run
+    from kubetune_trainer.preemption import RETRYABLE_EXIT_CODE, Preempted
 
     try:
         run(job, cache_only=args.cache_only)
     except (ConfigError, FileNotFoundError) as err:
         print(f"kubetune trainer: {err}", file=sys.stderr)
         return 2
+    except Preempted as stop:
+        print(f"kubetune trainer: {stop}", file=sys.stderr)
+        return RETRYABLE_EXIT_CODE
     return 0
 
 

@@ -11,12 +11,12 @@ import os
 import sys
 from pathlib import Path
 
-from kubetune_trainer.launch import accelerate_command
+from kubetune_trainer.launch import trainer_command
 
 
 def launch_argv(config: Path, env: dict[str, str], mixed_precision: str) -> list[str]:
     nproc = env.get("PET_NPROC_PER_NODE", "1")
-    return accelerate_command(
+    return trainer_command(
         config,
         nproc=int(nproc) if nproc.isdigit() else 1,
         nnodes=int(env.get("PET_NNODES", "1").split(":")[-1]),

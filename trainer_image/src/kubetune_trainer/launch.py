@@ -13,26 +13,26 @@ import yaml
 from kubetune_api.spec import TrainingJob
 
 
-def accelerate_command(config: Path, nproc: int, nnodes: int = 1, node_rank: int = 0,
+def trainer_command(config: Path, nproc: int, nnodes: int = 1, node_rank: int = 0,
                        master_addr: str = "127.0.0.1", master_port: int = 29500,
                        mixed_precision: str = "no", trainer_args: tuple[str, ...] = ()) -> list[str]:
-    """The `accelerate launch` argv that starts `nproc` trainer processes on this node.
+    """The argv that starts `nproc` trainer processes on this node.
 
-    --multi_gpu selects Accelerate's torchrun launcher, which also serves CPU-only processes
-    (they rendezvous over gloo); a single process needs no launcher options.
+    Several processes: `accelerate launch --multi_gpu`, Accelerate's torchrun launcher, which
+    also serves CPU-only processes (they rendezvous over gloo) and forwards SIGTERM to them.
+    One process: the trainer itself, so that SIGTERM reaches it directly (Accelerate's simple
+    launcher would leave its child running when it is terminated).
     """
-    command = [sys.executable, "-m", "accelerate.commands.launch"]
-    if nproc * nnodes > 1:
-        command += [
-            "--multi_gpu", "--num_processes", str(nproc * nnodes), "--num_machines", str(nnodes),
-            "--machine_rank", str(node_rank), "--main_process_ip", master_addr,
-            "--main_process_port", str(master_port),
-        ]
-    else:
-        command += ["--num_processes", "1", "--num_machines", "1"]
-    command += ["--mixed_precision", mixed_precision, "--dynamo_backend", "no",
-                "-m", "kubetune_trainer", "--config", str(config), *trainer_args]
-    return command
+    trainer = ["-m", "kubetune_trainer", "--config", str(config), *trainer_args]
+    if nproc * nnodes == 1:
+        return [sys.executable, *trainer]
+    return [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--multi_gpu", "--num_processes", str(nproc * nnodes), "--num_machines", str(nnodes),
+        "--machine_rank", str(node_rank), "--main_process_ip", master_addr,
+        "--main_process_port", str(master_port),
+        "--mixed_precision", mixed_precision, "--dynamo_backend", "no", *trainer,
+    ]
 
 
 def free_port() -> int:
@@ -56,7 +56,7 @@ def launch_local(job: TrainingJob, nproc: int = 1, trainer_args: tuple[str, ...]
         with tempfile.TemporaryDirectory(prefix="kubetune-") as tmp:
             return main(["--config", str(write_config(job, Path(tmp))), *trainer_args])
     with tempfile.TemporaryDirectory(prefix="kubetune-") as tmp:
-        command = accelerate_command(write_config(job, Path(tmp)), nproc, master_port=free_port(),
+        command = trainer_command(write_config(job, Path(tmp)), nproc, master_port=free_port(),
                                      mixed_precision=job.spec.training.mixed_precision,
                                      trainer_args=trainer_args)
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}

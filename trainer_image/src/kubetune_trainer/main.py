@@ -20,6 +20,7 @@ from kubetune_trainer.profiling import maybe_profile
 from kubetune_trainer.validation import Validator
 from kubetune_trainer.reporting import Reporter
 from kubetune_trainer.errors import ConfigError
+from kubetune_trainer.preemption import Preempted, StopRequest
 from kubetune_trainer.storage.checkpoint_store import CheckpointStore
 from kubetune_trainer.storage.inputs import local_copy
 from kubetune_trainer.training_state import (Position, capture_rng, read_trainable, restore_state,
@@ -193,7 +194,17 @@ def run(job: TrainingJob, cache_only: bool = False) -> Path:
         with weights_to_publish():
             family.save_weights(folder)
 
+    stop_request = StopRequest().install()
+
+    def preemption_agreed() -> bool:
+        """Whether any process got SIGTERM: every process must take the last checkpoint together."""
+        flag = torch.tensor(float(stop_request.requested()), device=accelerator.device)
+        return accelerator.reduce(flag, reduction="sum").item() > 0
+
     def on_step_end(pos: Position) -> None:
+        if preemption_agreed():
+            save_checkpoint(pos, force=True)
+            raise Preempted(pos.step)
         if isinstance(scheduler, PlateauScheduler) and held_out is None:
             scheduler.observe(pos.loss)
         stop = False
