@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 import time
 
@@ -311,3 +312,44 @@ def test_suspend_maps_to_the_child_and_back(control_plane, api_client, operator_
     condition = eventually(refused, timeout=60, message="SpecChangeRefused condition")
     assert "spec.adapter.rank" in condition["message"]
     kubectl(control_plane, "delete", "tj", "pausable", "-n", job_namespace, "--wait=false")
+
+
+def test_helm_test_passes(control_plane, operator_release):
+    result = subprocess.run(["helm", "test", "kubetune", "-n", OPERATOR_NAMESPACE, "--timeout", "120s"],
+                            env={**_os_env(), **control_plane.env()}, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_deleting_the_master_pod_mid_run_still_ends_at_the_full_step_count(
+        control_plane, api_client, core, operator_release, job_namespace, inputs_in_s3, s3):
+    """A lost pod (preemption, node failure) costs at most the steps since the last checkpoint."""
+    manifest = example_job(inputs_in_s3, "preempted", "runs/preempted", maxSteps=40)
+    manifest["spec"]["checkpoints"].update(everySteps=5, keepLast=2)
+    kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(manifest))
+
+    def past_first_checkpoint():
+        status = get_job(api_client, job_namespace, "preempted").get("status") or {}
+        if status.get("phase") in ("Succeeded", "Failed"):
+            pytest.fail(f"finished before the pod could be deleted: {status}")
+        return (status.get("progress") or {}).get("step", 0) >= 8
+
+    eventually(past_first_checkpoint, timeout=300, interval=0.5,
+               message=lambda: "step 8; operator log:\n" + operator_log(control_plane, core))
+    core.delete_namespaced_pod("preempted-master-0", job_namespace)
+
+    final = eventually(lambda: phase(api_client, job_namespace, "preempted") in ("Succeeded", "Failed")
+                       and get_job(api_client, job_namespace, "preempted"), timeout=600, interval=2,
+                       message="TrainingJob finished after losing its pod")
+    assert final["status"]["phase"] == "Succeeded", final["status"]
+    state = json.loads(s3.get_object(Bucket=BUCKET, Key="runs/preempted/checkpoint-40/trainer_state.json")["Body"].read())
+    assert state["step"] == 40
+    objects = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="runs/preempted/")["Contents"]}
+    assert "runs/preempted/pytorch_lora_weights.safetensors" in objects
+    # The deleted pod checkpointed on SIGTERM; its replacement resumed there, not from step 0.
+    logs = [d / "logs" / "pytorch.log" for d in sorted(
+        control_plane.kubelet_state.glob(f"pods/{job_namespace}_preempted-master-0_*"), key=lambda d: d.stat().st_mtime)]
+    assert len(logs) == 2, logs
+    first, second = (log.read_text() for log in logs)
+    stopped = re.search(r"stopped by SIGTERM after step (\d+)", first)
+    assert stopped and int(stopped.group(1)) >= 8, first[-2000:]
+    assert f"at step {stopped.group(1)}" in second, second[-2000:]
