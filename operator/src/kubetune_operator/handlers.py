@@ -9,6 +9,7 @@ import datetime
 import functools
 import logging
 import urllib.request
+from pathlib import Path
 
 import kopf
 from kubernetes import client
@@ -22,6 +23,7 @@ from kubetune_operator import metrics, naming, status
 from kubetune_operator.backends import PyTorchJobBackend
 from kubetune_operator.settings import Settings
 from kubetune_operator.trainer_config import build_config_map
+from kubetune_operator.webhook import configure_server as configure_webhook
 
 PLURAL = "trainingjobs"
 BACKEND = PyTorchJobBackend()
@@ -54,14 +56,19 @@ def load_kubernetes_config() -> None:
         config.load_kube_config()
 
 
+def typed_job(body: kopf.Body) -> TrainingJob:
+    """The object as the typed model (raises pydantic's ValidationError)."""
+    return TrainingJob.model_validate({
+        "apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+        "metadata": {"name": body.metadata.name, "namespace": body.metadata.namespace},
+        "spec": dict(body.get("spec") or {}),
+    })
+
+
 def parse_job(body: kopf.Body) -> TrainingJob:
     """The typed job; a spec the schema let through but the model refuses is a permanent error."""
     try:
-        return TrainingJob.model_validate({
-            "apiVersion": body["apiVersion"], "kind": body["kind"],
-            "metadata": {"name": body.metadata.name, "namespace": body.metadata.namespace},
-            "spec": dict(body.spec),
-        })
+        return typed_job(body)
     except ValidationError as err:
         raise kopf.PermanentError("invalid spec: " + "; ".join(describe_errors(err))) from None
 
@@ -87,19 +94,25 @@ def create_owned(obj: dict, owner_uid: str, create, read) -> bool:
     return False
 
 
-def check_secret(job: TrainingJob) -> None:
+def missing_secret(job: TrainingJob) -> str | None:
+    """Why spec.s3.credentialsSecret cannot be used, or None when it exists (or none is named)."""
     secret = job.spec.s3.credentials_secret
     if not secret:
-        return
+        return None
     try:
         core_api().read_namespaced_secret(secret, job.metadata.namespace)
     except ApiException as err:
         if err.status == 404:
-            raise kopf.TemporaryError(
-                f"spec.s3.credentialsSecret: Secret {secret!r} does not exist in namespace "
-                f"{job.metadata.namespace!r}; create it with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
-                delay=15) from None
+            return (f"spec.s3.credentialsSecret: Secret {secret!r} does not exist in namespace "
+                    f"{job.metadata.namespace!r}; create it with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
         raise
+    return None
+
+
+def check_secret(job: TrainingJob) -> None:
+    problem = missing_secret(job)
+    if problem:
+        raise kopf.TemporaryError(problem, delay=15)
 
 
 @kopf.on.startup()
@@ -113,6 +126,24 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.watching.server_timeout = 300
     # Handlers are synchronous (the Kubernetes client): enough threads for bursts of new jobs.
     settings.execution.max_workers = 16
+    if SETTINGS.webhook_address:
+        configure_webhook(settings, SETTINGS.webhook_address, SETTINGS.webhook_port, Path(SETTINGS.webhook_cert_dir))
+
+
+@kopf.on.validate(API_GROUP, API_VERSION, PLURAL, id="validate", operations=["CREATE"], ignore_failures=True)
+def validate_new_job(body: kopf.Body, **_) -> None:
+    """Admission: refuse what the trainer would refuse, and a credentials Secret that is not there.
+
+    CREATE only: updates of a started job are governed by spec_changed, and kopf's own metadata
+    patches (finalizers) must never be refused, e.g. while a job is deleted after its Secret.
+    """
+    try:
+        job = typed_job(body)
+    except ValidationError as err:
+        raise kopf.AdmissionError("; ".join(describe_errors(err)), code=422) from None
+    problem = missing_secret(job)
+    if problem:
+        raise kopf.AdmissionError(problem, code=422)
 
 
 @kopf.on.create(API_GROUP, API_VERSION, PLURAL)

@@ -16,6 +16,10 @@ class Settings:
     progress_interval_seconds: float = 10.0
     # Port of the trainer's metrics and progress endpoint (rank 0).
     trainer_metrics_port: int = 9400
+    # The admission webhook: served on this address (the pod's IP); None = no webhook.
+    webhook_address: str | None = None
+    webhook_port: int = 9443
+    webhook_cert_dir: str = "/tmp/kubetune-webhook"
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "Settings":
@@ -28,4 +32,7 @@ class Settings:
             s3_path_style={"true": True, "false": False}.get(path_style),
             progress_interval_seconds=float(env.get("KUBETUNE_PROGRESS_INTERVAL_SECONDS", cls.progress_interval_seconds)),
             trainer_metrics_port=int(env.get("KUBETUNE_TRAINER_METRICS_PORT", cls.trainer_metrics_port)),
+            webhook_address=env.get("KUBETUNE_WEBHOOK_ADDRESS") or None,
+            webhook_port=int(env.get("KUBETUNE_WEBHOOK_PORT", cls.webhook_port)),
+            webhook_cert_dir=env.get("KUBETUNE_WEBHOOK_CERT_DIR", cls.webhook_cert_dir),
         )
