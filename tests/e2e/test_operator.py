@@ -372,3 +372,20 @@ def test_deleting_the_master_pod_mid_run_still_ends_at_the_full_step_count(
     stopped = re.search(r"stopped by SIGTERM after step (\d+)", first)
     assert stopped and int(stopped.group(1)) >= 8, first[-2000:]
     assert f"at step {stopped.group(1)}" in second, second[-2000:]
+
+
+def test_an_enabled_embedding_cache_is_filled_before_training(control_plane, api_client, operator_release,
+                                                              job_namespace, inputs_in_s3, s3):
+    manifest = example_job(inputs_in_s3, "cached", "runs/cached", maxSteps=2)
+    manifest["spec"]["data"]["cache"] = {"enabled": True}
+    manifest["spec"]["data"]["randomFlip"] = False  # every epoch then reads the same cache entries
+    kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(manifest))
+    final = eventually(lambda: phase(api_client, job_namespace, "cached") in ("Succeeded", "Failed")
+                       and get_job(api_client, job_namespace, "cached"), timeout=600, interval=2,
+                       message="cached TrainingJob finished")
+    stage_log = control_plane.pod_log("cached-master-0", job_namespace, "cache").read_text()
+    train_log = control_plane.pod_log("cached-master-0", job_namespace, "pytorch").read_text()
+    assert final["status"]["phase"] == "Succeeded", stage_log[-2000:] + train_log[-2000:]
+    cached = s3.list_objects_v2(Bucket=BUCKET, Prefix="runs/cached/cache/").get("KeyCount", 0)
+    assert cached > 0, "the cache stage wrote entries to S3"
+    assert re.search(r"embedding cache: [1-9]\d* hits", train_log), train_log[-2000:]

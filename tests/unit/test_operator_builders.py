@@ -189,3 +189,15 @@ def test_the_entrypoint_maps_the_injected_environment_onto_accelerate_launch(tmp
     assert flags[:11] == ["--multi_gpu", "--num_processes", "8", "--num_machines", "2", "--machine_rank", "1",
                           "--main_process_ip", "job-master-0", "--main_process_port", "23456"]
     assert argv[-4:] == ["-m", "kubetune_trainer", "--config", str(tmp_path / "job.yaml")]
+
+
+def test_an_enabled_cache_is_filled_by_the_master_before_training(job_of):
+    child = PyTorchJobBackend().build(job_of(resources__nodes=2, data__cache={"enabled": True}), UID, SETTINGS)
+    master_init = master(child)["spec"]["initContainers"]
+    assert [c["name"] for c in master_init] == ["cache"]
+    assert master_init[0]["args"][-1] == "--cache-only"
+    assert master_init[0]["securityContext"] == container(master(child))["securityContext"]
+    worker = child["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert "initContainers" not in worker
+    plain = PyTorchJobBackend().build(job_of(), UID, SETTINGS)
+    assert "initContainers" not in master(plain)["spec"]

@@ -74,7 +74,21 @@ def container_security_context() -> dict:
     }
 
 
-def pod_template(job: TrainingJob, job_uid: str, settings: Settings) -> dict:
+def cache_stage(container: dict) -> dict:
+    """An init container that fills the embedding cache before training starts (Master only).
+
+    One process encodes every sample once; the training processes then read the cache.
+    """
+    return {
+        **{key: container[key] for key in ("image", "env", "resources", "securityContext", "volumeMounts")},
+        "name": "cache",
+        "command": ["python", "-m", "kubetune_trainer"],
+        "args": ["--config", f"{naming.CONFIG_MOUNT}/{naming.CONFIG_KEY}", "--cache-only"],
+    }
+
+
+def pod_template(job: TrainingJob, job_uid: str, settings: Settings, with_cache_stage: bool = False) -> dict:
+    """The trainer pod; with_cache_stage adds the cache-filling init container (for the Master)."""
     spec, scheduling = job.spec, job.spec.scheduling
     container = {
         "name": CONTAINER_NAME,
@@ -119,6 +133,8 @@ def pod_template(job: TrainingJob, job_uid: str, settings: Settings) -> dict:
         "imagePullSecrets": [{"name": n} for n in scheduling.image_pull_secrets] or None,
     }
     pod_spec.update({key: value for key, value in optional.items() if value is not None})
+    if with_cache_stage:
+        pod_spec["initContainers"] = [cache_stage(container)]
     return {
         "metadata": {
             "labels": pod_labels(job),

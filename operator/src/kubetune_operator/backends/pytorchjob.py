@@ -26,11 +26,14 @@ class PyTorchJobBackend:
 
     def build(self, job: TrainingJob, job_uid: str, settings: Settings) -> dict:
         spec = job.spec
-        template = pod_template(job, job_uid, settings)
-        replica = {"restartPolicy": "ExitCode", "template": template}
-        replica_specs = {"Master": {"replicas": 1, **replica}}
+        def replica(count: int, master: bool) -> dict:
+            # The embedding cache is filled once, by the Master, before anyone trains.
+            template = pod_template(job, job_uid, settings, with_cache_stage=master and spec.data.cache.enabled)
+            return {"replicas": count, "restartPolicy": "ExitCode", "template": template}
+
+        replica_specs = {"Master": replica(1, master=True)}
         if spec.resources.nodes > 1:
-            replica_specs["Worker"] = {"replicas": spec.resources.nodes - 1, **replica}
+            replica_specs["Worker"] = replica(spec.resources.nodes - 1, master=False)
         run_policy = {
             # Pods stay after the end (logs); the TrainingJob's deletion removes them via the job.
             "cleanPodPolicy": "None",
