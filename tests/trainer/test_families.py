@@ -176,6 +176,34 @@ def test_flux_kontext_edit_lora_loads_in_the_kontext_pipeline_and_changes_the_tr
     assert (flux_transformer_output(pipeline.transformer) - before).abs().max() > 1e-4
 
 
+
+def qwen_transformer_output(transformer) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        return transformer(  # 2x2 target tokens followed by 2x2 control-image tokens, 6 text tokens
+            hidden_states=torch.randn(1, 8, 16, generator=generator), timestep=torch.tensor([0.5]),
+            encoder_hidden_states=torch.randn(1, 6, 32, generator=generator),
+            img_shapes=[[(1, 2, 2), (1, 2, 2)]], return_dict=False,
+        )[0]
+
+
+def test_qwen_image_edit_lora_loads_in_the_edit_pipeline_and_changes_the_transformer(
+        tiny_model, tiny_dataset, tmp_path):
+    from diffusers import QwenImageEditPipeline
+
+    model = tiny_model("qwen-image-edit")
+    result = run_trainer(family_job(
+        "qwen-image-edit", "edit-pairs", model, tiny_dataset("edit-pairs"), tmp_path / "out",
+        data={"controlDropout": 0.5, "captionDropout": 0.5, "randomFlip": True, "cache": {"enabled": True}},
+        validation={"everySteps": 2, "heldOutFraction": 0.25, "numSamples": 1, "numInferenceSteps": 2},
+    ), tmp_path)
+    assert cache_counts(result.stderr)[1] > 0, "latents and (instruction, control) embeddings went through the cache"
+    assert (tmp_path / "out" / "samples" / "step-0000002" / "0.png").is_file(), "an edited held-out sample"
+    pipeline = QwenImageEditPipeline.from_pretrained(model)
+    before = qwen_transformer_output(pipeline.transformer)
+    pipeline.load_lora_weights(tmp_path / "out")
+    assert (qwen_transformer_output(pipeline.transformer) - before).abs().max() > 1e-4
+
 def test_pmg_trains_every_soft_prompt_part_and_its_tokens_steer_the_sd_unet(tiny_model, tiny_dataset, tmp_path):
     from diffusers import StableDiffusionPipeline
 

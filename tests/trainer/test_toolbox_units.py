@@ -166,6 +166,19 @@ def test_cache_entries_are_per_encoder_identity_and_shared_across_instances(tmp_
     assert other_run.misses == 1, "another encoder identity never reads the first one's entries"
 
 
+
+def test_cached_token_sequences_of_other_lengths_are_zero_padded_to_the_batch(tmp_path):
+    def tokens(texts):  # one row per character, padded to the batch's longest with a mask
+        longest = max(len(t) for t in texts)
+        return {"embeds": torch.stack([torch.tensor([[float(ord(c))] for c in t.ljust(longest, "\0")]) for t in texts]),
+                "mask": torch.tensor([[1] * len(t) + [0] * (longest - len(t)) for t in texts])}
+    encoder = Encoder("text", "token-encoder-v1", tokens)
+    cache = EmbeddingCache(LocalStore(tmp_path))
+    cache.encode(encoder, ["ab", "abcd"])  # "ab" is stored padded to 4
+    mixed = cache.encode(encoder, ["ab", "abc"])  # a hit (4 long) and a miss (3 long)
+    assert mixed["mask"].tolist() == [[1, 1, 0, 0], [1, 1, 1, 0]]
+    assert mixed["embeds"][1, :, 0].tolist() == [97.0, 98.0, 99.0, 0.0]
+
 # --- edit pairs ---------------------------------------------------------------------------------
 
 def test_edit_pairs_flip_together_and_control_dropout_blanks_the_control(tmp_path):

@@ -235,6 +235,69 @@ def write_tiny_flux_kontext(out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
+QWEN_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                       "<|image_pad|>", "<|video_pad|>")
+
+
+def tiny_qwen2_tokenizer():
+    """A Qwen2 byte-level BPE tokenizer over single bytes (no merges) plus the chat and vision tokens."""
+    from transformers import Qwen2Tokenizer
+
+    vocab = {symbol: i for i, symbol in enumerate(_byte_to_unicode().values())}
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[], model_max_length=1024)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN_SPECIAL_TOKENS)})
+    return tokenizer
+
+
+def write_tiny_qwen_image_edit(out_dir: Path, seed: int = 0) -> Path:
+    """Qwen-Image-Edit's pipeline: a 1-block QwenImageTransformer2DModel, an 8x AutoencoderKLQwenImage,
+    a 2-layer Qwen2.5-VL text encoder with a 2-block vision tower, and the Qwen2-VL processor."""
+    from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageEditPipeline,
+                           QwenImageTransformer2DModel)
+    from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLImageProcessor,
+                              Qwen2VLProcessor, Qwen2VLVideoProcessor)
+
+    tokenizer = tiny_qwen2_tokenizer()
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in QWEN_SPECIAL_TOKENS}
+    torch.manual_seed(seed)
+    text_encoder = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(
+        text_config={
+            "vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 1, 1]},
+            "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"],
+            "pad_token_id": ids["<|endoftext|>"],
+        },
+        vision_config={
+            "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 4, "patch_size": 14,
+            "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 56, "out_hidden_size": 32,
+            "fullatt_block_indexes": [1],
+        },
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+    ))
+    # The vision tower sees at most 112x112 pixels: 16 patches, 4 tokens after the 2x2 merge.
+    pixels = {"min_pixels": 56 * 56, "max_pixels": 112 * 112}
+    processor = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(**pixels), tokenizer=tokenizer,
+                                 video_processor=Qwen2VLVideoProcessor(**pixels))
+    transformer = QwenImageTransformer2DModel(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=1, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=32, axes_dims_rope=(4, 6, 6),
+    )
+    vae = AutoencoderKLQwenImage(
+        base_dim=8, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True],
+        latents_mean=[0.1, -0.2, 0.3, 0.0], latents_std=[1.5, 0.8, 1.2, 2.0],
+    )
+    scheduler = FlowMatchEulerDiscreteScheduler(
+        shift=1.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=0.9, base_image_seq_len=256,
+        max_image_seq_len=8192, shift_terminal=0.02, time_shift_type="exponential",
+    )
+    pipeline = QwenImageEditPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                                     processor=processor, transformer=transformer)
+    pipeline.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
 def write_tiny_pmg(out_dir: Path, seed: int = 0) -> Path:
     """PMG's parts: the tiny SD1.5 pipeline plus a 2-layer Llama causal LM in language_model/."""
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -255,7 +318,8 @@ def write_tiny_pmg(out_dir: Path, seed: int = 0) -> Path:
 
 
 WRITERS = {"sd15": write_tiny_sd15, "sdxl": write_tiny_sdxl, "classifier": write_tiny_classifier,
-           "flux-kontext": write_tiny_flux_kontext, "pmg": write_tiny_pmg}
+           "flux-kontext": write_tiny_flux_kontext, "qwen-image-edit": write_tiny_qwen_image_edit,
+           "pmg": write_tiny_pmg}
 FULL_SIZE_WRITERS = {"sd15": write_full_size_sd15}
 
 

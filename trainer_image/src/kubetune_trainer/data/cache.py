@@ -139,11 +139,20 @@ class EmbeddingCache:
                 entry = {name: tensor[row].detach().cpu().contiguous() for name, tensor in fresh.items()}
                 self.store.put(keys[i], save(entry))
                 found[i] = entry
-        return {name: torch.stack([entry[name] for entry in found]) for name in found[0]}
+        return {name: stack_padded([entry[name] for entry in found]) for name in found[0]}
 
     def _load(self, key: str) -> Encoded | None:
         data = self.store.get(key)
         return None if data is None else load(data)
+
+
+def stack_padded(rows: list[torch.Tensor]) -> torch.Tensor:
+    """Stack per-sample rows; ragged first dimensions (token sequences encoded in batches of other
+    lengths) are zero-padded to the longest, as the encoders pad their own batches."""
+    if rows[0].dim() == 0 or len({row.shape[0] for row in rows}) == 1:
+        return torch.stack(rows)
+    longest = max(row.shape[0] for row in rows)
+    return torch.stack([torch.cat([row, row.new_zeros(longest - row.shape[0], *row.shape[1:])]) for row in rows])
 
 
 def open_store(uri: str) -> Store:

@@ -7,68 +7,38 @@ target tokens only.
 from __future__ import annotations
 
 from functools import cached_property
-from pathlib import Path
 
 import torch
 
-from kubetune_trainer import flow_matching, quantization
+from kubetune_trainer import flow_matching
 from kubetune_trainer.data.cache import Encoder, model_identity
-from kubetune_trainer.data.edit_pairs import EditPairsDataset, collate, read_edit_pairs
-from kubetune_trainer.data.images import ImageTransform
-from kubetune_trainer.families.base import ModelFamily
-from kubetune_trainer.families.lora import attach_lora, load_lora_init, lora_layers
+from kubetune_trainer.families.editing import EditingFamily
 
 DEFAULT_LORA_TARGETS = ["to_k", "to_q", "to_v", "to_out.0"]
 GUIDANCE = 2.5  # the distilled guidance FLUX.1 Kontext [dev] samples with by default
 MAX_TEXT_TOKENS = 512
 
 
-class FluxKontext(ModelFamily):
+class FluxKontext(EditingFamily):
+    PIPELINE = "FluxKontextPipeline"
+    LORA_TARGETS = DEFAULT_LORA_TARGETS
+
     def __init__(self, spec, device, weight_dtype):
         super().__init__(spec, device, weight_dtype)
         from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
         from transformers import CLIPTextModel, CLIPTokenizer, T5EncoderModel, T5TokenizerFast
 
         root = spec.model.pretrained
-        quant = spec.model.quantization
-        quantization.check_supported(quant)
-        frozen_dtype = weight_dtype if spec.adapter.type == "lora" else torch.float32
         self.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(root, subfolder="scheduler")
         self.tokenizer = CLIPTokenizer.from_pretrained(root, subfolder="tokenizer")
         self.tokenizer_2 = T5TokenizerFast.from_pretrained(root, subfolder="tokenizer_2")
         self.text_encoder = CLIPTextModel.from_pretrained(root, subfolder="text_encoder", torch_dtype=weight_dtype)
         self.text_encoder_2 = T5EncoderModel.from_pretrained(root, subfolder="text_encoder_2", torch_dtype=weight_dtype)
         self.vae = AutoencoderKL.from_pretrained(root, subfolder="vae", torch_dtype=weight_dtype)
-        self.transformer = FluxTransformer2DModel.from_pretrained(
-            root, subfolder="transformer", torch_dtype=frozen_dtype, **quantization.load_kwargs(quant, weight_dtype))
-        quantization.apply_after_load(quant, self.transformer, weight_dtype)
+        self.transformer = self._load_transformer(FluxTransformer2DModel)
         for frozen in (self.text_encoder, self.text_encoder_2, self.vae):
             frozen.requires_grad_(False).to(device).eval()
-        if spec.adapter.type == "full":
-            self.transformer.requires_grad_(True)
-        else:
-            attach_lora(self.transformer, spec.adapter, DEFAULT_LORA_TARGETS)
-            if spec.adapter.init_from:
-                load_lora_init(self.transformer, spec.adapter.init_from, "transformer")
-        self.transformer.to(device).train()
-
-    @property
-    def trainable_module(self):
-        return self.transformer
-
-    # --- data ---------------------------------------------------------------------------------
-
-    def read_samples(self):
-        return read_edit_pairs(Path(self.spec.data.uri))
-
-    def make_dataset(self, samples, training):
-        data = self.spec.data
-        transform = ImageTransform(data.resolution, data.center_crop or not training, data.random_flip and training)
-        return EditPairsDataset(samples, transform, data.caption_dropout if training else 0.0,
-                                data.control_dropout if training else 0.0, self.spec.training.seed, data.bucketing)
-
-    def collate(self, items):
-        return collate(items)
+        self._prepare_transformer()
 
     # --- encoders -----------------------------------------------------------------------------
 
@@ -152,9 +122,7 @@ class FluxKontext(ModelFamily):
     def sample_images(self, model, held_out, generator):
         from kubetune_trainer.data.images import to_pil
 
-        pairs = [(control, caption) for batch in held_out
-                 for control, caption in zip(batch["control_values"], batch["captions"])]
-        pairs = pairs[:self.spec.validation.num_samples]
+        pairs = self.held_out_pairs(held_out)
         if not pairs:
             return []
         pipeline = self.pipeline()
@@ -165,16 +133,3 @@ class FluxKontext(ModelFamily):
                          generator=generator, max_area=size * size, _auto_resize=False,
                          max_sequence_length=min(MAX_TEXT_TOKENS, self.tokenizer_2.model_max_length)).images[0]
                 for control, caption in pairs]
-
-    def save_weights(self, out_dir: Path) -> list[Path]:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        if self.spec.adapter.type == "full":
-            self.transformer.save_pretrained(out_dir / "transformer")
-            return sorted((out_dir / "transformer").iterdir())
-        from diffusers import FluxKontextPipeline
-
-        FluxKontextPipeline.save_lora_weights(
-            out_dir, transformer_lora_layers=lora_layers(self.transformer), safe_serialization=True,
-            transformer_lora_adapter_metadata=self.transformer.peft_config["default"].to_dict(),
-        )
-        return [out_dir / "pytorch_lora_weights.safetensors"]

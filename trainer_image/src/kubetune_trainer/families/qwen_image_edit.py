@@ -1,0 +1,158 @@
+"""Qwen-Image-Edit: an image-editing LoRA on the transformer, trained by flow matching on edit pairs.
+
+As in diffusers' QwenImageEditPipeline: the instruction and the control image go through the
+Qwen2.5-VL encoder inside the pipeline's chat template, whose system-prompt tokens are dropped; the
+VAE's (video-shaped, one-frame) latents are normalised by latents_mean / latents_std and packed in
+2x2 patches; the control image's tokens follow the noisy target's in one sequence (`img_shapes`
+lists both), and the transformer predicts the velocity noise - target for the target tokens only.
+
+The text embedding depends on the control pixels too, so its cache entry is keyed on both. The
+control image enters both encoders at the training resolution; the pipeline first resizes it to
+about 1024x1024 pixels, the same thing at the usual training resolution of 1024.
+"""
+from __future__ import annotations
+
+import json
+from functools import cached_property
+
+import torch
+
+from kubetune_trainer import flow_matching
+from kubetune_trainer.data.cache import Encoder, model_identity
+from kubetune_trainer.families.editing import EditingFamily
+
+DEFAULT_LORA_TARGETS = ["to_k", "to_q", "to_v", "to_out.0"]
+TRUE_CFG_SCALE = 4.0  # what the Qwen-Image-Edit model card samples with (negative prompt " ")
+
+
+class QwenImageEdit(EditingFamily):
+    PIPELINE = "QwenImageEditPipeline"
+    LORA_TARGETS = DEFAULT_LORA_TARGETS
+
+    def __init__(self, spec, device, weight_dtype):
+        super().__init__(spec, device, weight_dtype)
+        from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
+        from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2Tokenizer, Qwen2VLProcessor
+
+        root = spec.model.pretrained
+        self.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(root, subfolder="scheduler")
+        self.tokenizer = Qwen2Tokenizer.from_pretrained(root, subfolder="tokenizer")
+        self.processor = Qwen2VLProcessor.from_pretrained(root, subfolder="processor")
+        self.text_encoder = Qwen2_5_VLForConditionalGeneration.from_pretrained(
+            root, subfolder="text_encoder", torch_dtype=weight_dtype)
+        self.vae = AutoencoderKLQwenImage.from_pretrained(root, subfolder="vae", torch_dtype=weight_dtype)
+        self.transformer = self._load_transformer(QwenImageTransformer2DModel)
+        for frozen in (self.text_encoder, self.vae):
+            frozen.requires_grad_(False).to(device).eval()
+        self._prepare_transformer()
+        config = self.vae.config
+        self.latents_mean = torch.tensor(config.latents_mean).view(1, config.z_dim, 1, 1, 1).to(device)
+        self.latents_std = torch.tensor(config.latents_std).view(1, config.z_dim, 1, 1, 1).to(device)
+
+    # --- encoders -----------------------------------------------------------------------------
+
+    @cached_property
+    def _encoders(self):
+        root, dtype = self.spec.model.pretrained, self.weight_dtype
+        vae = model_identity(self.vae, f"{root}/vae", dtype)
+        prompts = self._prompt_pipeline  # the template, its dropped prefix and the image preprocessing
+        text = model_identity(self.text_encoder, f"{root}/text_encoder", dtype, extra=json.dumps(
+            [prompts.prompt_template_encode, prompts.prompt_template_encode_start_idx,
+             self.processor.image_processor.to_json_string()]))
+        return {"latents": Encoder("latents", vae, self._vae_moments),
+                "text": Encoder("text", text + "qwen-image-edit", self.encode_prompts)}
+
+    def encoders(self):
+        return self._encoders
+
+    @cached_property
+    def _prompt_pipeline(self):
+        """The pipeline whose own prompt encoding (template, processor, dropped prefix) we call."""
+        return self.pipeline()
+
+    @torch.no_grad()
+    def _vae_moments(self, pixels):
+        stacked = torch.stack(pixels).unsqueeze(2).to(self.device, dtype=self.weight_dtype)  # one video frame
+        return {"moments": self.vae.encode(stacked).latent_dist.parameters}
+
+    @torch.no_grad()
+    def encode_prompts(self, pairs: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """The VL encoder's last hidden states of (instruction, control image), template prefix dropped.
+
+        Rows are padded with zeros to the longest in the batch; `mask` marks the real tokens.
+        """
+        from kubetune_trainer.data.images import to_pil
+
+        captions = [caption for caption, _ in pairs]
+        images = [to_pil(pixels) for _, pixels in pairs]
+        embeds, mask = self._prompt_pipeline._get_qwen_prompt_embeds(captions, images, self.device, self.weight_dtype)
+        return {"prompt_embeds": embeds, "mask": mask}
+
+    def encode_batch(self, batch):
+        controls = list(batch["control_values"])
+        return {"target": self.encode("latents", list(batch["pixel_values"])),
+                "control": self.encode("latents", controls),
+                "text": self.encode("text", list(zip(batch["captions"], controls)))}
+
+    def _normalised(self, latents: torch.Tensor) -> torch.Tensor:
+        """[B, C, 1, H, W] VAE latents -> [B, C, H, W], normalised as the pipeline does."""
+        return ((latents - self.latents_mean.to(latents.dtype)) / self.latents_std.to(latents.dtype))[:, :, 0]
+
+    # --- loss ---------------------------------------------------------------------------------
+
+    def compute_loss(self, model, batch, generator):
+        from diffusers import QwenImageEditPipeline
+        from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+
+        encoded = self.encode_batch(batch)
+        target = self._normalised(DiagonalGaussianDistribution(encoded["target"]["moments"]).sample(generator))
+        control = self._normalised(encoded["control"]["moments"].chunk(2, dim=1)[0])  # the mode, as at inference
+        batch_size, channels, height, width = target.shape
+        noise, sigmas, noisy = flow_matching.noisy_latents(target, generator)
+
+        pack = QwenImageEditPipeline._pack_latents
+        tokens = pack(noisy, batch_size, channels, height, width)
+        control_height, control_width = control.shape[2:]
+        img_shapes = [[(1, height // 2, width // 2), (1, control_height // 2, control_width // 2)]] * batch_size
+        embeds, mask = self._trimmed_text(encoded["text"])
+        guidance = (torch.full((batch_size,), 1.0, device=self.device)
+                    if self.transformer.config.guidance_embeds else None)
+        prediction = model(
+            hidden_states=torch.cat([tokens, pack(control, batch_size, channels, control_height, control_width)], dim=1),
+            timestep=sigmas.to(target.dtype), guidance=guidance, encoder_hidden_states=embeds,
+            encoder_hidden_states_mask=mask, img_shapes=img_shapes, return_dict=False,
+        )[0][:, :tokens.shape[1]]
+        velocity = pack(noise - target, batch_size, channels, height, width)
+        return flow_matching.loss(prediction, velocity)
+
+    @staticmethod
+    def _trimmed_text(text: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Drop the padding columns no sample of the batch uses (cached rows may carry extra)."""
+        mask = text["mask"]
+        length = int(mask.sum(dim=1).max())
+        return text["prompt_embeds"][:, :length], mask[:, :length]
+
+    # --- output -------------------------------------------------------------------------------
+
+    def pipeline(self):
+        from diffusers import QwenImageEditPipeline
+
+        return QwenImageEditPipeline(
+            scheduler=self.scheduler, vae=self.vae, text_encoder=self.text_encoder, tokenizer=self.tokenizer,
+            processor=self.processor, transformer=self.transformer,
+        )
+
+    @torch.no_grad()
+    def sample_images(self, model, held_out, generator):
+        from kubetune_trainer.data.images import to_pil
+
+        pairs = self.held_out_pairs(held_out)
+        if not pairs:
+            return []
+        pipeline = self.pipeline()
+        pipeline.set_progress_bar_config(disable=True)
+        size = self.spec.data.resolution
+        return [pipeline(image=to_pil(control), prompt=caption, negative_prompt=" ", true_cfg_scale=TRUE_CFG_SCALE,
+                         height=size, width=size, num_inference_steps=self.spec.validation.num_inference_steps,
+                         generator=generator).images[0]
+                for control, caption in pairs]
