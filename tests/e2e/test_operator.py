@@ -154,6 +154,8 @@ def test_an_applied_example_trains_to_succeeded_and_its_lora_lands_in_s3(
 
     eventually(running_with_progress, timeout=300, interval=1,
                message=lambda: "progress while running; operator log:\n" + operator_log(control_plane, core))
+    explained = kubectl(control_plane, "explain", "trainingjob.spec.training").stdout
+    assert "learningRate" in explained and "Peak learning rate" in explained
     table = kubectl(control_plane, "get", "tj", "sd15-e2e", "-n", job_namespace).stdout.splitlines()
     row = printed_columns(table[0], table[1])
     assert row["PHASE"] in ("Running", "Succeeded") and 0 < int(row["STEP"]) <= 30
@@ -165,6 +167,7 @@ def test_an_applied_example_trains_to_succeeded_and_its_lora_lands_in_s3(
     logs = control_plane.pod_log("sd15-e2e-master-0", job_namespace, "pytorch").read_text()
     assert final["status"]["phase"] == "Succeeded", logs[-3000:]
     assert final["status"]["startTime"] and final["status"]["completionTime"]
+    assert final["status"]["latestCheckpoint"] == f"s3://{BUCKET}/runs/sd15-e2e/checkpoint-30"
     objects = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="runs/sd15-e2e/")["Contents"]}
     assert "runs/sd15-e2e/pytorch_lora_weights.safetensors" in objects
     assert "runs/sd15-e2e/checkpoint-30/manifest.json" in objects

@@ -8,7 +8,8 @@ from kubetune_api.manifest import parse_manifest
 from kubetune_operator import naming
 from kubetune_operator.backends import ChildState, PyTorchJobBackend
 from kubetune_operator.settings import Settings
-from kubetune_operator.status import progress_from_metrics, status_for_child
+from kubetune_operator.status import (final_checkpoint, latest_checkpoint_from_metrics, progress_from_metrics,
+                                     status_for_child)
 from kubetune_operator.trainer_config import build_config_map
 from kubetune_trainer.entrypoint import launch_argv
 
@@ -201,3 +202,13 @@ def test_an_enabled_cache_is_filled_by_the_master_before_training(job_of):
     assert "initContainers" not in worker
     plain = PyTorchJobBackend().build(job_of(), UID, SETTINGS)
     assert "initContainers" not in master(plain)["spec"]
+
+
+def test_latest_checkpoint_comes_from_the_trainer_and_is_certain_at_success():
+    assert latest_checkpoint_from_metrics({"last_checkpoint_step": 500}, "s3://b/runs/x/") == "s3://b/runs/x/checkpoint-500"
+    assert latest_checkpoint_from_metrics({"last_checkpoint_step": 0}, "s3://b/x") is None
+    spec = {"checkpoints": {"uri": "s3://b/x"}, "training": {"maxSteps": 1000}}
+    assert final_checkpoint(spec, {}) == "s3://b/x/checkpoint-1000"
+    assert final_checkpoint(spec, {"progress": {"totalSteps": 60}}) == "s3://b/x/checkpoint-60"
+    early = {**spec, "validation": {"earlyStoppingPatience": 3}}
+    assert final_checkpoint(early, {}) is None, "an early stop may end sooner: keep the reported one"

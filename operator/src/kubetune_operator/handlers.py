@@ -235,6 +235,10 @@ def child_changed(body: kopf.Body, namespace: str, type: str, **_) -> None:
     patch, events = status.status_for_child(job.get("status") or {}, BACKEND.read_state(dict(body)), now())
     if not patch:
         return
+    if patch.get("phase") == "Succeeded":
+        final = status.final_checkpoint(job["spec"], job.get("status") or {})
+        if final:
+            patch["latestCheckpoint"] = final
     custom.patch_namespaced_custom_object_status(API_GROUP, API_VERSION, namespace, PLURAL, owner["name"],
                                                  {"status": patch})
     for event in events:
@@ -262,15 +266,20 @@ def read_trainer_gauges(address: str, port: int) -> dict[str, float]:
 
 @kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=SETTINGS.progress_interval_seconds, idle=0,
             when=lambda status, **_: (status or {}).get("phase") == "Running")
-def poll_progress(name: str, namespace: str, patch: kopf.Patch, logger: logging.Logger, **_) -> None:
-    """Copy step, loss and ETA from the rank-0 trainer's metrics into status.progress."""
+def poll_progress(name: str, namespace: str, spec: kopf.Spec, patch: kopf.Patch, logger: logging.Logger,
+                  **_) -> None:
+    """Copy step, loss, ETA and the newest checkpoint from the rank-0 trainer's metrics into status."""
     address = master_pod_ip(namespace, name)
     if address is None:
         return
     try:
-        progress = status.progress_from_metrics(read_trainer_gauges(address, SETTINGS.trainer_metrics_port))
+        samples = read_trainer_gauges(address, SETTINGS.trainer_metrics_port)
     except OSError as err:  # not listening yet, or restarting: try again next tick
         logger.debug("no progress from %s yet: %s", address, err)
         return
+    progress = status.progress_from_metrics(samples)
     if progress:
         patch.status["progress"] = progress
+    latest = status.latest_checkpoint_from_metrics(samples, spec["checkpoints"]["uri"])
+    if latest:
+        patch.status["latestCheckpoint"] = latest

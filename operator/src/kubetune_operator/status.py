@@ -74,3 +74,24 @@ def progress_from_metrics(samples: dict[str, float]) -> dict | None:
     if "eta_seconds" in samples:
         progress["etaSeconds"] = round(samples["eta_seconds"], 1)
     return progress
+
+
+def latest_checkpoint_from_metrics(samples: dict[str, float], checkpoints_uri: str) -> str | None:
+    step = int(samples.get("last_checkpoint_step", 0))
+    return checkpoint_uri(checkpoints_uri, step) if step > 0 else None
+
+
+def checkpoint_uri(checkpoints_uri: str, step: int) -> str:
+    return f"{checkpoints_uri.rstrip('/')}/checkpoint-{step}"
+
+
+def final_checkpoint(spec: dict, status: dict) -> str | None:
+    """status.latestCheckpoint once a job succeeded, when it is certain without asking storage.
+
+    The trainer always checkpoints its last step; only early stopping can end a run sooner, and
+    then the newest checkpoint the trainer reported while running stands.
+    """
+    if (spec.get("validation") or {}).get("earlyStoppingPatience"):
+        return None
+    total = (status.get("progress") or {}).get("totalSteps") or (spec.get("training") or {}).get("maxSteps")
+    return checkpoint_uri(spec["checkpoints"]["uri"], total) if total else None

@@ -182,6 +182,7 @@ def run(job: TrainingJob, cache_only: bool = False) -> Path:
             checkpoints.prune(output, spec.checkpoints.keep_last)
             store.publish(path)
             store.prune(spec.checkpoints.keep_last)
+            reporter.checkpoint_saved(pos.step)
         accelerator.wait_for_everyone()
 
     samples_per_step = spec.training.batch_size * spec.training.gradient_accumulation_steps * world

@@ -26,6 +26,7 @@ class TrainerMetrics:
         self.learning_rate = gauge("learning_rate", "Learning rate of the latest step.")
         self.samples_per_second = gauge("samples_per_second", "Training samples per second, all processes.")
         self.eta_seconds = gauge("eta_seconds", "Estimated seconds until the last step.")
+        self.last_checkpoint_step = gauge("last_checkpoint_step", "Step of the newest complete checkpoint.")
         self.server = None
         if port is not None:
             self.server, _thread = start_http_server(port, addr=addr, registry=self.registry)

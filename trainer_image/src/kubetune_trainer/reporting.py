@@ -62,6 +62,10 @@ class Reporter:
             log.info("step %d/%d loss %.5f lr %.3e %.2f samples/s", step, self.total_steps, loss, lr,
                      samples_per_second)
 
+    def checkpoint_saved(self, step: int) -> None:
+        if self.enabled:
+            self.metrics.last_checkpoint_step.set(step)
+
     def message(self, text: str, *args) -> None:
         if self.enabled:
             log.info(text, *args)
