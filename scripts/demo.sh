@@ -20,7 +20,7 @@ $kubetune train -f manifests/examples/sd15-lora.yaml \
   --set spec.training.learningRate=1.0e-3 \
   --set spec.checkpoints.uri="$out/checkpoints" \
   --set spec.checkpoints.everySteps=10 \
-  --set spec.training.mixedPrecision=no \
+  --set 'spec.training.mixedPrecision="no"' \
   --set spec.resources.gpusPerNode=0
 echo
 echo "LoRA: $out/checkpoints/pytorch_lora_weights.safetensors"

@@ -88,6 +88,8 @@ def describe_errors(err: ValidationError) -> list[str]:
             message = _unknown_field_message(error["loc"])
         elif "input" in error and not isinstance(error["input"], (dict, list)) and error["type"] != "missing":
             message = f"{message} (got {error['input']!r})"
+            if error["input"] is False and "'no'" in message:
+                message += '; YAML reads an unquoted no as false: write "no"'
         if message.startswith(("spec.", "metadata.")):
             problems.append(message)  # a cross-field rule that names its own fields
         else:
