@@ -14,19 +14,9 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kubetune_dev.versions import versions
+from tests.e2e.waiting import eventually
 
 pytestmark = pytest.mark.e2e
-
-
-def eventually(check, timeout: float = 60, interval: float = 0.5, message: str = "condition"):
-    """Poll CHECK until it returns something truthy; fail with MESSAGE after TIMEOUT seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(interval)
-    pytest.fail(f"{message} not reached within {timeout:.0f} s")
 
 
 def pod_phase(core, name, namespace):

@@ -19,22 +19,12 @@ from kubernetes import client
 from kubetune_trainer.tiny_data import write_tiny_data
 from kubetune_trainer.tiny_models import write_tiny_model
 from tests.conftest import REPO
+from tests.e2e.waiting import eventually
 from tests.unit.test_spec_validation import BAD_INPUTS, with_change
 
 pytestmark = pytest.mark.e2e
 OPERATOR_NAMESPACE = "kubetune-system"
 BUCKET = "kubetune-e2e"
-
-
-def eventually(check, timeout: float = 60, interval: float = 0.5, message="condition"):
-    """Poll CHECK until truthy; on timeout fail with MESSAGE (a callable is asked only then)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(interval)
-    pytest.fail(f"not reached within {timeout:.0f} s: {message() if callable(message) else message}")
 
 
 def kubectl(cluster, *args, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
