@@ -25,7 +25,6 @@ from pathlib import Path
 import yaml
 
 HERE = Path(__file__).resolve()
-LORA_TARGETS = ["to_k", "to_q", "to_v", "to_out.0"]
 
 
 def parse_args(argv=None):
@@ -185,6 +184,8 @@ def baseline_worker(cfg: dict) -> None:
     from PIL import Image
     from transformers import CLIPTextModel, CLIPTokenizer
 
+    from kubetune_trainer.families.lora import DIFFUSERS_ATTENTION_TARGETS
+
     accelerator = Accelerator(mixed_precision=cfg["mixed_precision"], cpu=cfg["gpus"] == 0)
     torch.manual_seed(0)
     noise_scheduler = DDPMScheduler.from_pretrained(cfg["model"], subfolder="scheduler")
@@ -199,7 +200,7 @@ def baseline_worker(cfg: dict) -> None:
     vae.to(accelerator.device, dtype=weight_dtype)
     text_encoder.to(accelerator.device, dtype=weight_dtype)
     unet.add_adapter(LoraConfig(r=cfg["rank"], lora_alpha=cfg["rank"], init_lora_weights="gaussian",
-                                target_modules=LORA_TARGETS))
+                                target_modules=DIFFUSERS_ATTENTION_TARGETS))
     if weight_dtype != torch.float32:
         cast_training_params(unet, dtype=torch.float32)
     params = [p for p in unet.parameters() if p.requires_grad]

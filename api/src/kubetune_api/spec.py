@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 API_GROUP = "kubetune.dev"
@@ -47,7 +47,7 @@ def check_storage_uri(value: str) -> str:
     return value
 
 
-StorageUri = Annotated[str, Field(
+StorageUri = Annotated[str, AfterValidator(check_storage_uri), Field(
     min_length=1, max_length=2048,
     # The same rule for the API server, in CEL (check_storage_uri is the Python side).
     json_schema_extra={"x-kubernetes-validations": [{
@@ -88,10 +88,6 @@ class ModelSpec(_Model):
         "compute capability 8.9+) or nf4 (a CUDA GPU with bitsandbytes). Unset = the training precision.",
     )
 
-    @field_validator("pretrained")
-    @classmethod
-    def _pretrained_scheme(cls, value: str) -> str:
-        return check_storage_uri(value)
 
 
 class AdapterSpec(_Model):
@@ -116,10 +112,6 @@ class AdapterSpec(_Model):
         "pytorch_lora_weights.safetensors, or the file. Its rank and target modules must match.",
     )
 
-    @field_validator("init_from")
-    @classmethod
-    def _init_from_scheme(cls, value: Optional[str]) -> Optional[str]:
-        return None if value is None else check_storage_uri(value)
 
 
 class CacheSpec(_Model):
@@ -135,10 +127,6 @@ class CacheSpec(_Model):
         "Unset = <spec.checkpoints.uri>/cache.",
     )
 
-    @field_validator("uri")
-    @classmethod
-    def _uri_scheme(cls, value: Optional[str]) -> Optional[str]:
-        return None if value is None else check_storage_uri(value)
 
 
 class DataSpec(_Model):
@@ -174,10 +162,6 @@ class DataSpec(_Model):
         default_factory=CacheSpec, description="Cache of VAE latents and text embeddings.",
     )
 
-    @field_validator("uri")
-    @classmethod
-    def _uri_scheme(cls, value: str) -> str:
-        return check_storage_uri(value)
 
 
 class TrainingSpec(_Model):
@@ -329,10 +313,6 @@ class PmgSpec(_Model):
         default=256, ge=8, le=8192, description="Tokens of user history the LM reads (longer is truncated).",
     )
 
-    @field_validator("language_model")
-    @classmethod
-    def _uri_scheme(cls, value: Optional[str]) -> Optional[str]:
-        return None if value is None else check_storage_uri(value)
 
 
 class CheckpointSpec(_Model):
@@ -346,10 +326,6 @@ class CheckpointSpec(_Model):
         description="latest: continue from the newest complete checkpoint under uri (start fresh if none).",
     )
 
-    @field_validator("uri")
-    @classmethod
-    def _uri_scheme(cls, value: str) -> str:
-        return check_storage_uri(value)
 
 
 # Kubernetes resource quantities such as 500m, 4, 16Gi, 1.5G.

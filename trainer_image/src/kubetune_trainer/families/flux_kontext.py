@@ -13,15 +13,15 @@ import torch
 from kubetune_trainer import flow_matching
 from kubetune_trainer.data.cache import Encoder, model_identity
 from kubetune_trainer.families.editing import EditingFamily
+from kubetune_trainer.families.lora import DIFFUSERS_ATTENTION_TARGETS
 
-DEFAULT_LORA_TARGETS = ["to_k", "to_q", "to_v", "to_out.0"]
 GUIDANCE = 2.5  # the distilled guidance FLUX.1 Kontext [dev] samples with by default
 MAX_TEXT_TOKENS = 512
 
 
 class FluxKontext(EditingFamily):
     PIPELINE = "FluxKontextPipeline"
-    LORA_TARGETS = DEFAULT_LORA_TARGETS
+    LORA_TARGETS = DIFFUSERS_ATTENTION_TARGETS
 
     def __init__(self, spec, device, weight_dtype):
         super().__init__(spec, device, weight_dtype)

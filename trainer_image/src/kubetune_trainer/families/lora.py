@@ -12,6 +12,11 @@ from kubetune_trainer.errors import ConfigError
 LORA_FILE = "pytorch_lora_weights.safetensors"
 
 
+# The attention projections every diffusers denoiser (UNet and DiT alike) names this way, and
+# which the diffusers LoRA recipes adapt by default.
+DIFFUSERS_ATTENTION_TARGETS = ["to_k", "to_q", "to_v", "to_out.0"]
+
+
 def attach_lora(model: torch.nn.Module, adapter: AdapterSpec, default_targets: list[str]) -> None:
     """Freeze the model and add a LoRA adapter whose weights train in fp32."""
     from peft import LoraConfig

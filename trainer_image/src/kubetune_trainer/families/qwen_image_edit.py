@@ -20,14 +20,14 @@ import torch
 from kubetune_trainer import flow_matching
 from kubetune_trainer.data.cache import Encoder, model_identity
 from kubetune_trainer.families.editing import EditingFamily
+from kubetune_trainer.families.lora import DIFFUSERS_ATTENTION_TARGETS
 
-DEFAULT_LORA_TARGETS = ["to_k", "to_q", "to_v", "to_out.0"]
 TRUE_CFG_SCALE = 4.0  # what the Qwen-Image-Edit model card samples with (negative prompt " ")
 
 
 class QwenImageEdit(EditingFamily):
     PIPELINE = "QwenImageEditPipeline"
-    LORA_TARGETS = DEFAULT_LORA_TARGETS
+    LORA_TARGETS = DIFFUSERS_ATTENTION_TARGETS
 
     def __init__(self, spec, device, weight_dtype):
         super().__init__(spec, device, weight_dtype)

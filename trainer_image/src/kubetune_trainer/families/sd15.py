@@ -11,10 +11,8 @@ from kubetune_trainer.data.cache import Encoder, model_identity
 from kubetune_trainer.data.captions import CaptionsDataset, collate, read_captions
 from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.families.base import ModelFamily
-from kubetune_trainer.families.lora import attach_lora, load_lora_init, lora_layers
+from kubetune_trainer.families.lora import DIFFUSERS_ATTENTION_TARGETS, attach_lora, load_lora_init, lora_layers
 
-# The attention projections the diffusers LoRA recipes adapt by default.
-DEFAULT_LORA_TARGETS = ["to_k", "to_q", "to_v", "to_out.0"]
 
 
 class StableDiffusion15(ModelFamily):
@@ -48,7 +46,7 @@ class StableDiffusion15(ModelFamily):
         if adapter.type == "full":
             self.unet.requires_grad_(True)
             return
-        attach_lora(self.unet, adapter, DEFAULT_LORA_TARGETS)
+        attach_lora(self.unet, adapter, DIFFUSERS_ATTENTION_TARGETS)
         if adapter.init_from:
             load_lora_init(self.unet, adapter.init_from, "unet")
 
