@@ -73,7 +73,7 @@ def parse_job(body: kopf.Body) -> TrainingJob:
         raise kopf.PermanentError("invalid spec: " + "; ".join(describe_errors(err))) from None
 
 
-def create_owned(obj: dict, owner_uid: str, create, read) -> bool:
+def create_owned(obj: dict, owner_uid: str, create, read_owner_uids) -> bool:
     """Create, or accept an existing object only if this TrainingJob owns it (restarts, re-runs).
 
     Returns whether it was created now.
@@ -84,10 +84,7 @@ def create_owned(obj: dict, owner_uid: str, create, read) -> bool:
     except ApiException as err:
         if err.status != 409:
             raise
-    existing = read()
-    owners = [ref.uid for ref in existing.metadata.owner_references or []] if hasattr(existing, "metadata") \
-        else [ref["uid"] for ref in existing["metadata"].get("ownerReferences", [])]
-    if owner_uid not in owners:
+    if owner_uid not in read_owner_uids():
         raise kopf.TemporaryError(
             f"{obj['kind']} {obj['metadata']['name']} exists and belongs to something else "
             "(an older TrainingJob of the same name still being deleted?)", delay=10)
@@ -175,15 +172,17 @@ def ensure_children(body: kopf.Body, uid: str, patch: kopf.Patch) -> None:
     kopf.adopt(config_map, owner=body)
     create_owned(config_map, uid,
                  lambda obj: core.create_namespaced_config_map(namespace, obj),
-                 lambda: core.read_namespaced_config_map(config_map["metadata"]["name"], namespace))
+                 lambda: [ref.uid for ref in core.read_namespaced_config_map(
+                     config_map["metadata"]["name"], namespace).metadata.owner_references or []])
 
     child = BACKEND.build(job, uid, SETTINGS)
     kopf.adopt(child, owner=body)
     created = create_owned(child, uid,
                  lambda obj: custom.create_namespaced_custom_object(BACKEND.group, BACKEND.version, namespace,
                                                                     BACKEND.plural, obj),
-                 lambda: custom.get_namespaced_custom_object(BACKEND.group, BACKEND.version, namespace,
-                                                             BACKEND.plural, child["metadata"]["name"]))
+                 lambda: [ref["uid"] for ref in custom.get_namespaced_custom_object(
+                     BACKEND.group, BACKEND.version, namespace, BACKEND.plural,
+                     child["metadata"]["name"])["metadata"].get("ownerReferences", [])])
     if created:
         metrics.CHILD_JOBS_CREATED.labels(BACKEND.kind).inc()
     if not (body.get("status") or {}).get("phase"):
