@@ -5,7 +5,9 @@ they are skipped with the reason (usually: run `bash devcluster/build.sh` first)
 """
 from __future__ import annotations
 
+import fcntl
 import os
+from pathlib import Path
 
 import pytest
 from kubernetes import client, config
@@ -15,6 +17,16 @@ from kubetune_dev.cluster import Cluster
 
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory):
+    # One control plane per machine at a time: pod addresses (127.1.x.y) are not per cluster, so
+    # a second test session waits here for the first to finish.
+    lock_path = Path(os.environ.get("KUBETUNE_CACHE", Path.home() / ".cache" / "kubetune")) / "control-plane.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield from _control_plane(tmp_path_factory)
+
+
+def _control_plane(tmp_path_factory):
     cluster = Cluster(tmp_path_factory.mktemp("devcluster"), log=lambda line: print(f"[dev up] {line}"))
     try:
         cluster.up()

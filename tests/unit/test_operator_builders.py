@@ -8,8 +8,8 @@ from kubetune_api.manifest import parse_manifest
 from kubetune_operator import naming
 from kubetune_operator.backends import ChildState, PyTorchJobBackend
 from kubetune_operator.settings import Settings
-from kubetune_operator.status import (final_checkpoint, latest_checkpoint_from_metrics, progress_from_metrics,
-                                     status_for_child)
+from kubetune_operator.status import (final_checkpoint, latest_checkpoint_from_metrics, output_uri_from_metrics,
+                                      progress_from_metrics, status_for_child)
 from kubetune_operator.trainer_config import build_config_map
 from kubetune_trainer.entrypoint import launch_argv
 
@@ -205,11 +205,16 @@ def test_an_enabled_cache_is_filled_by_the_master_before_training(job_of):
     assert "initContainers" not in master(plain)["spec"]
 
 
-def test_latest_checkpoint_comes_from_the_trainer_and_is_certain_at_success():
-    assert latest_checkpoint_from_metrics({"last_checkpoint_step": 500}, "s3://b/runs/x/") == "s3://b/runs/x/checkpoint-500"
-    assert latest_checkpoint_from_metrics({"last_checkpoint_step": 0}, "s3://b/x") is None
-    spec = {"checkpoints": {"uri": "s3://b/x"}, "training": {"maxSteps": 1000}}
-    assert final_checkpoint(spec, {}) == "s3://b/x/checkpoint-1000"
-    assert final_checkpoint(spec, {"progress": {"totalSteps": 60}}) == "s3://b/x/checkpoint-60"
+def test_the_run_directory_and_latest_checkpoint_come_from_the_trainer_and_are_certain_at_success():
+    run = output_uri_from_metrics({"run_version": 2}, "s3://b/runs/", "team-a", "x")
+    assert run == "s3://b/runs/team-a/x/v2"
+    assert output_uri_from_metrics({"step": 3}, "s3://b/runs", "team-a", "x") is None, "not reported yet"
+    assert latest_checkpoint_from_metrics({"last_checkpoint_step": 500}, run) == "s3://b/runs/team-a/x/v2/checkpoint-500"
+    assert latest_checkpoint_from_metrics({"last_checkpoint_step": 0}, run) is None
+    assert latest_checkpoint_from_metrics({"last_checkpoint_step": 5}, None) is None
+    spec = {"checkpoints": {"uri": "s3://b/runs"}, "training": {"maxSteps": 1000}}
+    assert final_checkpoint(spec, {"outputUri": run}) == f"{run}/checkpoint-1000"
+    assert final_checkpoint(spec, {"outputUri": run, "progress": {"totalSteps": 60}}) == f"{run}/checkpoint-60"
+    assert final_checkpoint(spec, {}) is None, "the run's version was never reported"
     early = {**spec, "validation": {"earlyStoppingPatience": 3}}
     assert final_checkpoint(early, {}) is None, "an early stop may end sooner: keep the reported one"

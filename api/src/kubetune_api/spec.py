@@ -505,6 +505,10 @@ class TrainingJobStatus(_Model):
     start_time: Optional[str] = Field(default=None, description="When training started (RFC 3339).")
     completion_time: Optional[str] = Field(default=None, description="When the job finished (RFC 3339).")
     progress: Optional[Progress] = Field(default=None, description="Latest progress from the trainer.")
+    output_uri: Optional[str] = Field(
+        default=None, description="This run's directory: <checkpoints.uri>/<namespace>/<name>/v<N> "
+        "(checkpoints, final weights, logs).",
+    )
     latest_checkpoint: Optional[str] = Field(default=None, description="URI of the newest complete checkpoint.")
     observed_generation: Optional[int] = Field(default=None, description="The spec generation last acted on.")
 

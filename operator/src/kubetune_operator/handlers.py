@@ -279,6 +279,9 @@ def poll_progress(name: str, namespace: str, spec: kopf.Spec, patch: kopf.Patch,
     progress = status.progress_from_metrics(samples)
     if progress:
         patch.status["progress"] = progress
-    latest = status.latest_checkpoint_from_metrics(samples, spec["checkpoints"]["uri"])
+    output_uri = status.output_uri_from_metrics(samples, spec["checkpoints"]["uri"], namespace, name)
+    if output_uri:
+        patch.status["outputUri"] = output_uri
+    latest = status.latest_checkpoint_from_metrics(samples, output_uri)
     if latest:
         patch.status["latestCheckpoint"] = latest

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kubetune_api import layout
 from kubetune_operator.backends.base import ChildState
 
 PHASES = ("Pending", "Running", "Succeeded", "Failed", "Suspended")
@@ -76,13 +77,16 @@ def progress_from_metrics(samples: dict[str, float]) -> dict | None:
     return progress
 
 
-def latest_checkpoint_from_metrics(samples: dict[str, float], checkpoints_uri: str) -> str | None:
+def output_uri_from_metrics(samples: dict[str, float], checkpoints_uri: str, namespace: str, job: str) -> str | None:
+    """The run directory the trainer chose (it reports its version number as a gauge)."""
+    if "run_version" not in samples:
+        return None
+    return layout.run_root(checkpoints_uri, namespace, job, int(samples["run_version"]))
+
+
+def latest_checkpoint_from_metrics(samples: dict[str, float], output_uri: str | None) -> str | None:
     step = int(samples.get("last_checkpoint_step", 0))
-    return checkpoint_uri(checkpoints_uri, step) if step > 0 else None
-
-
-def checkpoint_uri(checkpoints_uri: str, step: int) -> str:
-    return f"{checkpoints_uri.rstrip('/')}/checkpoint-{step}"
+    return layout.join(output_uri, layout.checkpoint_name(step)) if step > 0 and output_uri else None
 
 
 def final_checkpoint(spec: dict, status: dict) -> str | None:
@@ -91,7 +95,7 @@ def final_checkpoint(spec: dict, status: dict) -> str | None:
     The trainer always checkpoints its last step; only early stopping can end a run sooner, and
     then the newest checkpoint the trainer reported while running stands.
     """
-    if (spec.get("validation") or {}).get("earlyStoppingPatience"):
+    if (spec.get("validation") or {}).get("earlyStoppingPatience") or not status.get("outputUri"):
         return None
     total = (status.get("progress") or {}).get("totalSteps") or (spec.get("training") or {}).get("maxSteps")
-    return checkpoint_uri(spec["checkpoints"]["uri"], total) if total else None
+    return layout.join(status["outputUri"], layout.checkpoint_name(total)) if total else None

@@ -1,0 +1,47 @@
+"""Where a job's runs live under spec.checkpoints.uri (pure functions, shared by every side).
+
+    <uri>/<namespace>/<job>/v<N>/               one run: run.json, final weights, logs
+    <uri>/<namespace>/<job>/v<N>/checkpoint-<S>/  one checkpoint, manifest.json written last
+
+Every run of a job gets the next version number, so a job deleted and applied again never
+overwrites what an earlier run wrote. The trainer picks the version; the operator and the CLI
+only follow what it reports (status.outputUri) or what they list.
+"""
+from __future__ import annotations
+
+import re
+
+RUN_FILE = "run.json"
+_VERSION = re.compile(r"^v(\d+)$")
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def join(uri: str, *parts: str) -> str:
+    return "/".join([uri.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+def job_root(uri: str, namespace: str, job: str) -> str:
+    return join(uri, namespace or "default", job)
+
+
+def run_root(uri: str, namespace: str, job: str, version: int) -> str:
+    return join(job_root(uri, namespace, job), version_name(version))
+
+
+def version_name(version: int) -> str:
+    return f"v{version}"
+
+
+def parse_version(name: str) -> int | None:
+    """v3 -> 3; anything else (a stray file, "v", "v1a") -> None."""
+    match = _VERSION.match(name)
+    return int(match.group(1)) if match else None
+
+
+def checkpoint_name(step: int) -> str:
+    return f"checkpoint-{step}"
+
+
+def parse_checkpoint(name: str) -> int | None:
+    match = _CHECKPOINT.match(name)
+    return int(match.group(1)) if match else None
