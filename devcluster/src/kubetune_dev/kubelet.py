@@ -9,8 +9,9 @@ Each second it reconciles the API's view with the processes it runs:
   * on deletion, stops the pod (SIGTERM, SIGKILL after the grace period) and then removes it
     from the API, which is the kubelet's part in graceful deletion;
   * rewrites every running pod's hosts file from the current pods and services;
-  * lists pods annotated `prometheus.io/scrape: "true"` (port from `prometheus.io/port`) as
-    Prometheus file_sd targets, standing in for Kubernetes service discovery.
+  * lists pods annotated `prometheus.io/scrape: "true"` (port and path from `prometheus.io/port`
+    and `prometheus.io/path`) as Prometheus file_sd targets, standing in for Kubernetes service
+    discovery.
 """
 from __future__ import annotations
 
@@ -201,8 +202,10 @@ class Kubelet:
             meta = pod["metadata"]
             annotations = meta.get("annotations") or {}
             if annotations.get("prometheus.io/scrape") == "true" and annotations.get("prometheus.io/port"):
+                # __metrics_path__ is Prometheus's own label for the path it scrapes.
                 targets.append({"targets": [f"{pod['status']['podIP']}:{annotations['prometheus.io/port']}"],
-                                "labels": {"namespace": meta["namespace"], "pod": meta["name"]}})
+                                "labels": {"namespace": meta["namespace"], "pod": meta["name"],
+                                           "__metrics_path__": annotations.get("prometheus.io/path", "/metrics")}})
         path = self.prometheus_targets / "kubelet-pods.json"
         content = json.dumps(targets, indent=1)
         if not path.exists() or path.read_text() != content:

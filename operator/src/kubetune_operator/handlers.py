@@ -137,10 +137,22 @@ def validate_new_job(body: kopf.Body, **_) -> None:
     try:
         job = typed_job(body)
     except ValidationError as err:
+        metrics.ADMISSION_REJECTIONS.labels("invalid_spec").inc()
         raise kopf.AdmissionError("; ".join(describe_errors(err)), code=422) from None
     problem = missing_secret(job)
     if problem:
+        metrics.ADMISSION_REJECTIONS.labels("missing_secret").inc()
         raise kopf.AdmissionError(problem, code=422)
+
+
+@kopf.on.event(API_GROUP, API_VERSION, PLURAL)
+def count_by_phase(type: str | None, body: kopf.Body, uid: str, **_) -> None:
+    """Keep kubetune_operator_trainingjobs{phase} up to date (see metrics.PhaseCounts for why so)."""
+    if type == "DELETED":
+        metrics.TRAININGJOBS.forget(uid)
+    else:
+        metrics.TRAININGJOBS.observe(uid, (body.get("status") or {}).get("phase"),
+                                     deleting=bool(body.metadata.get("deletionTimestamp")))
 
 
 @kopf.on.create(API_GROUP, API_VERSION, PLURAL)

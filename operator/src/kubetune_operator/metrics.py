@@ -1,7 +1,23 @@
-"""The operator's Prometheus metrics (prefix kubetune_operator_), served by __main__."""
+"""The operator's Prometheus metrics (prefix kubetune_operator_), served by __main__.
+
+Every label has a small fixed set of values, and each is exported from the start (at 0), so a
+dashboard or an alert sees a series before the first event rather than "no data".
+"""
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+import threading
+from typing import Iterable, Iterator
+
+from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from kubetune_operator.status import PHASES
+
+RECONCILE_RESULTS = ("ok", "retry", "error")
+# Why the admission webhook refused a TrainingJob: the typed model refused the spec, or the
+# S3 credentials Secret it names is not there.
+ADMISSION_REASONS = ("invalid_spec", "missing_secret")
 
 RECONCILES = Counter("kubetune_operator_reconciles_total",
                      "TrainingJob reconciliations, by result (ok, retry, error).", ["result"])
@@ -9,3 +25,63 @@ RECONCILE_SECONDS = Histogram("kubetune_operator_reconcile_duration_seconds",
                               "Time to reconcile one TrainingJob.")
 CHILD_JOBS_CREATED = Counter("kubetune_operator_child_jobs_created_total",
                              "Child training jobs created, by kind.", ["kind"])
+ADMISSION_REJECTIONS = Counter("kubetune_operator_admission_rejections_total",
+                               "TrainingJobs the admission webhook refused, by reason "
+                               f"({', '.join(ADMISSION_REASONS)}).", ["reason"])
+for _result in RECONCILE_RESULTS:
+    RECONCILES.labels(_result)
+for _reason in ADMISSION_REASONS:
+    ADMISSION_REJECTIONS.labels(_reason)
+
+
+class PhaseCounts(Collector):
+    """kubetune_operator_trainingjobs{phase}: the TrainingJobs that exist now, by status.phase.
+
+    A count, not increments: a handler (handlers.count_by_phase) records the phase of every
+    object kopf's watch delivers, keyed by UID, and the gauge is counted from that map at each
+    scrape. So a phase change replaces an entry instead of moving a +1/-1 that a missed event
+    would leave wrong for good, and a restarted operator starts empty and is refilled by kopf's
+    initial listing (every existing object arrives as an event), not from a lost in-memory total.
+
+    A job leaves the count as soon as it is being deleted (deletionTimestamp set), not only on
+    the DELETED event: kopf's finalizer on every TrainingJob (the progress timer needs one)
+    guarantees that the operator sees that state, even when a watch reconnect would make it
+    miss the final DELETED event. A job without a phase yet is waiting for its first
+    reconcile, i.e. Pending.
+    """
+
+    NAME = "kubetune_operator_trainingjobs"
+    HELP = f"TrainingJobs by status.phase ({', '.join(PHASES)})."
+
+    def __init__(self) -> None:
+        self._phases: dict[str, str] = {}
+        self._lock = threading.Lock()  # handlers run in kopf's thread pool, scrapes in the server's thread
+
+    def observe(self, uid: str, phase: str | None, deleting: bool = False) -> None:
+        with self._lock:
+            if deleting:
+                self._phases.pop(uid, None)
+            elif phase in PHASES or phase is None:
+                self._phases[uid] = phase or "Pending"
+
+    def forget(self, uid: str) -> None:
+        with self._lock:
+            self._phases.pop(uid, None)
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            phases = list(self._phases.values())
+        return {phase: phases.count(phase) for phase in PHASES}
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return [GaugeMetricFamily(self.NAME, self.HELP, labels=["phase"])]
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(self.NAME, self.HELP, labels=["phase"])
+        for phase, count in self.counts().items():
+            family.add_metric([phase], count)
+        yield family
+
+
+TRAININGJOBS = PhaseCounts()
+REGISTRY.register(TRAININGJOBS)

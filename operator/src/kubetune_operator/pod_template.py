@@ -87,8 +87,19 @@ def cache_stage(container: dict) -> dict:
     }
 
 
-def pod_template(job: TrainingJob, job_uid: str, settings: Settings, with_cache_stage: bool = False) -> dict:
-    """The trainer pod; with_cache_stage adds the cache-filling init container (for the Master)."""
+def scrape_annotations(settings: Settings) -> dict[str, str]:
+    """Where annotation-based Prometheus discovery finds the trainer's metrics."""
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(settings.trainer_metrics_port),
+            "prometheus.io/path": "/metrics"}
+
+
+def pod_template(job: TrainingJob, job_uid: str, settings: Settings, with_cache_stage: bool = False,
+                 serves_metrics: bool = True) -> dict:
+    """The trainer pod; with_cache_stage adds the cache-filling init container (for the Master).
+
+    Only the rank-0 process serves metrics, so only its pod (serves_metrics) is annotated for
+    scraping: annotated workers would be targets that are always down.
+    """
     spec, scheduling = job.spec, job.spec.scheduling
     container = {
         "name": CONTAINER_NAME,
@@ -138,7 +149,7 @@ def pod_template(job: TrainingJob, job_uid: str, settings: Settings, with_cache_
     return {
         "metadata": {
             "labels": pod_labels(job),
-            "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(settings.trainer_metrics_port)},
+            **({"annotations": scrape_annotations(settings)} if serves_metrics else {}),
         },
         "spec": pod_spec,
     }

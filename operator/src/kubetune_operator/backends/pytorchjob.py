@@ -28,7 +28,9 @@ class PyTorchJobBackend:
         spec = job.spec
         def replica(count: int, master: bool) -> dict:
             # The embedding cache is filled once, by the Master, before anyone trains.
-            template = pod_template(job, job_uid, settings, with_cache_stage=master and spec.data.cache.enabled)
+            # Only the Master runs rank 0, the one process that serves metrics.
+            template = pod_template(job, job_uid, settings, with_cache_stage=master and spec.data.cache.enabled,
+                                    serves_metrics=master)
             return {"replicas": count, "restartPolicy": "ExitCode", "template": template}
 
         replica_specs = {"Master": replica(1, master=True)}
