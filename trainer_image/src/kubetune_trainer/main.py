@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import socket
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -85,6 +88,8 @@ def run(job: TrainingJob, cache_only: bool = False) -> Path:
     from accelerate.utils import gather_object, set_seed
 
     spec = job.spec
+    # The operator names the pod's TrainingJob; a local run goes by its manifest.
+    namespace = os.environ.get("KUBETUNE_NAMESPACE") or job.metadata.namespace or "default"
     accelerator = setup_accelerator(spec)
     logging.basicConfig(level=logging.INFO if accelerator.is_main_process else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -163,6 +168,7 @@ def run(job: TrainingJob, cache_only: bool = False) -> Path:
     def save_checkpoint(pos: Position, force: bool = False) -> None:
         if pos.step % spec.checkpoints.every_steps and pos.step != plan.total_steps and not force:
             return
+        started = time.perf_counter()
         path = checkpoints.checkpoint_dir(output, pos.step)
         if accelerator.is_main_process and path.exists():
             shutil.rmtree(path)  # a partial save of the same step from a crashed attempt
@@ -178,16 +184,21 @@ def run(job: TrainingJob, cache_only: bool = False) -> Path:
         rng_states = gather_object([capture_rng(noise_generator)])
         if accelerator.is_main_process:
             save_rng_states(path, rng_states)
-            checkpoints.write_manifest(path, pos.step, pos.epoch, pos.loss)
+            manifest = checkpoints.write_manifest(path, pos.step, pos.epoch, pos.loss)
+            size = sum(f["size"] for f in manifest["files"].values())
+            reporter.checkpoint_saved(pos.step, time.perf_counter() - started, size)
             checkpoints.prune(output, spec.checkpoints.keep_last)
+            upload_started = time.perf_counter()
             store.publish(path)
             store.prune(spec.checkpoints.keep_last)
-            reporter.checkpoint_saved(pos.step)
+            reporter.checkpoint_published(pos.step, time.perf_counter() - upload_started if store.remote else None,
+                                          size)
         accelerator.wait_for_everyone()
 
     samples_per_step = spec.training.batch_size * spec.training.gradient_accumulation_steps * world
     reporter = Reporter(accelerator.is_main_process, plan.total_steps, position.step, output / "logs",
-                        spec.training.log_every_steps, samples_per_step, job.metadata.name)
+                        spec.training.log_every_steps, samples_per_step, namespace, job.metadata.name)
+    reporter.pods(list(dict.fromkeys(gather_object([socket.gethostname()]))))
     reporter.message("training %s: %d steps, %d process(es), %d samples", job.metadata.name,
                      plan.total_steps, world, len(dataset))
 
@@ -204,18 +215,20 @@ def run(job: TrainingJob, cache_only: bool = False) -> Path:
 
     def on_step_end(pos: Position) -> None:
         if preemption_agreed():
-            save_checkpoint(pos, force=True)
+            with reporter.timed("checkpoint"):
+                save_checkpoint(pos, force=True)
             raise Preempted(pos.step)
         if isinstance(scheduler, PlateauScheduler) and held_out is None:
             scheduler.observe(pos.loss)
         stop = False
         if validator.due(pos.step, plan.total_steps):
-            with weights_to_publish():
+            with weights_to_publish(), reporter.timed("validation"):
                 metrics = validator.run(accelerator.unwrap_model(model), pos.step, save_best)
             if isinstance(scheduler, PlateauScheduler) and "loss" in metrics:
                 scheduler.observe(metrics["loss"])
             stop = validator.should_stop
-        save_checkpoint(pos, force=stop)
+        with reporter.timed("checkpoint"):
+            save_checkpoint(pos, force=stop)
         if stop:
             raise EarlyStop
 

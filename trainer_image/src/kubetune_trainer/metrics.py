@@ -1,42 +1,90 @@
 """Prometheus metrics of the main training process, served on KUBETUNE_METRICS_ADDR:PORT.
 
-The operator reads these gauges for `status.progress`; Prometheus scrapes them for dashboards.
-Labels are the job's namespace and name only: nothing secret, nothing unbounded.
+The operator reads these for `status.progress`; Prometheus scrapes them for the dashboard
+(charts/kubetune/dashboards). Every series carries the TrainingJob's namespace and name as
+`trainingjob_namespace` / `trainingjob`: Prometheus attaches its own `job` and `namespace` target
+labels, and a metric label of the same name would be renamed to exported_*. Nothing secret and
+nothing unbounded goes into a label (rank and pod are bounded by the job's size).
 """
 from __future__ import annotations
 
 import os
 
 PREFIX = "kubetune_trainer"
+PHASES = ("data_wait", "forward_backward", "optimizer", "checkpoint", "validation")
+# Step times from a tiny CPU model (tens of ms) to a large model on many GPUs (a minute).
+STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+CHECKPOINT_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 
 class TrainerMetrics:
     def __init__(self, namespace: str, job: str, port: int | None, addr: str = "0.0.0.0"):
-        from prometheus_client import CollectorRegistry, Gauge, start_http_server
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
         self.registry = CollectorRegistry()
-        labels = ["namespace", "job"]
+        job_labels = ["trainingjob_namespace", "trainingjob"]
+        values = (namespace, job)
 
-        def gauge(name: str, text: str) -> Gauge:
-            return Gauge(f"{PREFIX}_{name}", text, labels, registry=self.registry).labels(namespace, job)
+        def gauge(name: str, text: str, extra: tuple[str, ...] = ()):
+            metric = Gauge(f"{PREFIX}_{name}", text, job_labels + list(extra), registry=self.registry)
+            return metric if extra else metric.labels(*values)
+
+        def histogram(name: str, text: str, buckets: tuple[float, ...]):
+            return Histogram(f"{PREFIX}_{name}", text, job_labels, buckets=buckets,
+                             registry=self.registry).labels(*values)
 
         self.step = gauge("step", "Optimizer steps done.")
         self.planned_steps = gauge("planned_steps", "Optimizer steps the run will take.")
+        self.epoch = gauge("epoch", "Passes over the training data started (0-based).")
         self.loss = gauge("loss", "Training loss of the latest step (mean over processes).")
         self.learning_rate = gauge("learning_rate", "Learning rate of the latest step.")
         self.samples_per_second = gauge("samples_per_second", "Training samples per second, all processes.")
         self.eta_seconds = gauge("eta_seconds", "Estimated seconds until the last step.")
-        self.last_checkpoint_step = gauge("last_checkpoint_step", "Step of the newest complete checkpoint.")
+        self.run_version = gauge("run_version", "N of this run's directory <checkpoints.uri>/<namespace>/<job>/v<N>.")
+        self.step_duration = histogram("step_duration_seconds", "Wall time of one optimizer step.", STEP_BUCKETS)
+        phase_seconds = Counter(f"{PREFIX}_step_phase_seconds", "Time spent per phase of the training steps "
+                                "(rate() / steps = the step-time breakdown).", job_labels + ["phase"],
+                                registry=self.registry)
+        self.phase_seconds = {phase: phase_seconds.labels(*values, phase) for phase in PHASES}
+        self._gpu_allocated = gauge("gpu_memory_allocated_bytes", "GPU memory held by tensors, per rank "
+                                    "(0 on the CPU).", ("rank",))
+        self._gpu_reserved = gauge("gpu_memory_reserved_bytes", "GPU memory reserved by the caching allocator, "
+                                   "per rank (0 on the CPU).", ("rank",))
+        self._pod_info = gauge("pod_info", "1 for each pod of the run (join trainer_pod to DCGM's pod label).",
+                               ("trainer_pod", "node_rank"))
+        self.last_checkpoint_step = gauge("last_checkpoint_step", "Step of the newest complete checkpoint "
+                                          "(uploaded, when checkpoints go to S3).")
+        self.checkpoint_size = gauge("checkpoint_size_bytes", "Size of the newest checkpoint.")
+        self.checkpoint_save = histogram("checkpoint_save_duration_seconds", "Time training waits while a "
+                                         "checkpoint is written to local disk.", CHECKPOINT_BUCKETS)
+        self.checkpoint_upload = histogram("checkpoint_upload_duration_seconds", "Time one checkpoint takes to "
+                                           "upload in the background, retries included.", CHECKPOINT_BUCKETS)
+        self.checkpoint_uploaded_bytes = Counter(f"{PREFIX}_checkpoint_uploaded_bytes", "Checkpoint bytes uploaded.",
+                                                 job_labels, registry=self.registry).labels(*values)
+        self.uploads_pending = gauge("checkpoint_uploads_pending", "Uploads queued or in flight.")
+        self._values = values
         self.server = None
         if port is not None:
             self.server, _thread = start_http_server(port, addr=addr, registry=self.registry)
 
+    def gpu_memory(self, per_rank: list[tuple[int, int]]) -> None:
+        """(allocated, reserved) bytes for each rank, in rank order."""
+        for rank, (allocated, reserved) in enumerate(per_rank):
+            self._gpu_allocated.labels(*self._values, str(rank)).set(allocated)
+            self._gpu_reserved.labels(*self._values, str(rank)).set(reserved)
+
+    def pods(self, pods: list[str]) -> None:
+        """The pod of each node, in node-rank order."""
+        for node_rank, pod in enumerate(pods):
+            self._pod_info.labels(*self._values, pod, str(node_rank)).set(1)
+
     @classmethod
-    def from_env(cls, fallback_job: str) -> "TrainerMetrics":
+    def from_env(cls, namespace: str, job: str) -> "TrainerMetrics":
+        """Served only when KUBETUNE_METRICS_PORT is set (the operator sets it for the master pod)."""
         port = os.environ.get("KUBETUNE_METRICS_PORT")
         return cls(
-            namespace=os.environ.get("KUBETUNE_NAMESPACE", ""),
-            job=os.environ.get("KUBETUNE_JOB_NAME", fallback_job),
+            namespace=namespace,
+            job=job,
             port=int(port) if port else None,
             addr=os.environ.get("KUBETUNE_METRICS_ADDR", "0.0.0.0"),
         )

@@ -1,11 +1,15 @@
-"""What a run tells people while it trains: a progress bar, log lines and TensorBoard events.
+"""What a run tells people while it trains: a progress bar, log lines, TensorBoard events and
+Prometheus metrics (kubetune_trainer.metrics).
 
-Only the main process reports; every method is a no-op elsewhere.
+Only the main process reports; every method is a no-op elsewhere. Methods called from the
+background upload thread (checkpoint_published, uploads_pending) touch only Prometheus metrics,
+which are thread-safe.
 """
 from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 log = logging.getLogger("kubetune.trainer")
@@ -13,7 +17,7 @@ log = logging.getLogger("kubetune.trainer")
 
 class Reporter:
     def __init__(self, enabled: bool, total_steps: int, start_step: int, log_dir: Path | None,
-                 log_every: int, samples_per_step: int, job_name: str = ""):
+                 log_every: int, samples_per_step: int, namespace: str = "", job_name: str = ""):
         self.enabled = enabled
         self.start_step = start_step
         self._started = time.perf_counter()
@@ -35,11 +39,11 @@ class Reporter:
             self._writer = SummaryWriter(log_dir=str(log_dir))
         from kubetune_trainer.metrics import TrainerMetrics
 
-        self.metrics = TrainerMetrics.from_env(job_name)
+        self.metrics = TrainerMetrics.from_env(namespace, job_name)
         self.metrics.planned_steps.set(total_steps)
         self.metrics.step.set(start_step)
 
-    def step(self, step: int, loss: float, lr: float) -> None:
+    def step(self, step: int, loss: float, lr: float, epoch: int) -> None:
         if not self.enabled:
             return
         now = time.perf_counter()
@@ -48,10 +52,12 @@ class Reporter:
         seconds_per_step = (now - self._started) / max(1, step - self.start_step)
         eta = seconds_per_step * (self.total_steps - step)
         self.metrics.step.set(step)
+        self.metrics.epoch.set(epoch)
         self.metrics.loss.set(loss)
         self.metrics.learning_rate.set(lr)
         self.metrics.samples_per_second.set(samples_per_second)
         self.metrics.eta_seconds.set(eta)
+        self.metrics.step_duration.observe(step_seconds)
         self._bar.update(1)
         self._bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
         if self._writer is not None:
@@ -62,9 +68,50 @@ class Reporter:
             log.info("step %d/%d loss %.5f lr %.3e %.2f samples/s", step, self.total_steps, loss, lr,
                      samples_per_second)
 
-    def checkpoint_saved(self, step: int) -> None:
+    def phase(self, name: str, seconds: float) -> None:
+        """Time one part of a step took (kubetune_trainer.metrics.PHASES)."""
         if self.enabled:
-            self.metrics.last_checkpoint_step.set(step)
+            self.metrics.phase_seconds[name].inc(seconds)
+
+    @contextmanager
+    def timed(self, phase: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phase(phase, time.perf_counter() - started)
+
+    def run_version(self, version: int) -> None:
+        if self.enabled:
+            self.metrics.run_version.set(version)
+
+    def pods(self, pods: list[str]) -> None:
+        """The pod (host) of each node in node order, for joining GPU exporters' per-pod series."""
+        if self.enabled:
+            self.metrics.pods(pods)
+
+    def gpu_memory(self, per_rank: list[tuple[int, int]]) -> None:
+        if self.enabled:
+            self.metrics.gpu_memory(per_rank)
+
+    def checkpoint_saved(self, step: int, seconds: float, size_bytes: int) -> None:
+        """Written to local disk (training waited `seconds` for it)."""
+        if self.enabled:
+            self.metrics.checkpoint_save.observe(seconds)
+            self.metrics.checkpoint_size.set(size_bytes)
+
+    def checkpoint_published(self, step: int, upload_seconds: float | None, size_bytes: int) -> None:
+        """Complete where the run's checkpoints live; upload_seconds is None for local storage."""
+        if not self.enabled:
+            return
+        if upload_seconds is not None:
+            self.metrics.checkpoint_upload.observe(upload_seconds)
+            self.metrics.checkpoint_uploaded_bytes.inc(size_bytes)
+        self.metrics.last_checkpoint_step.set(step)
+
+    def uploads_pending(self, count: int) -> None:
+        if self.enabled:
+            self.metrics.uploads_pending.set(count)
 
     def message(self, text: str, *args) -> None:
         if self.enabled:

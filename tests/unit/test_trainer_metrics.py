@@ -1,0 +1,74 @@
+"""The trainer's Prometheus metrics: what a step, a checkpoint and an upload report."""
+from __future__ import annotations
+
+import torch
+
+from kubetune_trainer.loop import PhaseClock
+from kubetune_trainer.reporting import Reporter
+
+
+def value(reporter: Reporter, name: str, **labels) -> float:
+    labels = {"trainingjob_namespace": "team-a", "trainingjob": "demo", **labels}
+    return reporter.metrics.registry.get_sample_value(name, labels)
+
+
+def reporter() -> Reporter:
+    return Reporter(True, total_steps=10, start_step=0, log_dir=None, log_every=1, samples_per_step=4,
+                    namespace="team-a", job_name="demo")
+
+
+def test_a_step_sets_progress_gauges_and_observes_its_duration():
+    r = reporter()
+    r.step(1, loss=0.5, lr=1e-4, epoch=0)
+    r.step(2, loss=0.25, lr=2e-4, epoch=1)
+    assert value(r, "kubetune_trainer_step") == 2
+    assert value(r, "kubetune_trainer_epoch") == 1
+    assert value(r, "kubetune_trainer_loss") == 0.25
+    assert value(r, "kubetune_trainer_learning_rate") == 2e-4
+    assert value(r, "kubetune_trainer_step_duration_seconds_count") == 2
+    assert value(r, "kubetune_trainer_eta_seconds") >= 0
+    r.close()
+
+
+def test_the_phase_clock_charges_each_phase_and_forgets_time_charged_elsewhere():
+    r = reporter()
+    clock = PhaseClock(r, torch.device("cpu"))
+    clock.mark("data_wait")
+    sum(range(200_000))
+    clock.mark("forward_backward")
+    clock.restart()
+    clock.mark("optimizer")
+    assert value(r, "kubetune_trainer_step_phase_seconds_total", phase="forward_backward") > \
+        value(r, "kubetune_trainer_step_phase_seconds_total", phase="optimizer")
+    with r.timed("checkpoint"):
+        sum(range(200_000))
+    assert value(r, "kubetune_trainer_step_phase_seconds_total", phase="checkpoint") > 0
+    r.close()
+
+
+def test_a_checkpoint_counts_as_the_latest_only_once_published():
+    r = reporter()
+    r.checkpoint_saved(10, seconds=0.5, size_bytes=1000)
+    assert value(r, "kubetune_trainer_last_checkpoint_step") == 0, "saved locally, not yet uploaded"
+    assert value(r, "kubetune_trainer_checkpoint_size_bytes") == 1000
+    r.checkpoint_published(10, upload_seconds=2.0, size_bytes=1000)
+    assert value(r, "kubetune_trainer_last_checkpoint_step") == 10
+    assert value(r, "kubetune_trainer_checkpoint_upload_duration_seconds_sum") == 2.0
+    assert value(r, "kubetune_trainer_checkpoint_uploaded_bytes_total") == 1000
+    r.close()
+
+
+def test_gpu_memory_is_per_rank_and_pods_are_listed_for_joins():
+    r = reporter()
+    r.gpu_memory([(1, 2), (3, 4)])
+    r.pods(["job-master-0", "job-worker-0"])
+    assert value(r, "kubetune_trainer_gpu_memory_reserved_bytes", rank="1") == 4
+    assert value(r, "kubetune_trainer_pod_info", trainer_pod="job-worker-0", node_rank="1") == 1
+    r.close()
+
+
+def test_other_processes_report_nothing():
+    quiet = Reporter(False, 10, 0, None, 1, 4)
+    quiet.step(1, 0.5, 1e-4, 0)
+    quiet.checkpoint_published(1, 1.0, 10)
+    assert quiet.metrics is None
