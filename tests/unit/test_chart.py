@@ -61,3 +61,100 @@ def test_operator_deployment_is_single_recreate_and_restricted(helm):
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def documents_of(result: subprocess.CompletedProcess) -> list[dict]:
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def kinds(documents: list[dict]) -> set[str]:
+    return {d["kind"] for d in documents}
+
+
+def test_prometheus_operator_monitors_are_off_by_default(helm):
+    assert not {"ServiceMonitor", "PodMonitor"} & kinds(documents_of(render(helm)))
+
+
+def test_the_service_monitor_scrapes_the_operators_metrics_service(helm):
+    documents = documents_of(render(helm, "--set", "metrics.serviceMonitor.enabled=true",
+                                    "--set", "metrics.serviceMonitor.labels.release=kps",
+                                    "--set", "metrics.serviceMonitor.interval=30s"))
+    monitor = next(d for d in documents if d["kind"] == "ServiceMonitor")
+    service = next(d for d in documents if d["kind"] == "Service")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["kubetune-system"]}
+    port_names = {p["name"] for p in service["spec"]["ports"]}
+    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s"}]
+    assert "metrics" in port_names
+    # Scraped through the ServiceMonitor, the pod is not annotated too (no double scrape).
+    deployment = next(d for d in documents if d["kind"] == "Deployment")
+    assert "annotations" not in deployment["spec"]["template"]["metadata"]
+
+
+def test_the_operator_pod_is_annotated_for_scraping_by_default(helm):
+    deployment = next(d for d in documents_of(render(helm)) if d["kind"] == "Deployment")
+    assert deployment["spec"]["template"]["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true", "prometheus.io/port": "9090", "prometheus.io/path": "/metrics"}
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in container["ports"]
+    without = next(d for d in documents_of(render(helm, "--set", "metrics.annotations=false"))
+                   if d["kind"] == "Deployment")
+    assert "annotations" not in without["spec"]["template"]["metadata"]
+
+
+@pytest.mark.parametrize("watch,selector", [
+    ([], {"any": True}),
+    (["team-a", "team-b"], {"matchNames": ["team-a", "team-b"]}),
+])
+def test_the_pod_monitor_selects_the_master_pods_the_operator_renders(helm, example_manifest, watch, selector):
+    from kubetune_api.manifest import parse_manifest
+    from kubetune_operator.backends import PyTorchJobBackend
+    from kubetune_operator.settings import Settings
+
+    args = ["--set", "metrics.podMonitor.enabled=true", "--set", "metrics.podMonitor.labels.release=kps"]
+    if watch:
+        args += ["--set", "operator.watchNamespaces={" + ",".join(watch) + "}"]
+    monitor = next(d for d in documents_of(render(helm, *args)) if d["kind"] == "PodMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and monitor["metadata"]["labels"]["release"] == "kps"
+    assert monitor["spec"]["namespaceSelector"] == selector
+    assert monitor["spec"]["podMetricsEndpoints"] == [{"port": "metrics", "path": "/metrics"}]
+
+    # The labels the PodMonitor selects are on the pods: the operator's own on the template, and the
+    # training operator's replica-type, which it sets to the lower-cased replica name.
+    manifest = dict(example_manifest, metadata={"name": "sd15-lora", "namespace": "team-a"})
+    master = PyTorchJobBackend().build(parse_manifest(manifest), "uid", Settings())["spec"]["pytorchReplicaSpecs"][
+        "Master"]["template"]
+    pod_labels = {**master["metadata"]["labels"], "training.kubeflow.org/replica-type": "master"}
+    match = monitor["spec"]["selector"]
+    assert match["matchLabels"].items() <= pod_labels.items()
+    assert all(e["operator"] == "Exists" and e["key"] in pod_labels for e in match["matchExpressions"])
+    assert "metrics" in {p["name"] for p in master["spec"]["containers"][0]["ports"]}
+
+
+def test_the_dashboard_config_map_carries_the_dashboard_for_grafanas_sidecar(helm):
+    import json
+
+    config_map = next(d for d in documents_of(render(helm)) if d["kind"] == "ConfigMap")
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert config_map["metadata"]["namespace"] == "kubetune-system"
+    dashboard = json.loads(config_map["data"]["kubetune.json"])
+    assert dashboard == json.loads((CHART / "dashboards" / "kubetune.json").read_text())
+
+    moved = documents_of(render(helm, "--set", "metrics.dashboard.namespace=monitoring",
+                                "--set", "metrics.dashboard.labels.team=ml",
+                                "--set", "metrics.dashboard.annotations.grafana_folder=Training"))
+    config_map = next(d for d in moved if d["kind"] == "ConfigMap")
+    assert config_map["metadata"]["namespace"] == "monitoring"
+    assert config_map["metadata"]["labels"]["team"] == "ml" and config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert config_map["metadata"]["annotations"] == {"grafana_folder": "Training"}
+    off = documents_of(render(helm, "--set", "metrics.dashboard.enabled=false"))
+    assert "ConfigMap" not in kinds(off)
+
+
+@pytest.mark.parametrize("setting", ["metrics.podMonitor.interval=soon", "metrics.serviceMonitor.labels=x",
+                                     "metrics.dashboard.namespace=Not_A_Namespace"])
+def test_malformed_monitoring_values_are_refused(helm, setting):
+    assert render(helm, "--set", setting).returncode != 0

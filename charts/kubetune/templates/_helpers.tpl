@@ -35,3 +35,25 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "kubetune.operatorImage" -}}
 {{- printf "%s:%s" .Values.operator.image.repository (default .Chart.AppVersion .Values.operator.image.tag) -}}
 {{- end -}}
+
+{{/*
+kubetune.scrapeAnnotations: where annotation-based Prometheus discovery finds the operator's metrics.
+*/}}
+{{- define "kubetune.scrapeAnnotations" -}}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .Values.metrics.port | quote }}
+prometheus.io/path: /metrics
+{{- end -}}
+
+{{/*
+kubetune.trainerPodSelector: the trainers' rank-0 pods, the only ones serving metrics. The first
+two labels are on every pod the operator renders (kubetune_operator/naming.py); the training
+operator adds replica-type, and rank 0 runs in the master.
+*/}}
+{{- define "kubetune.trainerPodSelector" -}}
+matchLabels:
+  app.kubernetes.io/managed-by: kubetune
+  training.kubeflow.org/replica-type: master
+matchExpressions:
+  - {key: kubetune.dev/trainingjob, operator: Exists}
+{{- end -}}
