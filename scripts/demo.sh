@@ -22,7 +22,10 @@ $kubetune train -f manifests/examples/sd15-lora.yaml \
   --set spec.checkpoints.everySteps=10 \
   --set 'spec.training.mixedPrecision="no"' \
   --set spec.resources.gpusPerNode=0
+# Each run gets <checkpoints.uri>/<namespace>/<name>/v<N>; the checkpoints were cleared above, so v0.
+run="$out/checkpoints/default/sd15-lora-demo/v0"
 echo
-echo "LoRA: $out/checkpoints/pytorch_lora_weights.safetensors"
-echo "Load it: StableDiffusionPipeline.from_pretrained('$out/model').load_lora_weights('$out/checkpoints')"
-echo "TensorBoard: .venv/bin/tensorboard --logdir $out/checkpoints/logs"
+echo "LoRA: $run/pytorch_lora_weights.safetensors"
+echo "Load it: StableDiffusionPipeline.from_pretrained('$out/model').load_lora_weights('$run')"
+echo "Checkpoints: $kubetune checkpoints ls $out/checkpoints/default/sd15-lora-demo"
+echo "TensorBoard: .venv/bin/tensorboard --logdir $run/logs"

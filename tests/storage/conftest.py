@@ -28,54 +28,92 @@ def unavailable(reason: str):
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory):
-    """Start versitygw with fresh credentials; point this process's AWS settings at it."""
-    from kubetune_dev import versions
+class S3Server:
+    """versitygw on a fixed loopback port and directory, so it can be stopped and started again."""
 
-    try:
-        binary = versions.binary("versitygw")
-    except versions.MissingBinary as err:
-        unavailable(f"no S3 server: {err}")
-    root = tmp_path_factory.mktemp("s3")
-    port = free_port()
-    access, secret = "kt" + secrets.token_hex(6), secrets.token_hex(16)
-    process = subprocess.Popen(
-        [str(binary), "--access", access, "--secret", secret, "--region", "us-east-1",
-         "--port", f"127.0.0.1:{port}", "posix", str(root)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
+    def __init__(self, root, access: str, secret: str):
+        from kubetune_dev import versions
+
         try:
-            urllib.request.urlopen(endpoint, timeout=1)
-            break
-        except urllib.error.HTTPError:
-            break  # it answers (403 without credentials): up
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                unavailable("the S3 server did not start")
-            time.sleep(0.1)
-    settings = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": access, "AWS_SECRET_ACCESS_KEY": secret,
-                "AWS_DEFAULT_REGION": "us-east-1"}
-    saved = {key: os.environ.get(key) for key in settings}
-    os.environ.update(settings)
+            self.binary = versions.binary("versitygw")
+        except versions.MissingBinary as err:
+            unavailable(f"no S3 server: {err}")
+        self.root, self.access, self.secret = root, access, secret
+        self.port = free_port()
+        self.process = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def settings(self) -> dict[str, str]:
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": self.access,
+                "AWS_SECRET_ACCESS_KEY": self.secret, "AWS_DEFAULT_REGION": "us-east-1"}
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [str(self.binary), "--access", self.access, "--secret", self.secret, "--region", "us-east-1",
+             "--port", f"127.0.0.1:{self.port}", "posix", str(self.root)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(self.endpoint, timeout=1)
+                return
+            except urllib.error.HTTPError:
+                return  # it answers (403 without credentials): up
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.process.kill()
+                    unavailable("the S3 server did not start")
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+
+def use_server(server: S3Server):
+    """Point this process (and the trainers it starts) at the server; put everything back after."""
+    saved = {key: os.environ.get(key) for key in server.settings}
+    os.environ.update(server.settings)
     s3.client.cache_clear()
-    yield settings
+    yield server
     for key, value in saved.items():
         if value is None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
     s3.client.cache_clear()
-    process.terminate()
-    process.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A server for the whole session, with fresh credentials."""
+    server = S3Server(tmp_path_factory.mktemp("s3"), "kt" + secrets.token_hex(6), secrets.token_hex(16))
+    server.start()
+    yield from use_server(server)
+    server.stop()
+
+
+@pytest.fixture
+def own_s3_server(tmp_path_factory):
+    """A server of the test's own, which it may stop and start again (the session's keeps running)."""
+    server = S3Server(tmp_path_factory.mktemp("own-s3"), "kt" + secrets.token_hex(6), secrets.token_hex(16))
+    server.start()
+    yield from use_server(server)
+    if server.process.poll() is None:
+        server.stop()
 
 
 @pytest.fixture
 def bucket(s3_server, request) -> str:
+    return new_bucket(request)
+
+
+def new_bucket(request) -> str:
     name = "t-" + request.node.name.replace("_", "-").lower()[:40].strip("-") + "-" + secrets.token_hex(3)
     s3.client().create_bucket(Bucket=name)
     return name

@@ -1,11 +1,13 @@
 """The storage layer against a real S3 server: mirroring prefixes, checkpoints, the trainer on s3://."""
 from __future__ import annotations
 
-import json
+import threading
 
 from kubetune_trainer import checkpoints
-from kubetune_trainer.storage import s3
-from kubetune_trainer.storage.checkpoint_store import CheckpointStore
+from kubetune_trainer.storage import runs, s3
+from kubetune_trainer.storage.checkpoint_store import CheckpointStore, newest_intact
+from kubetune_trainer.storage.tree import open_tree
+from kubetune_trainer.storage.uploader import Task
 from kubetune_trainer.storage.uri import parse_s3
 
 
@@ -28,34 +30,80 @@ def test_a_directory_round_trips_through_a_prefix(bucket, tmp_path):
     assert s3.list_objects(location) == {}
 
 
-def test_checkpoints_are_published_manifest_last_and_pruned_remotely(bucket, tmp_path):
-    store = CheckpointStore(f"s3://{bucket}/runs/job", staging=tmp_path / "staging")
+def save_checkpoint(root, step: int, payload: bytes = b"w"):
+    path = checkpoints.checkpoint_dir(root, step)
+    path.mkdir(parents=True)
+    (path / "weights.bin").write_bytes(payload * step)
+    manifest = checkpoints.write_manifest(path, step=step, epoch=0, loss=None)
+    return path, sum(f["size"] for f in manifest["files"].values())
+
+
+def test_checkpoints_upload_in_the_background_manifest_last_and_are_pruned_remotely(bucket, tmp_path):
+    published = []
+    store = CheckpointStore(f"s3://{bucket}/runs/ns/job/v0", staging=tmp_path / "staging",
+                            on_published=lambda step, seconds, size: published.append((step, size)))
     for step in (2, 4, 6):
-        path = checkpoints.checkpoint_dir(store.local, step)
-        path.mkdir(parents=True)
-        (path / "weights.bin").write_bytes(b"w" * step)
-        checkpoints.write_manifest(path, step=step, epoch=0, loss=None)
-        store.publish(path)
-        store.prune(keep_last=2)
+        path, size = save_checkpoint(store.local, step)
+        store.publish_checkpoint(path, step, size, keep_last=2)
+        assert store.flush(timeout=60)  # one at a time, so none is superseded while it waits
+    store.close()
     assert sorted(s3.list_children(store.remote)) == ["checkpoint-4", "checkpoint-6"]
+    assert sorted(p.name for p in store.local.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+    assert [step for step, _ in published] == [2, 4, 6]
 
     # A fresh machine (empty staging) finds the newest complete checkpoint in the bucket.
-    elsewhere = CheckpointStore(store.uri, staging=tmp_path / "other")
-    elsewhere.fetch_latest()
-    assert checkpoints.latest_complete(elsewhere.local).step == 6
+    assert newest_intact(store.uri, staging=tmp_path / "other") == f"{store.uri}/checkpoint-6"
+    assert (tmp_path / "other" / bucket / "runs/ns/job/v0/checkpoint-6/weights.bin").is_file()
 
 
-def test_an_upload_without_manifest_is_never_fetched(bucket, tmp_path):
-    store = CheckpointStore(f"s3://{bucket}/runs/job", staging=tmp_path / "staging")
-    complete = checkpoints.checkpoint_dir(store.local, 2)
-    complete.mkdir(parents=True)
-    (complete / "weights.bin").write_bytes(b"old")
-    checkpoints.write_manifest(complete, step=2, epoch=0, loss=None)
-    store.publish(complete)
+def test_a_checkpoint_superseded_while_it_waits_is_not_uploaded_and_not_pruned_early(bucket, tmp_path):
+    store = CheckpointStore(f"s3://{bucket}/runs/job/v0", staging=tmp_path / "staging")
+    gate = threading.Event()
+    store.uploader.submit(Task("a slow upload ahead", gate.wait))  # holds the queue
+    for step in (2, 4, 6):
+        path, size = save_checkpoint(store.local, step)
+        store.publish_checkpoint(path, step, size, keep_last=1)
+    assert checkpoints.checkpoint_dir(store.local, 6).is_dir()
+    gate.set()
+    assert store.flush(timeout=60)
+    store.close()
+    assert s3.list_children(store.remote) == ["checkpoint-6"], "2 and 4 were superseded before they started"
+    assert [p.name for p in store.local.glob("checkpoint-*")] == ["checkpoint-6"]
+
+
+def test_an_upload_without_manifest_is_never_resumed_from(bucket, tmp_path):
+    store = CheckpointStore(f"s3://{bucket}/runs/job/v0", staging=tmp_path / "staging")
+    complete, size = save_checkpoint(store.local, 2)
+    store.publish_checkpoint(complete, 2, size, keep_last=5)
+    store.flush()
+    store.close()
     # A later save that died after its files but before its manifest.
     s3.upload_file(complete / "weights.bin", store.remote.child("checkpoint-4", "weights.bin"))
 
-    elsewhere = CheckpointStore(store.uri, staging=tmp_path / "other")
-    elsewhere.fetch_latest()
-    assert checkpoints.latest_complete(elsewhere.local).step == 2
-    assert not checkpoints.checkpoint_dir(elsewhere.local, 4).exists()
+    assert newest_intact(store.uri, staging=tmp_path / "other") == f"{store.uri}/checkpoint-2"
+    assert not (tmp_path / "other" / bucket / "runs/job/v0/checkpoint-4").exists()
+
+
+def test_a_damaged_newest_checkpoint_in_the_bucket_falls_back_with_a_warning(bucket, tmp_path, caplog):
+    store = CheckpointStore(f"s3://{bucket}/runs/job/v0", staging=tmp_path / "staging")
+    for step in (2, 4):
+        path, size = save_checkpoint(store.local, step)
+        store.publish_checkpoint(path, step, size, keep_last=5)
+        store.flush()
+    store.close()
+    s3.write_text(store.remote.child("checkpoint-4", "weights.bin"), "truncated")
+    assert newest_intact(store.uri, staging=tmp_path / "other") == f"{store.uri}/checkpoint-2"
+    assert "checkpoint-4: weights.bin has 9 bytes" in caplog.text and "falling back" in caplog.text
+
+
+def test_run_versions_in_a_bucket_never_overwrite_and_a_restarted_run_finds_its_own(bucket):
+    job = open_tree(f"s3://{bucket}/runs/team-a/job")
+    first = runs.claim_version(job, run_id="uid-1")
+    assert (first.version, first.continuing) == (0, False)
+    job.child("v0").write_text("run.json", runs.run_record_text("uid-1", steps=7, finished=False))
+    assert runs.claim_version(job, run_id="uid-1").version == 0, "a restarted pod continues v0"
+    second = runs.claim_version(job, run_id="uid-2")
+    assert (second.version, second.earlier) == (1, (0,))
+    third = runs.claim_version(job, run_id="uid-3")  # uid-2 never reached 5 steps: it goes
+    assert third.version == 2 and third.abandoned == (1,)
+    assert sorted(job.children()) == ["v0", "v2"]

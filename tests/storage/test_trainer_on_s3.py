@@ -5,6 +5,9 @@ import json
 import os
 
 import pytest
+from click.testing import CliRunner
+
+from kubetune_cli.main import cli
 
 from kubetune_trainer.storage import s3
 from kubetune_trainer.storage.uri import parse_s3
@@ -24,20 +27,30 @@ def test_training_from_and_to_s3_then_resuming_on_a_fresh_machine(bucket, tiny_j
     manifest = tiny_job(maxSteps=4)
     manifest["spec"]["model"]["pretrained"] = f"s3://{bucket}/models/sd15"
     manifest["spec"]["data"]["uri"] = f"s3://{bucket}/data/shapes"
-    manifest["spec"]["checkpoints"].update(uri=f"s3://{bucket}/runs/tiny", everySteps=2, keepLast=1,
-                                           resumeFrom="latest")
+    manifest["spec"]["checkpoints"].update(uri=f"s3://{bucket}/runs", everySteps=2, keepLast=1)
+    monkeypatch.setenv("KUBETUNE_RUN_ID", "uid-of-the-trainingjob")  # the pod's restart continues the run
     first_machine = tmp_path / "machine-1"
     monkeypatch.setenv("KUBETUNE_CACHE_DIR", str(first_machine / "cache"))
     monkeypatch.setenv("KUBETUNE_STAGING_DIR", str(first_machine / "staging"))
     first_machine.mkdir()
     run_trainer(manifest, first_machine)
 
-    run = parse_s3(f"s3://{bucket}/runs/tiny")
+    run = parse_s3(f"s3://{bucket}/runs/default/tiny/v0")
     objects = s3.list_objects(run)
     assert "pytorch_lora_weights.safetensors" in objects
     assert "checkpoint-4/manifest.json" in objects
     assert not any(k.startswith("checkpoint-2/") for k in objects), "keepLast: 1 prunes the bucket too"
     assert any(k.startswith("logs/events.out.tfevents") for k in objects)
+    assert json.loads(s3.read_text(run.child("run.json")))["finished"] is True
+
+    # What a user sees from a laptop: the run, its complete checkpoint, the final weights.
+    listing = CliRunner().invoke(cli, ["checkpoints", "ls", f"s3://{bucket}/runs/default/tiny"])
+    assert listing.exit_code == 0, listing.output
+    assert f"s3://{bucket}/runs/default/tiny/v0/checkpoint-4" in listing.output and "final" in listing.output
+    pulled = CliRunner().invoke(cli, ["checkpoints", "pull", f"s3://{bucket}/runs/default/tiny", "--step", "final",
+                                      "-o", str(tmp_path / "pulled")])
+    assert pulled.exit_code == 0, pulled.output
+    assert (tmp_path / "pulled" / "pytorch_lora_weights.safetensors").is_file()
 
     # A restarted pod lands on another machine: nothing local, everything from the bucket.
     second_machine = tmp_path / "machine-2"
@@ -47,6 +60,6 @@ def test_training_from_and_to_s3_then_resuming_on_a_fresh_machine(bucket, tiny_j
     manifest["spec"]["training"]["maxSteps"] = 6
     result = run_trainer(manifest, second_machine)
     assert "resumed from" in result.stderr and "at step 4" in result.stderr
-    manifest_6 = json.loads(s3.client().get_object(Bucket=bucket, Key="runs/tiny/checkpoint-6/manifest.json")["Body"].read())
+    manifest_6 = json.loads(s3.client().get_object(Bucket=bucket, Key="runs/default/tiny/v0/checkpoint-6/manifest.json")["Body"].read())
     assert manifest_6["step"] == 6
     assert "s3://" in result.stderr and "pytorch_lora_weights.safetensors" in result.stderr

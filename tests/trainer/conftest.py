@@ -23,24 +23,27 @@ def captions_data(tmp_path_factory) -> Path:
     return write_tiny_data("captions", tmp_path_factory.mktemp("captions"), count=8, size=32, seed=0)
 
 
+def tiny_manifest(model: Path, data: Path, out: Path, **training) -> dict:
+    """A manifest for a few CPU steps on the tiny SD1.5 model; tests adjust what they need."""
+    return {
+        "apiVersion": "kubetune.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "tiny"},
+        "spec": {
+            "model": {"family": "sd15", "pretrained": str(model)},
+            "adapter": {"type": "lora", "rank": 4, "alpha": 4},
+            "data": {"layout": "captions", "uri": str(data), "resolution": 32},
+            "training": {"maxSteps": 2, "batchSize": 2, "learningRate": 1e-2, "seed": 3, **training},
+            "checkpoints": {"uri": str(out), "everySteps": 2, "keepLast": 10},
+            "resources": {"gpusPerNode": 0},
+        },
+    }
+
+
 @pytest.fixture
 def tiny_job(tiny_sd15, captions_data, tmp_path):
-    """A manifest for a few CPU steps on the tiny model; tests adjust what they need."""
-    def make(**training) -> dict:
-        return {
-            "apiVersion": "kubetune.dev/v1alpha1",
-            "kind": "TrainingJob",
-            "metadata": {"name": "tiny"},
-            "spec": {
-                "model": {"family": "sd15", "pretrained": str(tiny_sd15)},
-                "adapter": {"type": "lora", "rank": 4, "alpha": 4},
-                "data": {"layout": "captions", "uri": str(captions_data), "resolution": 32},
-                "training": {"maxSteps": 2, "batchSize": 2, "learningRate": 1e-2, "seed": 3, **training},
-                "checkpoints": {"uri": str(tmp_path / "out"), "everySteps": 2, "keepLast": 10},
-                "resources": {"gpusPerNode": 0},
-            },
-        }
-    return make
+    """tiny_job(**training): tiny_manifest writing under tmp_path/out."""
+    return lambda **training: tiny_manifest(tiny_sd15, captions_data, tmp_path / "out", **training)
 
 
 def write_manifest(manifest: dict, directory: Path) -> Path:
@@ -57,6 +60,11 @@ def trainer_command(config: Path) -> list[str]:
 def trainer_env() -> dict[str, str]:
     # One thread: CPU results are then bitwise reproducible between runs.
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def run_dir(checkpoints_uri: Path, version: int = 0, job: str = "tiny") -> Path:
+    """Where a local run of `job` writes: <checkpoints.uri>/default/<job>/v<N> (kubetune_api.layout)."""
+    return checkpoints_uri / "default" / job / f"v{version}"
 
 
 def run_trainer(manifest: dict, directory: Path) -> subprocess.CompletedProcess:

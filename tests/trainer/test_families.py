@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from tests.trainer.conftest import family_job, run_trainer, run_trainer_expecting_failure
+from tests.trainer.conftest import family_job, run_dir, run_trainer, run_trainer_expecting_failure
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,7 @@ def test_sdxl_lora_loads_in_the_sdxl_pipeline_and_changes_the_unet(tiny_model, t
                            data={"randomFlip": True, "centerCrop": False, "captionDropout": 0.5}), tmp_path)
     pipeline = StableDiffusionXLPipeline.from_pretrained(model)
     before = sdxl_unet_output(pipeline)
-    pipeline.load_lora_weights(tmp_path / "out")
+    pipeline.load_lora_weights(run_dir(tmp_path / "out"))
     assert (sdxl_unet_output(pipeline) - before).abs().max() > 1e-4
 
 
@@ -47,10 +47,10 @@ def test_classifier_weights_load_in_transformers_and_change_the_logits(adapter, 
     with torch.no_grad():
         before = base(pixel_values=pixels).logits
     if adapter == "lora":
-        base.load_adapter(str(tmp_path / "out"))
+        base.load_adapter(str(run_dir(tmp_path / "out")))
         trained = base
     else:
-        trained = AutoModelForImageClassification.from_pretrained(tmp_path / "out").eval()
+        trained = AutoModelForImageClassification.from_pretrained(run_dir(tmp_path / "out")).eval()
         assert trained.config.id2label == {0: "circle", 1: "square"}, "labels are the class folders"
     with torch.no_grad():
         assert (trained(pixel_values=pixels).logits - before).abs().max() > 1e-4
@@ -68,9 +68,9 @@ def test_classifier_validates_stops_early_and_keeps_the_best_k(tiny_model, tiny_
     steps = [int(s) for s in re.findall(r"validation at step (\d+): loss [\d.]+, accuracy [\d.]+, f1 [\d.]+",
                                         result.stderr)]
     assert steps and max(steps) < 30
-    best = sorted((tmp_path / "out" / "best").glob("step-*/metric.json"))
+    best = sorted((run_dir(tmp_path / "out") / "best").glob("step-*/metric.json"))
     assert len(best) == 2
-    assert (tmp_path / "out" / f"checkpoint-{max(steps)}" / "manifest.json").is_file(), "the stop is checkpointed"
+    assert (run_dir(tmp_path / "out") / f"checkpoint-{max(steps)}" / "manifest.json").is_file(), "the stop is checkpointed"
 
 
 def cache_counts(stderr: str) -> tuple[int, int]:
@@ -79,7 +79,7 @@ def cache_counts(stderr: str) -> tuple[int, int]:
 
 
 def final_loss(out) -> float:
-    return json.loads((out / "checkpoint-8" / "trainer_state.json").read_text())["loss"]
+    return json.loads((run_dir(out) / "checkpoint-8" / "trainer_state.json").read_text())["loss"]
 
 
 def test_cached_run_matches_the_uncached_loss_and_the_second_epoch_hits(tiny_sd15, captions_data, tmp_path):
@@ -109,8 +109,8 @@ def test_cache_only_fills_the_cache_without_training(tiny_sd15, captions_data, t
     manifest = family_job("sd15", "captions", tiny_sd15, captions_data, tmp_path / "out",
                           data={"cache": {"enabled": True}})
     assert launch_local(parse_manifest(manifest), trainer_args=("--cache-only",)) == 0
-    assert len(list((tmp_path / "out" / "cache").rglob("*.safetensors"))) >= 8
-    assert not list((tmp_path / "out").glob("checkpoint-*"))
+    assert len(list((tmp_path / "out" / "cache").rglob("*.safetensors"))) >= 8, "the cache is shared by runs"
+    assert not (tmp_path / "out" / "default").exists(), "a cache stage starts no run"
 
 
 def test_debug_mode_ema_checkpointing_profiling_and_samples_together(tiny_sd15, captions_data, tmp_path):
@@ -122,7 +122,7 @@ def test_debug_mode_ema_checkpointing_profiling_and_samples_together(tiny_sd15, 
         data={"bucketing": True},
     )
     run_trainer(manifest, tmp_path)
-    out = tmp_path / "out"
+    out = run_dir(tmp_path / "out")
     assert list((out / "profile").glob("*.pt.trace.json*")), "a profiler trace was written"
     assert (out / "checkpoint-3" / "ema.pt").is_file()
     assert (out / "samples" / "step-0000003" / "0.png").is_file()
@@ -169,10 +169,10 @@ def test_flux_kontext_edit_lora_loads_in_the_kontext_pipeline_and_changes_the_tr
                            data={"controlDropout": 0.5, "captionDropout": 0.5, "randomFlip": True},
                            validation={"everySteps": 2, "heldOutFraction": 0.25, "numSamples": 1,
                                        "numInferenceSteps": 2}), tmp_path)
-    assert (tmp_path / "out" / "samples" / "step-0000002" / "0.png").is_file(), "an edited held-out sample"
+    assert (run_dir(tmp_path / "out") / "samples" / "step-0000002" / "0.png").is_file(), "an edited held-out sample"
     pipeline = FluxKontextPipeline.from_pretrained(model)
     before = flux_transformer_output(pipeline.transformer)
-    pipeline.load_lora_weights(tmp_path / "out")
+    pipeline.load_lora_weights(run_dir(tmp_path / "out"))
     assert (flux_transformer_output(pipeline.transformer) - before).abs().max() > 1e-4
 
 
@@ -198,10 +198,10 @@ def test_qwen_image_edit_lora_loads_in_the_edit_pipeline_and_changes_the_transfo
         validation={"everySteps": 2, "heldOutFraction": 0.25, "numSamples": 1, "numInferenceSteps": 2},
     ), tmp_path)
     assert cache_counts(result.stderr)[1] > 0, "latents and (instruction, control) embeddings went through the cache"
-    assert (tmp_path / "out" / "samples" / "step-0000002" / "0.png").is_file(), "an edited held-out sample"
+    assert (run_dir(tmp_path / "out") / "samples" / "step-0000002" / "0.png").is_file(), "an edited held-out sample"
     pipeline = QwenImageEditPipeline.from_pretrained(model)
     before = qwen_transformer_output(pipeline.transformer)
-    pipeline.load_lora_weights(tmp_path / "out")
+    pipeline.load_lora_weights(run_dir(tmp_path / "out"))
     assert (qwen_transformer_output(pipeline.transformer) - before).abs().max() > 1e-4
 
 def test_pmg_trains_every_soft_prompt_part_and_its_tokens_steer_the_sd_unet(tiny_model, tiny_dataset, tmp_path):
@@ -214,7 +214,7 @@ def test_pmg_trains_every_soft_prompt_part_and_its_tokens_steer_the_sd_unet(tiny
                            pmg={"numImagePrompt": 2, "numPrefixPrompt": 3, "maxSequenceLength": 16},
                            checkpoints={"everySteps": 1}), tmp_path)
     tokenizer, language_model = load_language_model(str(model / "language_model"), torch.float32)
-    adapters = [load_pmg_adapter(tmp_path / "out" / f"checkpoint-{step}", language_model) for step in (1, 2)]
+    adapters = [load_pmg_adapter(run_dir(tmp_path / "out") / f"checkpoint-{step}", language_model) for step in (1, 2)]
     first, second = (a.state_dict() for a in adapters)
     for part in ("image_prompt", "prefix_tokens", "prefix_encoder", "mapping"):
         assert any(not torch.equal(first[k], second[k]) for k in first if k.startswith(part)), f"{part} trained"

@@ -2,16 +2,18 @@
 from __future__ import annotations
 
 import json
+import random
+import re
 import signal
 import subprocess
-import time
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from kubetune_trainer.tiny_models import write_tiny_model
-from tests.trainer.conftest import run_trainer, trainer_command, trainer_env, write_manifest
+from tests.trainer.conftest import (run_dir, run_trainer, run_trainer_expecting_failure, trainer_command,
+                                   trainer_env, write_manifest)
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +41,7 @@ def test_short_training_writes_a_lora_that_diffusers_loads_and_that_changes_the_
 
     manifest = tiny_job(maxSteps=3)
     run_trainer(manifest, tmp_path)
-    out = tmp_path / "out"
+    out = run_dir(tmp_path / "out")
     assert (out / "pytorch_lora_weights.safetensors").is_file()
     assert list((out / "logs").glob("events.out.tfevents.*")), "TensorBoard events are written"
 
@@ -55,20 +57,22 @@ def test_checkpoints_are_kept_to_the_last_k(tiny_job, tmp_path):
     manifest = tiny_job(maxSteps=6)
     manifest["spec"]["checkpoints"].update(everySteps=2, keepLast=2)
     run_trainer(manifest, tmp_path)
-    kept = sorted(p.name for p in (tmp_path / "out").glob("checkpoint-*"))
+    kept = sorted(p.name for p in run_dir(tmp_path / "out").glob("checkpoint-*"))
     assert kept == ["checkpoint-4", "checkpoint-6"]
-    state = json.loads((tmp_path / "out" / "checkpoint-6" / "trainer_state.json").read_text())
+    state = json.loads((run_dir(tmp_path / "out") / "checkpoint-6" / "trainer_state.json").read_text())
     assert state["step"] == 6
 
 
-def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_weights(tiny_job, tmp_path):
-    """SIGKILL mid-run, start again with resumeFrom: latest, compare with a run never interrupted."""
+def test_a_pod_killed_at_a_random_step_resumes_its_run_to_the_same_weights(tiny_job, tmp_path):
+    """SIGKILL at a random step, restart the same run (same run id, as a restarted pod), compare
+    with a run never interrupted: same step count, bitwise the same weights and state."""
     steps = 12
+    kill_after = random.randint(4, 10)
     reference_dir, interrupted_dir = tmp_path / "reference", tmp_path / "interrupted"
     reference_dir.mkdir(), interrupted_dir.mkdir()
 
     reference = tiny_job(maxSteps=steps, gradientAccumulationSteps=2, lrScheduler="cosine", lrWarmupSteps=2)
-    reference["spec"]["checkpoints"].update(uri=str(reference_dir / "out"), everySteps=3, resumeFrom="latest")
+    reference["spec"]["checkpoints"].update(uri=str(reference_dir / "out"), everySteps=3)
     reference["spec"]["data"]["randomFlip"] = True
     reference["spec"]["adapter"]["dropout"] = 0.1  # uses the global torch RNG, which must be restored too
     run_trainer(reference, reference_dir)
@@ -76,29 +80,68 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_weights(tiny_job, t
     interrupted = json.loads(json.dumps(reference))
     interrupted["spec"]["checkpoints"]["uri"] = str(interrupted_dir / "out")
     config = write_manifest(interrupted, interrupted_dir)
-    process = subprocess.Popen(trainer_command(config), env=trainer_env(),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    first = interrupted_dir / "out" / "checkpoint-3" / "manifest.json"
-    deadline = time.monotonic() + 300
-    while not first.exists() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    pod_env = {**trainer_env(), "KUBETUNE_RUN_ID": "uid-of-the-trainingjob"}
+    process = subprocess.Popen(trainer_command(config), env=pod_env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    for line in process.stderr:
+        if f"step {kill_after}/" in line:
+            break
     process.send_signal(signal.SIGKILL)
     process.wait()
-    assert process.returncode == -signal.SIGKILL, "the run was killed before it finished"
-    assert not (interrupted_dir / "out" / "pytorch_lora_weights.safetensors").exists()
+    assert process.returncode == -signal.SIGKILL, f"the run was killed before it finished (step {kill_after})"
+    out = run_dir(interrupted_dir / "out")
+    assert not (out / "pytorch_lora_weights.safetensors").exists()
 
-    resumed = run_trainer(interrupted, interrupted_dir)
-    assert "resumed from" in resumed.stderr
+    resumed = subprocess.run(trainer_command(config), env=pod_env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    resumed_at = int(re.search(r"resumed from \S+ at step (\d+)", resumed.stderr).group(1))
+    assert resumed_at % 3 == 0 and kill_after - 3 <= resumed_at <= kill_after, (kill_after, resumed_at)
+    assert not run_dir(interrupted_dir / "out", version=1).exists(), "a restarted pod continues its own version"
 
-    final = {name: load_file(d / "out" / "checkpoint-12" / "trainable.safetensors")
+    final = {name: load_file(run_dir(d / "out") / "checkpoint-12" / "trainable.safetensors")
              for name, d in (("reference", reference_dir), ("interrupted", interrupted_dir))}
     assert final["reference"].keys() == final["interrupted"].keys()
     for key, tensor in final["reference"].items():
         assert torch.equal(tensor, final["interrupted"][key]), key
-    states = [json.loads((d / "out" / "checkpoint-12" / "trainer_state.json").read_text())
+    states = [json.loads((run_dir(d / "out") / "checkpoint-12" / "trainer_state.json").read_text())
               for d in (reference_dir, interrupted_dir)]
     assert states[0] == states[1]
     assert states[0]["step"] == steps
+    assert json.loads((out / "run.json").read_text())["finished"] is True
+
+
+def test_runs_get_new_versions_and_one_that_died_before_five_steps_is_cleaned_up(tiny_job, tmp_path):
+    manifest = tiny_job(maxSteps=2)
+    run_trainer(manifest, tmp_path)
+    run_trainer(manifest, tmp_path)
+    first, second = run_dir(tmp_path / "out", 0), run_dir(tmp_path / "out", 1)
+    assert (first / "pytorch_lora_weights.safetensors").is_file(), "a finished run is never overwritten"
+    assert (second / "pytorch_lora_weights.safetensors").is_file()
+
+    crashed = run_dir(tmp_path / "out", 2)  # what a run that died at step 3 leaves behind
+    (crashed / "checkpoint-2").mkdir(parents=True)
+    (crashed / "run.json").write_text(json.dumps({"runId": None, "steps": 3, "finished": False}))
+    result = run_trainer(manifest, tmp_path)
+    assert not crashed.exists(), "the run that stopped before 5 steps is gone"
+    assert "its run stopped before 5 steps" in result.stderr
+    assert (run_dir(tmp_path / "out", 3) / "pytorch_lora_weights.safetensors").is_file(), "numbers are not reused"
+    assert first.exists() and second.exists()
+
+
+def test_resume_from_an_explicit_checkpoint_uri_and_refuse_an_incomplete_one(tiny_job, tmp_path):
+    manifest = tiny_job(maxSteps=4)
+    run_trainer(manifest, tmp_path)
+    checkpoint = run_dir(tmp_path / "out") / "checkpoint-2"
+    manifest["spec"]["training"]["maxSteps"] = 6
+    manifest["spec"]["checkpoints"]["resumeFrom"] = str(checkpoint)
+    result = run_trainer(manifest, tmp_path)
+    assert f"resumed from {checkpoint} at step 2" in result.stderr
+    state = json.loads((run_dir(tmp_path / "out", 1) / "checkpoint-6" / "trainer_state.json").read_text())
+    assert state["step"] == 6
+
+    (checkpoint / "manifest.json").unlink()
+    stderr = run_trainer_expecting_failure(manifest, tmp_path)
+    assert f"spec.checkpoints.resumeFrom: {checkpoint} cannot be resumed: no manifest.json" in stderr
 
 
 def test_two_processes_train_together_over_gloo(tiny_job, tmp_path):
@@ -107,9 +150,9 @@ def test_two_processes_train_together_over_gloo(tiny_job, tmp_path):
 
     manifest = tiny_job(maxSteps=2)
     assert launch_local(parse_manifest(manifest), nproc=2) == 0
-    checkpoint = tmp_path / "out" / "checkpoint-2"
+    checkpoint = run_dir(tmp_path / "out") / "checkpoint-2"
     assert (checkpoint / "rng-rank0.pt").is_file() and (checkpoint / "rng-rank1.pt").is_file()
-    assert (tmp_path / "out" / "pytorch_lora_weights.safetensors").is_file()
+    assert (run_dir(tmp_path / "out") / "pytorch_lora_weights.safetensors").is_file()
 
 
 def test_resuming_with_a_different_rank_is_refused(tiny_job, tmp_path):
@@ -134,7 +177,7 @@ def test_fp16_on_cpu_is_refused_naming_the_option(tiny_job, tmp_path):
 
 def test_bf16_mixed_precision_trains_on_cpu(tiny_job, tmp_path):
     run_trainer(tiny_job(maxSteps=1, mixedPrecision="bf16"), tmp_path)
-    weights = load_file(tmp_path / "out" / "checkpoint-1" / "trainable.safetensors")
+    weights = load_file(run_dir(tmp_path / "out") / "checkpoint-1" / "trainable.safetensors")
     assert all(t.dtype == torch.float32 for t in weights.values()), "trained weights stay in fp32"
 
 
@@ -148,19 +191,18 @@ def test_sigterm_takes_a_last_checkpoint_and_exits_retryably(tiny_job, tmp_path)
     seen = []
     for line in process.stderr:
         seen.append(line)
-        if "step 3/" in line:
+        if "step 6/" in line:  # past runs.MIN_STEPS: a stopped run younger than that is cleaned up
             break
     process.send_signal(signal.SIGTERM)
     _, rest = process.communicate(timeout=120)
     assert process.returncode == 143, "".join(seen[-5:]) + rest[-2000:]
     assert "stopped by SIGTERM after step" in rest
 
-    out = tmp_path / "out"
     from kubetune_trainer.checkpoints import latest_complete
 
-    saved = latest_complete(out)
-    assert saved is not None and saved.step >= 3, "the last checkpoint was taken on SIGTERM"
+    saved = latest_complete(run_dir(tmp_path / "out"))
+    assert saved is not None and saved.step >= 6, "the last checkpoint was taken on SIGTERM"
     manifest["spec"]["training"]["maxSteps"] = saved.step + 1
-    resumed = run_trainer(manifest, tmp_path)
+    resumed = run_trainer(manifest, tmp_path)  # a new local run: resumeFrom latest takes the stopped one's
     assert f"at step {saved.step}" in resumed.stderr
-    assert latest_complete(out).step == saved.step + 1
+    assert latest_complete(run_dir(tmp_path / "out", version=1)).step == saved.step + 1

@@ -93,6 +93,12 @@ def test_without_a_secret_the_default_aws_chain_is_left_alone(job_of):
     assert "AWS_ACCESS_KEY_ID" not in env and "AWS_SECRET_ACCESS_KEY" not in env
 
 
+def test_every_pod_of_a_job_carries_its_uid_as_the_run_id(job_of):
+    child = PyTorchJobBackend().build(job_of(resources__nodes=2), UID, SETTINGS)
+    for replica in child["spec"]["pytorchReplicaSpecs"].values():
+        assert env_of(replica["template"])["KUBETUNE_RUN_ID"]["value"] == UID, "restarts continue the same run"
+
+
 def test_the_pod_passes_the_restricted_pod_security_standard(job_of):
     template = master(PyTorchJobBackend().build(job_of(), UID, SETTINGS))
     pod, main = template["spec"], container(template)

@@ -57,6 +57,24 @@ StorageUri = Annotated[str, AfterValidator(check_storage_uri), Field(
 )]
 
 
+def check_resume_source(value: str) -> str:
+    if value != "latest":
+        try:
+            check_storage_uri(value)
+        except ValueError as err:
+            raise ValueError(f"use latest or a checkpoint URI (s3://bucket/prefix/ns/job/v0/checkpoint-500): {err}")
+    return value
+
+
+ResumeSource = Annotated[str, AfterValidator(check_resume_source), Field(
+    min_length=1, max_length=2048,
+    json_schema_extra={"x-kubernetes-validations": [{
+        "rule": "self == 'latest' || !self.contains('://') || self.matches('^s3://[^/]+')",
+        "message": "use latest or a checkpoint URI (a local path or s3://bucket/prefix/ns/job/v0/checkpoint-500)",
+    }]},
+)]
+
+
 Family = Literal["sd15", "sdxl", "flux-kontext", "qwen-image-edit", "pmg", "classifier"]
 Layout = Literal["captions", "edit-pairs", "pmg", "image-folder"]
 
@@ -321,9 +339,11 @@ class CheckpointSpec(_Model):
     uri: StorageUri = Field(description="Checkpoint directory: a local path or s3://bucket/prefix.")
     every_steps: int = Field(default=500, ge=1, le=10_000_000, description="Save a checkpoint every N optimizer steps.")
     keep_last: int = Field(default=3, ge=1, le=1000, description="Checkpoints to keep; older ones are deleted.")
-    resume_from: Optional[Literal["latest"]] = Field(
+    resume_from: Optional[ResumeSource] = Field(
         default=None,
-        description="latest: continue from the newest complete checkpoint under uri (start fresh if none).",
+        description="Where a new run starts. Unset: from scratch. latest: from the newest complete checkpoint "
+        "of this job's earlier runs. A URI: that checkpoint, e.g. s3://bucket/prefix/ns/job/v0/checkpoint-500. "
+        "A restarted pod of the same run always continues its own newest checkpoint.",
     )
 
 

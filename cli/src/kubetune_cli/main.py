@@ -92,6 +92,15 @@ def tiny_data(layout: str, out_dir: str, count: int, size: int, seed: int) -> No
     click.echo(f"wrote {count} {layout} samples to {path}")
 
 
+def _add_checkpoint_commands() -> None:
+    from kubetune_cli.checkpoints import checkpoints
+
+    cli.add_command(checkpoints)
+
+
+_add_checkpoint_commands()
+
+
 def _add_control_plane_commands() -> None:
     from kubetune_dev.cli import COMMANDS
 

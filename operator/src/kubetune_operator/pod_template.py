@@ -23,7 +23,7 @@ def pod_labels(job: TrainingJob) -> dict[str, str]:
     return labels
 
 
-def trainer_env(job: TrainingJob, settings: Settings) -> list[dict]:
+def trainer_env(job: TrainingJob, job_uid: str, settings: Settings) -> list[dict]:
     """Environment of the trainer; credentials only as secretKeyRef, never as values."""
     s3 = job.spec.s3
     env = [
@@ -32,6 +32,9 @@ def trainer_env(job: TrainingJob, settings: Settings) -> list[dict]:
         {"name": "KUBETUNE_METRICS_PORT", "value": str(settings.trainer_metrics_port)},
         {"name": "KUBETUNE_JOB_NAME", "value": job.metadata.name},
         {"name": "KUBETUNE_NAMESPACE", "value": job.metadata.namespace or "default"},
+        # A restarted pod of the same TrainingJob continues its run's version; a re-created job
+        # (new UID) gets a new one (kubetune_trainer.storage.runs).
+        {"name": "KUBETUNE_RUN_ID", "value": job_uid},
         {"name": "KUBETUNE_CACHE_DIR", "value": f"{CACHE_DIR}/inputs"},
         {"name": "KUBETUNE_STAGING_DIR", "value": f"{CACHE_DIR}/staging"},
         {"name": "HOME", "value": f"{CACHE_DIR}/home"},
@@ -106,7 +109,7 @@ def pod_template(job: TrainingJob, job_uid: str, settings: Settings, with_cache_
         "image": spec.image or settings.trainer_image,
         "command": ["python", "-m", "kubetune_trainer.entrypoint"],
         "args": ["--config", f"{naming.CONFIG_MOUNT}/{naming.CONFIG_KEY}"],
-        "env": trainer_env(job, settings),
+        "env": trainer_env(job, job_uid, settings),
         "ports": [
             {"name": PORT_NAME, "containerPort": naming.master_port(job_uid), "protocol": "TCP"},
             {"name": "metrics", "containerPort": settings.trainer_metrics_port, "protocol": "TCP"},

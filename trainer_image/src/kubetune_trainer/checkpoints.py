@@ -88,11 +88,11 @@ def latest_complete(root: Path) -> Checkpoint | None:
     return None
 
 
-def prune(root: Path, keep_last: int) -> list[Path]:
+def prune(root: Path, keep_last: int, protect: set[Path] = frozenset()) -> list[Path]:
     """Keep the newest `keep_last` complete checkpoints; drop older ones and stale partial saves.
 
-    Only called right after a manifest was written, so no save is in flight: partial directories
-    older than the newest complete checkpoint are crash leftovers.
+    Partial directories older than the newest complete checkpoint are crash leftovers (a save in
+    flight is always the newest). `protect`: checkpoints still waiting for their upload.
     """
     entries = checkpoint_steps(root)
     complete = [(s, p) for s, p in entries if (p / MANIFEST).is_file()]
@@ -100,7 +100,7 @@ def prune(root: Path, keep_last: int) -> list[Path]:
     newest_complete = complete[-1][0] if complete else -1
     removed = []
     for step, path in entries:
-        if path in keep or step > newest_complete:
+        if path in keep or path in protect or step > newest_complete:
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)

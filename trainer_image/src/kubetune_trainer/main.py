@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from kubetune_api import layout
 from kubetune_api.spec import TrainingJob, TrainingJobSpec
 from kubetune_trainer import checkpoints
 from kubetune_trainer.data.cache import EmbeddingCache, open_store
@@ -23,8 +24,10 @@ from kubetune_trainer.profiling import maybe_profile
 from kubetune_trainer.validation import Validator
 from kubetune_trainer.reporting import Reporter
 from kubetune_trainer.errors import ConfigError
-from kubetune_trainer.preemption import Preempted, StopRequest
-from kubetune_trainer.storage.checkpoint_store import CheckpointStore
+from kubetune_trainer.preemption import PREEMPTION_UPLOAD_SECONDS, Preempted, StopRequest
+from kubetune_trainer.run_directory import RunPlace, local_start_checkpoint, place_run, run_id_from_env
+from kubetune_trainer.storage import runs
+from kubetune_trainer.storage.checkpoint_store import CheckpointStore, local_path_for
 from kubetune_trainer.storage.inputs import local_copy
 from kubetune_trainer.training_state import (Position, capture_rng, read_trainable, restore_state,
                                              save_main_state, save_rng_states)
@@ -83,8 +86,24 @@ def fill_cache(accelerator, family, datasets, spec: TrainingJobSpec) -> None:
             family.encode_batch(batch)
 
 
-def run(job: TrainingJob, cache_only: bool = False) -> Path:
-    """Train the job to completion (or only fill the embedding cache); return where the output is."""
+def agree_on_run_place(accelerator, spec: TrainingJobSpec, namespace: str, job_name: str) -> RunPlace:
+    """The main process places the run; every process gets the same answer (or the same error)."""
+    from accelerate.utils import broadcast_object_list
+
+    decided: list = [None]
+    if accelerator.is_main_process:
+        try:
+            decided[0] = place_run(spec.checkpoints, namespace, job_name, run_id_from_env())
+        except ConfigError as err:
+            decided[0] = err
+    broadcast_object_list(decided)
+    if isinstance(decided[0], ConfigError):
+        raise decided[0]
+    return decided[0]
+
+
+def run(job: TrainingJob, cache_only: bool = False) -> Path | None:
+    """Train the job to completion (or only fill the embedding cache); return the run's local directory."""
     from accelerate.utils import gather_object, set_seed
 
     spec = job.spec
@@ -95,8 +114,6 @@ def run(job: TrainingJob, cache_only: bool = False) -> Path:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _quiet_libraries()
     set_seed(spec.training.seed)
-    store = CheckpointStore(spec.checkpoints.uri)
-    output = store.local
     # s3:// models and data are mirrored once per node; the other local processes then find them.
     with accelerator.local_main_process_first():
         spec = spec.model_copy(update={
@@ -107,8 +124,6 @@ def run(job: TrainingJob, cache_only: bool = False) -> Path:
             "pmg": spec.pmg and spec.pmg.model_copy(update={
                 "language_model": spec.pmg.language_model and local_copy(spec.pmg.language_model)}),
         })
-        if spec.checkpoints.resume_from == "latest" and accelerator.is_local_main_process:
-            store.fetch_latest()
 
     # Setup: model family, data, optimizer, schedule.
     family = family_for(spec.model.family)(spec, accelerator.device, WEIGHT_DTYPES[spec.training.mixed_precision])
@@ -120,7 +135,7 @@ def run(job: TrainingJob, cache_only: bool = False) -> Path:
         fill_cache(accelerator, family, [d for d in (dataset, held_out) if d is not None], spec)
         log.info("embedding cache filled: %d encoded, %d already there", family.cache.misses, family.cache.hits)
         accelerator.wait_for_everyone()
-        return output
+        return None
     world = accelerator.num_processes
     groups = getattr(dataset, "groups", None)
     check_enough_samples(len(dataset), spec.training.batch_size, world, groups)
@@ -136,6 +151,11 @@ def run(job: TrainingJob, cache_only: bool = False) -> Path:
     ema = EMA(family.trainable_parameters(), spec.training.ema_decay) if spec.training.ema_decay else None
     if ema is not None:
         ema.attach(optimizer)
+    # Where this run writes (its own version directory) and which checkpoint it starts from.
+    place = agree_on_run_place(accelerator, spec, namespace, job.metadata.name)
+    with accelerator.local_main_process_first():
+        start_checkpoint = local_start_checkpoint(place, accelerator.is_local_main_process)
+    output = local_path_for(place.uri)
     validator = Validator(spec, family, held_out, output, accelerator.is_main_process)
     # State beyond weights, optimizer and schedule that an exact resume needs.
     extra_state = {name: obj for name, obj in (("ema", ema), ("validation", validator)) if obj is not None}
@@ -155,15 +175,13 @@ def run(job: TrainingJob, cache_only: bool = False) -> Path:
             set_optimizer_mode(optimizer, training=True)
 
     position = Position()
-    if spec.checkpoints.resume_from == "latest":
-        latest = checkpoints.latest_complete(output)
-        if latest is not None:
-            family.load_trainable_state_dict(read_trainable(latest.path))
-            position = restore_state(latest.path, accelerator.process_index, optimizer, scheduler,
-                                     noise_generator)
-            for name, obj in extra_state.items():
-                obj.load_state_dict(torch.load(latest.path / f"{name}.pt", weights_only=False))
-            log.info("resumed from %s at step %d", latest.path, position.step)
+    if start_checkpoint is not None:
+        family.load_trainable_state_dict(read_trainable(start_checkpoint))
+        position = restore_state(start_checkpoint, accelerator.process_index, optimizer, scheduler,
+                                 noise_generator)
+        for name, obj in extra_state.items():
+            obj.load_state_dict(torch.load(start_checkpoint / f"{name}.pt", weights_only=False))
+        log.info("resumed from %s at step %d", place.start_from, position.step)
 
     def save_checkpoint(pos: Position, force: bool = False) -> None:
         if pos.step % spec.checkpoints.every_steps and pos.step != plan.total_steps and not force:
@@ -187,18 +205,23 @@ def run(job: TrainingJob, cache_only: bool = False) -> Path:
             manifest = checkpoints.write_manifest(path, pos.step, pos.epoch, pos.loss)
             size = sum(f["size"] for f in manifest["files"].values())
             reporter.checkpoint_saved(pos.step, time.perf_counter() - started, size)
-            checkpoints.prune(output, spec.checkpoints.keep_last)
-            upload_started = time.perf_counter()
-            store.publish(path)
-            store.prune(spec.checkpoints.keep_last)
-            reporter.checkpoint_published(pos.step, time.perf_counter() - upload_started if store.remote else None,
-                                          size)
+            store.publish_checkpoint(path, pos.step, size, spec.checkpoints.keep_last)  # uploads in the background
+            record_run(pos.step)
         accelerator.wait_for_everyone()
 
     samples_per_step = spec.training.batch_size * spec.training.gradient_accumulation_steps * world
     reporter = Reporter(accelerator.is_main_process, plan.total_steps, position.step, output / "logs",
                         spec.training.log_every_steps, samples_per_step, namespace, job.metadata.name)
     reporter.pods(list(dict.fromkeys(gather_object([socket.gethostname()]))))
+    reporter.run_version(place.version)
+    store = CheckpointStore(place.uri, on_published=reporter.checkpoint_published,
+                            on_pending=reporter.uploads_pending)
+    run_id = run_id_from_env()
+
+    def record_run(steps: int, finished: bool = False) -> None:
+        """run.json: how far the run got (a run that stops before runs.MIN_STEPS is cleaned up)."""
+        if accelerator.is_main_process:
+            store.write_text(layout.RUN_FILE, runs.run_record_text(run_id, steps, finished), required=finished)
     reporter.message("training %s: %d steps, %d process(es), %d samples", job.metadata.name,
                      plan.total_steps, world, len(dataset))
 
@@ -218,6 +241,8 @@ def run(job: TrainingJob, cache_only: bool = False) -> Path:
             with reporter.timed("checkpoint"):
                 save_checkpoint(pos, force=True)
             raise Preempted(pos.step)
+        if pos.step == runs.MIN_STEPS:
+            record_run(pos.step)  # from now on the run is worth keeping
         if isinstance(scheduler, PlateauScheduler) and held_out is None:
             scheduler.observe(pos.loss)
         stop = False
@@ -239,8 +264,16 @@ def run(job: TrainingJob, cache_only: bool = False) -> Path:
     except EarlyStop:
         reporter.message("early stop: %s did not improve in %d validations", spec.validation.monitor,
                          spec.validation.early_stopping_patience)
-    finally:
+    except BaseException:
+        # Preempted or crashed: what is already saved should still reach the bucket, within the
+        # pod's grace period (terminationGracePeriodSeconds leaves room for this).
+        if not store.flush(timeout=PREEMPTION_UPLOAD_SECONDS):
+            log.error("uploads still pending after %d s; the newest checkpoints stay local only",
+                      PREEMPTION_UPLOAD_SECONDS)
         reporter.close()
+        store.close()
+        raise
+    finally:
         validator.close()
     if family.cache is not None:
         reporter.message("embedding cache: %d hits, %d misses", family.cache.hits, family.cache.misses)
@@ -248,9 +281,14 @@ def run(job: TrainingJob, cache_only: bool = False) -> Path:
     if accelerator.is_main_process:
         with weights_to_publish():
             written = family.save_weights(output)
+        reporter.close()  # flushes the TensorBoard events before they are uploaded
         extras = [p for folder in ("logs", "samples", "best", "profile") for p in (output / folder).rglob("*")]
-        store.publish_files(written + sorted(p for p in extras if p.is_file()))
+        store.publish_files(written + sorted(p for p in extras if p.is_file()), "final weights and logs")
+        record_run(position.step, finished=True)
+        store.flush()  # raises if the final weights could not be uploaded
         log.info("final weights: %s", ", ".join(store_uri(store, p) for p in written))
+    reporter.close()
+    store.close()
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return output

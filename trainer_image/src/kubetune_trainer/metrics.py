@@ -88,7 +88,3 @@ class TrainerMetrics:
             port=int(port) if port else None,
             addr=os.environ.get("KUBETUNE_METRICS_ADDR", "0.0.0.0"),
         )
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()

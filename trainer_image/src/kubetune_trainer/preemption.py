@@ -30,3 +30,7 @@ class StopRequest:
 
     def requested(self) -> bool:
         return self._event.is_set()
+
+# How long a stopping run waits for its queued uploads: the operator's pods get
+# terminationGracePeriodSeconds 120, and saving the last checkpoint comes first.
+PREEMPTION_UPLOAD_SECONDS = 90

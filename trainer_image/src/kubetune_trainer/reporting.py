@@ -118,9 +118,11 @@ class Reporter:
             log.info(text, *args)
 
     def close(self) -> None:
+        """Ends the bar and the event file; the metrics keep serving until the process exits, so
+        the last values (final step, checkpoint) can still be scraped."""
         if self._bar is not None:
             self._bar.close()
+            self._bar = None
         if self._writer is not None:
             self._writer.close()
-        if self.metrics is not None:
-            self.metrics.close()
+            self._writer = None

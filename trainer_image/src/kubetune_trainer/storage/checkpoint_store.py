@@ -1,74 +1,134 @@
-"""Where checkpoints live: a local directory, mirrored to S3 when the URI is s3://.
+"""Where one run's checkpoints live: a local directory, mirrored to S3 when the URI is s3://.
 
-Training always writes checkpoints to local disk first (fast, and what resume reads); with an
-s3:// URI each complete checkpoint is then uploaded with its manifest last, so a reader of the
-bucket never sees a checkpoint whose files are not all there.
+Training always writes a checkpoint to local disk first (fast, and what a resume reads); with an
+s3:// URI the background uploader then sends its files and, last, its manifest, so a reader of
+the bucket never sees a checkpoint whose files are not all there. Until its upload is done a
+checkpoint is protected from local pruning; the newest checkpoint counts as published (for
+status.latestCheckpoint) only once it is complete in the bucket.
 """
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
+from typing import Callable
 
+from kubetune_api import layout
 from kubetune_trainer import checkpoints
 from kubetune_trainer.storage import s3
+from kubetune_trainer.storage.tree import open_tree
+from kubetune_trainer.storage.uploader import BackgroundUploader, Task
 from kubetune_trainer.storage.uri import S3Location, is_s3, parse_s3
 
 log = logging.getLogger(__name__)
+Published = Callable[[int, "float | None", int], None]  # step, upload seconds (None: local), bytes
+
+
+def staging_root() -> Path:
+    return Path(os.environ.get("KUBETUNE_STAGING_DIR", Path.home() / ".cache" / "kubetune" / "staging"))
+
+
+def local_path_for(uri: str, staging: Path | None = None) -> Path:
+    """Where an s3:// URI is mirrored on this machine (a local path stands for itself)."""
+    if not is_s3(uri):
+        return Path(uri)
+    location = parse_s3(uri)
+    return (staging or staging_root()) / location.bucket / location.key
+
+
+def complete_steps(files: dict[str, int]) -> list[int]:
+    """Steps of the checkpoints whose manifest is among `files` (relative paths), oldest first."""
+    steps = set()
+    for name in files:
+        folder, _, leaf = name.partition("/")
+        step = layout.parse_checkpoint(folder)
+        if step is not None and leaf == checkpoints.MANIFEST:
+            steps.add(step)
+    return sorted(steps)
+
+
+def fetch_intact(uri: str, staging: Path | None = None) -> tuple[Path | None, str]:
+    """A local, verified copy of the checkpoint at uri; (None, the reason) when it is not whole."""
+    local = local_path_for(uri, staging)
+    tree = open_tree(uri)
+    if tree.read_text(checkpoints.MANIFEST) is None:
+        return None, "no manifest.json (the checkpoint was never completed)"
+    tree.download(local)
+    manifest, problem = checkpoints.verify(local)
+    return (local, "") if manifest is not None else (None, problem)
+
+
+def newest_intact(run_uri: str, staging: Path | None = None) -> str | None:
+    """URI of the newest checkpoint of a run that is complete and intact (now also fetched locally)."""
+    tree = open_tree(run_uri)
+    for step in reversed(complete_steps(tree.files())):
+        uri = layout.join(run_uri, layout.checkpoint_name(step))
+        local, problem = fetch_intact(uri, staging)
+        if local is not None:
+            return uri
+        log.warning("skipping %s: %s; falling back to an older checkpoint", uri, problem)
+    return None
 
 
 class CheckpointStore:
-    def __init__(self, uri: str, staging: Path | None = None):
+    def __init__(self, uri: str, staging: Path | None = None, on_published: Published = lambda *a: None,
+                 on_pending: Callable[[int], None] = lambda count: None):
         self.uri = uri
         self.remote: S3Location | None = parse_s3(uri) if is_s3(uri) else None
-        if self.remote is None:
-            self.local = Path(uri)
-        else:
-            base = staging or Path(os.environ.get("KUBETUNE_STAGING_DIR", Path.home() / ".cache" / "kubetune" / "staging"))
-            self.local = base / self.remote.bucket / self.remote.key
+        self.local = local_path_for(uri, staging)
+        self.on_published = on_published
+        self.uploader = BackgroundUploader(on_pending=on_pending) if self.remote else None
+        self._uploading: set[Path] = set()  # saved locally, not yet in the bucket
+        self._lock = threading.Lock()
 
-    def publish(self, path: Path) -> None:
-        """Upload one complete checkpoint directory: every file, then its manifest."""
+    def publish_checkpoint(self, path: Path, step: int, size: int, keep_last: int) -> None:
+        """A complete local checkpoint: prune locally, or queue its upload (manifest last)."""
         if self.remote is None:
+            checkpoints.prune(self.local, keep_last)
+            self.on_published(step, None, size)
             return
+        with self._lock:
+            self._uploading.add(path)
+
+        def uploaded(seconds: float) -> None:
+            self._release(path, keep_last)
+            self.on_published(step, seconds, size)
+
+        self.uploader.submit(Task(path.name, lambda: self._upload_checkpoint(path, keep_last), on_done=uploaded,
+                                  on_skipped=lambda: self._release(path, keep_last), supersedable=True))
+
+    def publish_files(self, files: list[Path], name: str) -> None:
+        """Upload files under the local root (final weights, logs); a flush waits for them."""
+        if self.remote is not None and files:
+            self.uploader.submit(Task(name, lambda: s3.upload_files(files, self.local, self.remote), required=True))
+
+    def write_text(self, name: str, text: str, required: bool = False) -> None:
+        """A small file at the run's root (run.json): written locally, then uploaded in turn."""
+        open_tree(str(self.local)).write_text(name, text)
+        if self.remote is not None:
+            target = self.remote.child(name)
+            self.uploader.submit(Task(name, lambda: s3.write_text(target, text), required=required))
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait for every queued upload; False if the timeout came first."""
+        return True if self.uploader is None else self.uploader.flush(timeout)
+
+    def close(self) -> None:
+        if self.uploader is not None:
+            self.uploader.close()
+
+    def _upload_checkpoint(self, path: Path, keep_last: int) -> None:
         target = self.remote.child(path.name)
         files = [f for f in sorted(path.rglob("*")) if f.is_file() and f.name != checkpoints.MANIFEST]
         s3.upload_files(files, path, target)
         s3.upload_file(path / checkpoints.MANIFEST, target.child(checkpoints.MANIFEST))
+        # keep-last-K in the bucket: only complete checkpoints count, so the newest always stays.
+        for step in complete_steps(s3.list_objects(self.remote))[:-keep_last]:
+            s3.delete_prefix(self.remote.child(layout.checkpoint_name(step)))
 
-    def publish_files(self, files: list[Path]) -> None:
-        """Upload files that sit directly under the local root (the final weights, logs)."""
-        if self.remote is not None:
-            s3.upload_files(files, self.local, self.remote)
-
-    def prune(self, keep_last: int) -> None:
-        """Apply keep-last-K to the bucket too; only checkpoints with a manifest count as kept."""
-        if self.remote is None:
-            return
-        steps = sorted(step for step, complete in self._remote_checkpoints().items() if complete)
-        for step in steps[:-keep_last]:
-            s3.delete_prefix(self.remote.child(f"checkpoint-{step}"))
-
-    def fetch_latest(self) -> None:
-        """Bring the newest complete remote checkpoint into the local directory (if not there)."""
-        if self.remote is None:
-            return
-        for step, complete in sorted(self._remote_checkpoints().items(), reverse=True):
-            if not complete:
-                continue
-            local = checkpoints.checkpoint_dir(self.local, step)
-            s3.download_prefix(self.remote.child(local.name), local)
-            manifest, problem = checkpoints.verify(local)
-            if manifest is not None:
-                log.info("fetched checkpoint %d from %s", step, self.remote.uri)
-                return
-            log.warning("remote checkpoint %d is damaged (%s); trying an older one", step, problem)
-
-    def _remote_checkpoints(self) -> dict[int, bool]:
-        """Step -> whether its manifest is there."""
-        found = {}
-        for name in s3.list_children(self.remote):
-            if name.startswith("checkpoint-") and name[len("checkpoint-"):].isdigit():
-                objects = s3.list_objects(self.remote.child(name))
-                found[int(name[len("checkpoint-"):])] = checkpoints.MANIFEST in objects
-        return found
+    def _release(self, path: Path, keep_last: int) -> None:
+        with self._lock:
+            self._uploading.discard(path)
+            protected = set(self._uploading)
+        checkpoints.prune(self.local, keep_last, protect=protected)

@@ -104,3 +104,20 @@ def delete_prefix(location: S3Location) -> None:
     for start in range(0, len(keys), 1000):
         client().delete_objects(Bucket=location.bucket,
                                 Delete={"Objects": [{"Key": k} for k in keys[start:start + 1000]], "Quiet": True})
+
+
+def read_text(location: S3Location) -> str | None:
+    """A small object's text; None when there is no such object."""
+    from botocore.exceptions import ClientError
+
+    try:
+        response = client().get_object(Bucket=location.bucket, Key=location.key)
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            return None
+        raise
+    return response["Body"].read().decode()
+
+
+def write_text(location: S3Location, text: str) -> None:
+    client().put_object(Bucket=location.bucket, Key=location.key, Body=text.encode())

@@ -1,0 +1,158 @@
+"""`kubetune checkpoints ls|pull`: find a job's runs and checkpoints, and download them.
+
+JOB is either a TrainingJob name (looked up through the cluster of the current kubeconfig:
+its spec.checkpoints.uri, and status.outputUri for the run in progress) or a URI — s3://... or
+a local path — of a job directory (<uri>/<namespace>/<job>) or of one run (.../v<N>).
+S3 is reached with the usual AWS settings of this shell (AWS_ENDPOINT_URL, AWS_PROFILE, ...).
+"""
+from __future__ import annotations
+
+import datetime
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from kubetune_api import layout
+
+
+@dataclass(frozen=True)
+class Target:
+    uri: str  # a job directory or a run directory
+    current: str | None = None  # the run the TrainingJob is on now (status.outputUri)
+    described: str = ""
+
+
+def fail(message: str) -> None:
+    click.echo(f"kubetune checkpoints: {message}", err=True)
+    sys.exit(1)
+
+
+def is_uri(job: str) -> bool:
+    return job.startswith("s3://") or "/" in job or Path(job).exists()
+
+
+def from_cluster(name: str, namespace: str | None) -> Target:
+    from kubernetes import client, config
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        if namespace is None:
+            _, active = config.list_kube_config_contexts()
+            namespace = active.get("context", {}).get("namespace") or "default"
+        api = client.CustomObjectsApi(config.new_client_from_config())
+    except (config.ConfigException, OSError) as err:
+        fail(f"no cluster to ask for TrainingJob {name!r} ({err}); pass its s3:// URI instead")
+    try:
+        job = api.get_namespaced_custom_object("kubetune.dev", "v1alpha1", namespace, "trainingjobs", name)
+    except ApiException as err:
+        if err.status == 404:
+            fail(f"no TrainingJob {name!r} in namespace {namespace!r} (use -n NAMESPACE, or pass an s3:// URI)")
+        raise
+    job_uri = layout.job_root(job["spec"]["checkpoints"]["uri"], namespace, name)
+    return Target(job_uri, (job.get("status") or {}).get("outputUri"), f"TrainingJob {namespace}/{name}")
+
+
+def resolve(job: str, namespace: str | None) -> Target:
+    if is_uri(job):
+        return Target(job.rstrip("/"), described=job)
+    return from_cluster(job, namespace)
+
+
+def human_size(size: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return ""
+
+
+def when(timestamp: float | None) -> str:
+    if timestamp is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def load_runs(target: Target):
+    from kubetune_trainer.storage.catalog import describe
+
+    found = describe(target.uri)
+    if not found:
+        fail(f"no runs under {target.uri} ({target.described}): nothing was written there yet")
+    return found
+
+
+@click.group()
+def checkpoints() -> None:
+    """List and download the checkpoints and final weights of a job's runs."""
+
+
+namespace_option = click.option("-n", "--namespace", default=None,
+                                help="Namespace of the TrainingJob (default: the kubeconfig context's).")
+
+
+@checkpoints.command("ls")
+@click.argument("job")
+@namespace_option
+def ls(job: str, namespace: str | None) -> None:
+    """List every run of JOB and its complete checkpoints."""
+    target = resolve(job, namespace)
+    for run in load_runs(target):
+        state = "finished" if run.record.finished else f"{run.record.steps} steps recorded, not finished"
+        marker = "  <- current run" if target.current and run.uri == target.current.rstrip("/") else ""
+        click.echo(f"{layout.version_name(run.version) if run.version is not None else run.uri}  "
+                   f"({state}){marker}  {run.uri}")
+        click.echo(f"  {'STEP':>8}  {'EPOCH':>5}  {'LOSS':>10}  {'SIZE':>10}  {'SAVED (UTC)':19}  URI")
+        for entry in run.checkpoints:
+            loss = f"{entry.loss:.5f}" if entry.loss is not None else "-"
+            epoch = entry.epoch if entry.epoch is not None else "-"
+            click.echo(f"  {entry.step:>8}  {epoch:>5}  {loss:>10}  {human_size(entry.size):>10}  "
+                       f"{when(entry.saved_at):19}  {entry.uri}")
+        if run.final_files:
+            click.echo(f"  {'final':>8}  {'':>5}  {'':>10}  {human_size(sum(run.final_files.values())):>10}  "
+                       f"{'':19}  {run.uri} ({', '.join(sorted(run.final_files))})")
+
+
+@checkpoints.command("pull")
+@click.argument("job")
+@namespace_option
+@click.option("--step", default="latest", show_default=True, metavar="N|latest|final",
+              help="A checkpoint's step, the newest complete one, or the final weights.")
+@click.option("--version", "version", type=int, default=None,
+              help="Which run (v<N>); default: the TrainingJob's current run, else the newest.")
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Directory to download into.")
+def pull(job: str, namespace: str | None, step: str, version: int | None, out_dir: str) -> None:
+    """Download a checkpoint (verified against its manifest) or the final weights of JOB."""
+    from kubetune_trainer.storage.catalog import pull_checkpoint, pull_final
+
+    if step not in ("latest", "final") and not step.isdigit():
+        fail(f"--step {step!r}: use a step number, latest or final")
+    target = resolve(job, namespace)
+    found = load_runs(target)
+    if version is not None:
+        run = next((r for r in found if r.version == version), None)
+        if run is None:
+            fail(f"--version {version}: no such run; there are {', '.join(f'v{r.version}' for r in found)}")
+    else:
+        current = [r for r in found if target.current and r.uri == target.current.rstrip("/")]
+        run = current[0] if current else found[-1]
+    out = Path(out_dir)
+    if step == "final":
+        if not run.final_files:
+            fail(f"{run.uri} has no final weights yet (the run has not finished); use --step latest")
+        written = pull_final(run, out)
+        what = "final weights"
+    else:
+        steps = [c.step for c in run.checkpoints]
+        if not steps:
+            fail(f"{run.uri} has no complete checkpoint yet")
+        wanted = steps[-1] if step == "latest" else int(step)
+        entry = run.checkpoint(wanted)
+        if entry is None:
+            fail(f"--step {step}: {run.uri} has no complete checkpoint-{step}; it has {', '.join(map(str, steps))}")
+        written = pull_checkpoint(entry, out)
+        what = f"checkpoint-{wanted}"
+    size = sum(p.stat().st_size for p in written)
+    click.echo(f"pulled {what} of {run.uri} ({len(written)} files, {human_size(size)}) into {out}")

@@ -1,0 +1,69 @@
+"""Where this run writes and where it starts from, decided once by the main process.
+
+The main process claims the run's version (storage/runs.py) and picks the checkpoint to start
+from, in this order:
+  1. the newest intact checkpoint of this very run (a pod restarted after preemption);
+  2. with resumeFrom: latest, the newest intact checkpoint of the job's earlier runs;
+  3. with resumeFrom: <uri>, that checkpoint (it must be complete, else the run stops here);
+  4. nothing: a fresh start.
+Every other process learns the decision by broadcast, and each node's first process fetches the
+chosen checkpoint to local disk.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubetune_api import layout
+from kubetune_api.spec import CheckpointSpec
+from kubetune_trainer.errors import ConfigError
+from kubetune_trainer.storage import runs
+from kubetune_trainer.storage.checkpoint_store import fetch_intact, local_path_for, newest_intact
+from kubetune_trainer.storage.tree import open_tree
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunPlace:
+    version: int
+    uri: str  # <checkpoints.uri>/<namespace>/<job>/v<N>
+    start_from: str | None  # URI of the checkpoint to resume, None for a fresh start
+
+
+def run_id_from_env() -> str | None:
+    """The TrainingJob's UID in a pod (the operator sets it); None for a local run."""
+    return os.environ.get("KUBETUNE_RUN_ID") or None
+
+
+def place_run(checkpoints: CheckpointSpec, namespace: str, job: str, run_id: str | None) -> RunPlace:
+    """Claim this run's version and choose its starting checkpoint (main process only)."""
+    job_uri = layout.job_root(checkpoints.uri, namespace, job)
+    choice = runs.claim_version(open_tree(job_uri), run_id)
+    run_uri = layout.join(job_uri, layout.version_name(choice.version))
+    start_from = newest_intact(run_uri) if choice.continuing else None
+    if start_from is None and checkpoints.resume_from == "latest":
+        for version in choice.earlier:
+            start_from = newest_intact(layout.join(job_uri, layout.version_name(version)))
+            if start_from is not None:
+                break
+    elif start_from is None and checkpoints.resume_from is not None:
+        start_from = checkpoints.resume_from.rstrip("/")
+        _, problem = fetch_intact(start_from)
+        if problem:
+            raise ConfigError(f"spec.checkpoints.resumeFrom: {start_from} cannot be resumed: {problem}; "
+                              "name a complete checkpoint (`kubetune checkpoints ls JOB` lists them) or use latest")
+    return RunPlace(choice.version, run_uri, start_from)
+
+
+def local_start_checkpoint(place: RunPlace, first_on_node: bool) -> Path | None:
+    """The starting checkpoint on this node's disk; the node's first process fetches it."""
+    if place.start_from is None:
+        return None
+    if first_on_node:
+        _, problem = fetch_intact(place.start_from)
+        if problem:
+            raise RuntimeError(f"{place.start_from} changed while the run started: {problem}")
+    return local_path_for(place.start_from)

@@ -1,0 +1,79 @@
+"""What a job's directory holds, for people: runs, their complete checkpoints, final weights.
+
+Read-only and torch-free: `kubetune checkpoints ls/pull` uses it from a laptop. Only checkpoints
+whose manifest is there are listed — an upload in progress is invisible until it is whole.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubetune_api import layout
+from kubetune_trainer import checkpoints
+from kubetune_trainer.storage import runs
+from kubetune_trainer.storage.checkpoint_store import complete_steps
+from kubetune_trainer.storage.tree import open_tree
+
+
+@dataclass(frozen=True)
+class CheckpointEntry:
+    step: int
+    epoch: int | None
+    loss: float | None
+    saved_at: float | None
+    size: int
+    uri: str
+
+
+@dataclass(frozen=True)
+class RunEntry:
+    version: int | None  # None: a directory that is not under a v<N>
+    uri: str
+    record: runs.RunRecord
+    checkpoints: list[CheckpointEntry]
+    final_files: dict[str, int]  # the weights at the run's root, once it finished
+
+    def checkpoint(self, step: int) -> CheckpointEntry | None:
+        return next((c for c in self.checkpoints if c.step == step), None)
+
+
+def describe_run(uri: str, version: int | None) -> RunEntry:
+    tree = open_tree(uri)
+    files = tree.files()
+    entries = []
+    for step in complete_steps(files):
+        name = layout.checkpoint_name(step)
+        manifest = json.loads(tree.child(name).read_text(checkpoints.MANIFEST) or "{}")
+        size = sum(f["size"] for f in manifest.get("files", {}).values())
+        entries.append(CheckpointEntry(step, manifest.get("epoch"), manifest.get("loss"), manifest.get("time"),
+                                       size, layout.join(uri, name)))
+    record = runs.parse_record(version if version is not None else -1, tree.read_text(layout.RUN_FILE))
+    top_level = {name: size for name, size in files.items() if "/" not in name and name != layout.RUN_FILE}
+    return RunEntry(version, uri, record, entries, top_level if record.finished else {})
+
+
+def describe(uri: str) -> list[RunEntry]:
+    """Every run under a job directory, or the one run when uri is a run's own directory."""
+    tree = open_tree(uri)
+    versions = sorted(v for v in map(layout.parse_version, tree.children()) if v is not None)
+    if versions:
+        return [describe_run(layout.join(uri, layout.version_name(v)), v) for v in versions]
+    own = layout.parse_version(uri.rstrip("/").rsplit("/", 1)[-1])
+    run = describe_run(uri, own)
+    return [run] if run.checkpoints or run.final_files or tree.read_text(layout.RUN_FILE) else []
+
+
+def pull_checkpoint(entry: CheckpointEntry, target: Path) -> list[Path]:
+    """Download one checkpoint and check every file against its manifest."""
+    tree = open_tree(entry.uri)
+    written = tree.fetch(sorted(tree.files()), target)
+    manifest, problem = checkpoints.verify(target)
+    if manifest is None:
+        raise RuntimeError(f"{entry.uri} did not arrive intact: {problem}")
+    return written
+
+
+def pull_final(run: RunEntry, target: Path) -> list[Path]:
+    """Download the final weights (the files at the run's root)."""
+    return open_tree(run.uri).fetch(sorted(run.final_files), target)

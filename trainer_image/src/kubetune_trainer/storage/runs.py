@@ -1,0 +1,93 @@
+"""Run versions: every run of a job gets <uri>/<namespace>/<job>/v<N> of its own.
+
+A run is identified by KUBETUNE_RUN_ID, which the operator sets to the TrainingJob's UID: a pod
+restarted after preemption finds its own version again and continues it, while the same job
+deleted and applied again (a new UID) gets the next version and never overwrites the old one.
+Runs started without an id (`kubetune train` on a laptop) get a new version every time.
+
+Each version holds run.json, rewritten as the run goes (start, step MIN_STEPS, each checkpoint,
+the end). A run that stopped before MIN_STEPS steps without finishing left nothing worth
+keeping — a typo in the manifest, a crash while loading — and the next run of the job deletes it.
+Version numbers are never reused, so even a wrongly judged run is never written into.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+from kubetune_api import layout
+
+log = logging.getLogger(__name__)
+MIN_STEPS = 5
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What run.json says about one version (a version without it never got going)."""
+
+    version: int
+    run_id: str | None = None
+    steps: int = 0
+    finished: bool = False
+
+    @property
+    def abandoned(self) -> bool:
+        return not self.finished and self.steps < MIN_STEPS
+
+
+@dataclass(frozen=True)
+class VersionChoice:
+    version: int
+    continuing: bool  # the same run restarted: its own checkpoints come first
+    abandoned: tuple[int, ...]  # versions to delete
+    earlier: tuple[int, ...]  # versions kept from earlier runs, newest first (resumeFrom: latest)
+
+
+def choose_version(runs: list[RunRecord], run_id: str | None) -> VersionChoice:
+    """Which version this run writes to, and which earlier versions go (pure)."""
+    mine = next((r for r in runs if run_id and r.run_id == run_id), None)
+    abandoned = tuple(sorted(r.version for r in runs if r.abandoned and r is not mine))
+    earlier = tuple(sorted((r.version for r in runs if r is not mine and r.version not in abandoned), reverse=True))
+    if mine is not None:
+        return VersionChoice(mine.version, True, abandoned, earlier)
+    version = max((r.version for r in runs), default=-1) + 1
+    return VersionChoice(version, False, abandoned, earlier)
+
+
+def parse_record(version: int, text: str | None) -> RunRecord:
+    if text is None:
+        return RunRecord(version)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return RunRecord(version)
+    return RunRecord(version, data.get("runId"), int(data.get("steps", 0)), bool(data.get("finished", False)))
+
+
+def read_runs(job_tree) -> list[RunRecord]:
+    """Every v<N> under a job's directory (a LocalTree or S3Tree), with its run.json."""
+    runs = []
+    for name in job_tree.children():
+        version = layout.parse_version(name)
+        if version is not None:
+            runs.append(parse_record(version, job_tree.child(name).read_text(layout.RUN_FILE)))
+    return sorted(runs, key=lambda r: r.version)
+
+
+def claim_version(job_tree, run_id: str | None) -> VersionChoice:
+    """Choose this run's version, delete abandoned ones, and make sure run.json names the run."""
+    choice = choose_version(read_runs(job_tree), run_id)
+    for version in choice.abandoned:
+        log.info("deleting %s: its run stopped before %d steps", job_tree.child(layout.version_name(version)).uri,
+                 MIN_STEPS)
+        job_tree.child(layout.version_name(version)).delete()
+    if not choice.continuing:
+        job_tree.child(layout.version_name(choice.version)).write_text(
+            layout.RUN_FILE, run_record_text(run_id, steps=0, finished=False))
+    return choice
+
+
+def run_record_text(run_id: str | None, steps: int, finished: bool) -> str:
+    return json.dumps({"runId": run_id, "steps": steps, "finished": finished, "updatedAt": time.time()}, indent=1)
