@@ -7,12 +7,18 @@ from __future__ import annotations
 
 import fcntl
 import os
+import subprocess
 from pathlib import Path
 
+import boto3
 import pytest
 from kubernetes import client, config
 
 from kubetune_dev.cluster import Cluster
+from kubetune_trainer.tiny_data import write_tiny_data
+from kubetune_trainer.tiny_models import write_tiny_model
+from tests.conftest import REPO
+from tests.e2e.jobs import BUCKET, OPERATOR_NAMESPACE, os_env
 
 
 @pytest.fixture(scope="session")
@@ -58,3 +64,54 @@ def namespace(core, request) -> str:
     core.create_namespace({"metadata": {"name": name}})
     yield name
     core.delete_namespace(name)
+
+
+# ---- the operator and its inputs (tests/e2e/jobs.py has the helpers) ---------------------------
+
+@pytest.fixture(scope="module")
+def s3(control_plane):
+    env = control_plane.env()
+    s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=env["AWS_DEFAULT_REGION"],
+                      aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    if BUCKET not in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:  # a second module reuses it
+        s3.create_bucket(Bucket=BUCKET)
+    return s3
+
+
+@pytest.fixture(scope="module")
+def inputs_in_s3(s3, tmp_path_factory):
+    """The tiny SD1.5 and a captions data set, uploaded the way a user would stage them."""
+    root = tmp_path_factory.mktemp("inputs")
+    for local, prefix in ((write_tiny_model("sd15", root / "model"), "models/sd15"),
+                          (write_tiny_data("captions", root / "data", count=8, size=32), "data/shapes")):
+        for path in sorted(p for p in local.rglob("*") if p.is_file()):
+            s3.upload_file(str(path), BUCKET, f"{prefix}/{path.relative_to(local)}")
+    return {"model": f"s3://{BUCKET}/models/sd15", "data": f"s3://{BUCKET}/data/shapes"}
+
+
+@pytest.fixture(scope="module")
+def operator_release(control_plane):
+    """`helm install` the chart; the operator runs as a pod. One release per test module."""
+    env = control_plane.env()
+    installed = subprocess.run(
+        ["helm", "install", "kubetune", str(REPO / "charts" / "kubetune"), "-n", OPERATOR_NAMESPACE,
+         "--create-namespace", "--wait", "--timeout", "180s",
+         "--set", "operator.image.repository=kubetune/operator", "--set", "operator.image.tag=dev",
+         "--set", "trainer.image=kubetune/trainer:dev",
+         "--set", f"s3.endpointUrl={env['AWS_ENDPOINT_URL']}", "--set-string", "s3.pathStyle=true",
+         "--set", f"s3.region={env['AWS_DEFAULT_REGION']}",
+         "--set", "operator.progressIntervalSeconds=1"],
+        env={**os_env(), **env}, capture_output=True, text=True)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    yield "kubetune"
+    subprocess.run(["helm", "uninstall", "kubetune", "-n", OPERATOR_NAMESPACE, "--wait"],
+                   env={**os_env(), **env}, capture_output=True)
+
+
+@pytest.fixture
+def job_namespace(control_plane, core, namespace):
+    """The test namespace plus the S3 credentials Secret the jobs reference."""
+    env = control_plane.env()
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "s3-credentials"}, "stringData": {
+        "AWS_ACCESS_KEY_ID": env["AWS_ACCESS_KEY_ID"], "AWS_SECRET_ACCESS_KEY": env["AWS_SECRET_ACCESS_KEY"]}})
+    return namespace

@@ -5,105 +5,22 @@ of the PyTorchJob it creates; model, data, checkpoints and the LoRA live in the 
 """
 from __future__ import annotations
 
-import copy
 import json
 import re
 import subprocess
 import time
 
-import boto3
 import pytest
 import yaml
 from kubernetes import client
 
-from kubetune_trainer.tiny_data import write_tiny_data
-from kubetune_trainer.tiny_models import write_tiny_model
 from tests.conftest import REPO
+from tests.e2e.jobs import (BUCKET, OPERATOR_NAMESPACE, example_job, get_job, kubectl, operator_log, os_env,
+                            phase)
 from tests.e2e.waiting import eventually
 from tests.unit.test_spec_validation import BAD_INPUTS, with_change
 
 pytestmark = pytest.mark.e2e
-OPERATOR_NAMESPACE = "kubetune-system"
-BUCKET = "kubetune-e2e"
-
-
-def kubectl(cluster, *args, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    return cluster.kubectl(*args, input=input, check=check)
-
-
-@pytest.fixture(scope="module")
-def s3(control_plane):
-    env = control_plane.env()
-    s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=env["AWS_DEFAULT_REGION"],
-                      aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
-    s3.create_bucket(Bucket=BUCKET)
-    return s3
-
-
-@pytest.fixture(scope="module")
-def inputs_in_s3(s3, tmp_path_factory):
-    """The tiny SD1.5 and a captions data set, uploaded the way a user would stage them."""
-    root = tmp_path_factory.mktemp("inputs")
-    for local, prefix in ((write_tiny_model("sd15", root / "model"), "models/sd15"),
-                          (write_tiny_data("captions", root / "data", count=8, size=32), "data/shapes")):
-        for path in sorted(p for p in local.rglob("*") if p.is_file()):
-            s3.upload_file(str(path), BUCKET, f"{prefix}/{path.relative_to(local)}")
-    return {"model": f"s3://{BUCKET}/models/sd15", "data": f"s3://{BUCKET}/data/shapes"}
-
-
-@pytest.fixture(scope="module")
-def operator_release(control_plane):
-    """`helm install` the chart; the operator runs as a pod."""
-    env = control_plane.env()
-    installed = subprocess.run(
-        ["helm", "install", "kubetune", str(REPO / "charts" / "kubetune"), "-n", OPERATOR_NAMESPACE,
-         "--create-namespace", "--wait", "--timeout", "180s",
-         "--set", "operator.image.repository=kubetune/operator", "--set", "operator.image.tag=dev",
-         "--set", "trainer.image=kubetune/trainer:dev",
-         "--set", f"s3.endpointUrl={env['AWS_ENDPOINT_URL']}", "--set-string", "s3.pathStyle=true",
-         "--set", f"s3.region={env['AWS_DEFAULT_REGION']}",
-         "--set", "operator.progressIntervalSeconds=1"],
-        env={**_os_env(), **env}, capture_output=True, text=True)
-    assert installed.returncode == 0, installed.stdout + installed.stderr
-    yield "kubetune"
-    subprocess.run(["helm", "uninstall", "kubetune", "-n", OPERATOR_NAMESPACE, "--wait"],
-                   env={**_os_env(), **env}, capture_output=True)
-
-
-def _os_env():
-    import os
-
-    return dict(os.environ)
-
-
-@pytest.fixture
-def job_namespace(control_plane, core, namespace):
-    """The test namespace plus the S3 credentials Secret the jobs reference."""
-    env = control_plane.env()
-    core.create_namespaced_secret(namespace, {"metadata": {"name": "s3-credentials"}, "stringData": {
-        "AWS_ACCESS_KEY_ID": env["AWS_ACCESS_KEY_ID"], "AWS_SECRET_ACCESS_KEY": env["AWS_SECRET_ACCESS_KEY"]}})
-    return namespace
-
-
-def example_job(inputs: dict, name: str, run_prefix: str, **training) -> dict:
-    """The SD1.5 example a user applies, pointed at the tiny model and data in S3."""
-    manifest = yaml.safe_load((REPO / "manifests" / "examples" / "sd15-lora.yaml").read_text())
-    manifest["metadata"]["name"] = name
-    spec = manifest["spec"]
-    spec["model"]["pretrained"] = inputs["model"]
-    spec["data"].update(uri=inputs["data"], resolution=32)
-    spec["training"].update({"maxSteps": 8, "batchSize": 2, "mixedPrecision": "no", "lrWarmupSteps": 0, **training})
-    spec["checkpoints"].update(uri=f"s3://{BUCKET}/{run_prefix}", everySteps=4)
-    spec["resources"] = {"nodes": 1, "gpusPerNode": 0}
-    spec["s3"] = {"credentialsSecret": "s3-credentials"}
-    return manifest
-
-
-def operator_log(control_plane, core) -> str:
-    """The operator pod's log, for failure messages."""
-    pods = core.list_namespaced_pod(OPERATOR_NAMESPACE, label_selector="app.kubernetes.io/name=kubetune-operator")
-    return "\n".join(control_plane.pod_log(p.metadata.name, OPERATOR_NAMESPACE, "operator").read_text()[-4000:]
-                     for p in pods.items)
 
 
 def printed_columns(header: str, row: str) -> dict[str, str]:
@@ -111,15 +28,6 @@ def printed_columns(header: str, row: str) -> dict[str, str]:
     names = header.split()
     starts = [header.index(name) for name in names] + [None]
     return {name: row[starts[i]:starts[i + 1]].strip() for i, name in enumerate(names)}
-
-
-def get_job(api_client, namespace: str, name: str) -> dict:
-    return client.CustomObjectsApi(api_client).get_namespaced_custom_object(
-        "kubetune.dev", "v1alpha1", namespace, "trainingjobs", name)
-
-
-def phase(api_client, namespace, name):
-    return (get_job(api_client, namespace, name).get("status") or {}).get("phase")
 
 
 def test_an_applied_example_trains_to_succeeded_and_its_lora_lands_in_s3(
@@ -328,7 +236,7 @@ def test_suspend_maps_to_the_child_and_back(control_plane, api_client, operator_
 
 def test_helm_test_passes(control_plane, operator_release):
     result = subprocess.run(["helm", "test", "kubetune", "-n", OPERATOR_NAMESPACE, "--timeout", "120s"],
-                            env={**_os_env(), **control_plane.env()}, capture_output=True, text=True)
+                            env={**os_env(), **control_plane.env()}, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
