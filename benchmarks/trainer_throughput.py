@@ -93,7 +93,15 @@ def run_kubetune(cfg: dict) -> float:
                             capture_output=True, text=True)
     if result.returncode:
         sys.exit(f"kubetune trainer failed:\n{result.stderr[-4000:]}")
-    return steady_rate(step_times_from_events(Path(cfg["out"]) / "logs"), cfg)
+    return steady_rate(step_times_from_events(newest_run(Path(cfg["out"])) / "logs"), cfg)
+
+
+def newest_run(checkpoints_uri: Path) -> Path:
+    """The run directory the trainer just wrote: <uri>/default/bench/v<highest N>."""
+    from kubetune_api import layout
+
+    runs = (checkpoints_uri / "default" / "bench").glob("v*")
+    return max(runs, key=lambda p: layout.parse_version(p.name) or -1)
 
 
 def step_times_from_events(log_dir: Path) -> list[float]:
@@ -143,7 +151,7 @@ def run_family(args, family: str, layout: str, workdir: Path, cached: bool) -> f
         if result.returncode:
             sys.exit(f"{family} failed:\n{result.stderr[-4000:]}")
     cfg = {"warmup_steps": args.warmup_steps, "batch_size": args.batch_size}
-    return steady_rate(step_times_from_events(out / "logs"), cfg)
+    return steady_rate(step_times_from_events(newest_run(out) / "logs"), cfg)
 
 
 def benchmark_families(args, workdir: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 import time
 
 import pytest
@@ -30,8 +31,15 @@ def printed_columns(header: str, row: str) -> dict[str, str]:
     return {name: row[starts[i]:starts[i + 1]].strip() for i, name in enumerate(names)}
 
 
+def kubetune_cli(env: dict, *args: str) -> str:
+    result = subprocess.run([sys.executable, "-m", "kubetune_cli.main", *args], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
 def test_an_applied_example_trains_to_succeeded_and_its_lora_lands_in_s3(
-        control_plane, api_client, core, operator_release, job_namespace, inputs_in_s3, s3):
+        control_plane, api_client, core, operator_release, job_namespace, inputs_in_s3, s3, tmp_path):
     manifest = example_job(inputs_in_s3, "sd15-e2e", "runs/sd15-e2e", maxSteps=30)
     kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(manifest))
 
@@ -65,10 +73,23 @@ def test_an_applied_example_trains_to_succeeded_and_its_lora_lands_in_s3(
     logs = control_plane.pod_log("sd15-e2e-master-0", job_namespace, "pytorch").read_text()
     assert final["status"]["phase"] == "Succeeded", logs[-3000:]
     assert final["status"]["startTime"] and final["status"]["completionTime"]
-    assert final["status"]["latestCheckpoint"] == f"s3://{BUCKET}/runs/sd15-e2e/checkpoint-30"
-    objects = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="runs/sd15-e2e/")["Contents"]}
-    assert "runs/sd15-e2e/pytorch_lora_weights.safetensors" in objects
-    assert "runs/sd15-e2e/checkpoint-30/manifest.json" in objects
+    run = f"runs/sd15-e2e/{job_namespace}/sd15-e2e/v0"  # <checkpoints.uri>/<namespace>/<job>/v<N>
+    assert final["status"]["outputUri"] == f"s3://{BUCKET}/{run}"
+    assert final["status"]["latestCheckpoint"] == f"s3://{BUCKET}/{run}/checkpoint-30"
+    objects = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{run}/")["Contents"]}
+    assert f"{run}/pytorch_lora_weights.safetensors" in objects
+    assert f"{run}/checkpoint-30/manifest.json" in objects
+
+    # A user finds the run through the cluster and downloads from S3 with `kubetune checkpoints`.
+    cli_env = {**os_env(), **control_plane.env()}
+    listing = kubetune_cli(cli_env, "checkpoints", "ls", "sd15-e2e", "-n", job_namespace)
+    assert f"s3://{BUCKET}/{run}/checkpoint-30" in listing and "<- current run" in listing, listing
+    pulled = kubetune_cli(cli_env, "checkpoints", "pull", "sd15-e2e", "-n", job_namespace, "--step", "final",
+                          "-o", str(tmp_path / "lora"))
+    assert (tmp_path / "lora" / "pytorch_lora_weights.safetensors").is_file(), pulled
+    missing = subprocess.run([sys.executable, "-m", "kubetune_cli.main", "checkpoints", "ls", "no-such-job", "-n",
+                              job_namespace], env=cli_env, capture_output=True, text=True)
+    assert missing.returncode == 1 and f"no TrainingJob 'no-such-job' in namespace '{job_namespace}'" in missing.stderr
 
     events = kubectl(control_plane, "get", "events", "-n", job_namespace,
                      "--field-selector", "involvedObject.name=sd15-e2e,involvedObject.kind=TrainingJob",
@@ -261,10 +282,12 @@ def test_deleting_the_master_pod_mid_run_still_ends_at_the_full_step_count(
                        and get_job(api_client, job_namespace, "preempted"), timeout=600, interval=2,
                        message="TrainingJob finished after losing its pod")
     assert final["status"]["phase"] == "Succeeded", final["status"]
-    state = json.loads(s3.get_object(Bucket=BUCKET, Key="runs/preempted/checkpoint-40/trainer_state.json")["Body"].read())
+    run = f"runs/preempted/{job_namespace}/preempted/v0"  # the replacement pod continued the same version
+    state = json.loads(s3.get_object(Bucket=BUCKET, Key=f"{run}/checkpoint-40/trainer_state.json")["Body"].read())
     assert state["step"] == 40
     objects = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="runs/preempted/")["Contents"]}
-    assert "runs/preempted/pytorch_lora_weights.safetensors" in objects
+    assert f"{run}/pytorch_lora_weights.safetensors" in objects
+    assert not any(key.startswith(f"runs/preempted/{job_namespace}/preempted/v1/") for key in objects)
     # The deleted pod checkpointed on SIGTERM; its replacement resumed there, not from step 0.
     logs = [d / "logs" / "pytorch.log" for d in sorted(
         control_plane.kubelet_state.glob(f"pods/{job_namespace}_preempted-master-0_*"), key=lambda d: d.stat().st_mtime)]

@@ -52,23 +52,37 @@ class S3Server:
                 "AWS_SECRET_ACCESS_KEY": self.secret, "AWS_DEFAULT_REGION": "us-east-1"}
 
     def start(self) -> None:
+        """Start on self.port. The first time, if another server took the port meanwhile (a
+        concurrent test session), move to a free one; a restart must keep its address."""
+        first = self.process is None
+        for _ in range(5 if first else 1):
+            if self._launch():
+                return
+            self.port = free_port() if first else self.port
+        unavailable("the S3 server did not start (its port was taken?)")
+
+    def _launch(self) -> bool:
+        """True once this server answers; False if it exited (a port already taken)."""
         self.process = subprocess.Popen(
             [str(self.binary), "--access", self.access, "--secret", self.secret, "--region", "us-east-1",
              "--port", f"127.0.0.1:{self.port}", "posix", str(self.root)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 30
-        while True:
+        while self.process.poll() is None:
             try:
                 urllib.request.urlopen(self.endpoint, timeout=1)
-                return
             except urllib.error.HTTPError:
-                return  # it answers (403 without credentials): up
+                pass  # it answers (403 without credentials)
             except OSError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
+                if time.monotonic() > deadline:
                     self.process.kill()
-                    unavailable("the S3 server did not start")
+                    unavailable("the S3 server did not answer within 30 s")
                 time.sleep(0.1)
+                continue
+            time.sleep(0.3)  # whoever answered, this process must still be alive to be the one
+            return self.process.poll() is None
+        return False
 
     def stop(self) -> None:
         self.process.terminate()

@@ -132,10 +132,10 @@ def test_lora_init_from_existing_weights_needs_the_same_rank(tiny_sd15, captions
     first = family_job("sd15", "captions", tiny_sd15, captions_data, tmp_path / "first", training={"maxSteps": 1})
     run_trainer(first, tmp_path)
     same = family_job("sd15", "captions", tiny_sd15, captions_data, tmp_path / "second",
-                      adapter={"initFrom": str(tmp_path / "first")}, training={"maxSteps": 1})
+                      adapter={"initFrom": str(run_dir(tmp_path / "first"))}, training={"maxSteps": 1})
     run_trainer(same, tmp_path)
     other_rank = family_job("sd15", "captions", tiny_sd15, captions_data, tmp_path / "third",
-                            adapter={"rank": 8, "initFrom": str(tmp_path / "first")})
+                            adapter={"rank": 8, "initFrom": str(run_dir(tmp_path / "first"))})
     stderr = run_trainer_expecting_failure(other_rank, tmp_path)
     assert "spec.adapter.initFrom" in stderr and "rank 4 but spec.adapter.rank is 8" in stderr
 
