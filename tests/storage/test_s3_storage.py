@@ -1,6 +1,7 @@
 """The storage layer against a real S3 server: mirroring prefixes, checkpoints, the trainer on s3://."""
 from __future__ import annotations
 
+import shutil
 import threading
 
 from kubetune_trainer import checkpoints
@@ -107,3 +108,25 @@ def test_run_versions_in_a_bucket_never_overwrite_and_a_restarted_run_finds_its_
     third = runs.claim_version(job, run_id="uid-3")  # uid-2 never reached 5 steps: it goes
     assert third.version == 2 and third.abandoned == (1,)
     assert sorted(job.children()) == ["v0", "v2"]
+
+
+def test_a_folder_is_mirrored_while_the_run_goes_on_and_fetched_back_on_another_machine(bucket, tmp_path):
+    store = CheckpointStore(f"s3://{bucket}/runs/job/v0", staging=tmp_path / "staging")
+    best = store.local / "best"
+    for step in (10, 20):
+        (best / f"step-{step}").mkdir(parents=True)
+        (best / f"step-{step}" / "weights.bin").write_bytes(b"x" * step)
+    store.mirror("best")
+    store.flush()
+    shutil.rmtree(best / "step-10")  # dropped from the best K
+    (best / "step-30").mkdir()
+    (best / "step-30" / "weights.bin").write_bytes(b"y" * 30)
+    store.mirror("best")
+    store.flush()
+    store.close()
+    assert s3.list_objects(store.remote.child("best")) == {"step-20/weights.bin": 20, "step-30/weights.bin": 30}
+
+    elsewhere = CheckpointStore(store.uri, staging=tmp_path / "other")
+    elsewhere.fetch_folder("best")
+    assert sorted(p.name for p in (elsewhere.local / "best").iterdir()) == ["step-20", "step-30"]
+    elsewhere.close()

@@ -207,6 +207,8 @@ def run(job: TrainingJob, cache_only: bool = False) -> Path | None:
             reporter.checkpoint_saved(pos.step, time.perf_counter() - started, size)
             store.publish_checkpoint(path, pos.step, size, spec.checkpoints.keep_last)  # uploads in the background
             record_run(pos.step)
+            reporter.flush()
+            store.mirror("logs")  # TensorBoard in S3 follows the checkpoints
         accelerator.wait_for_everyone()
 
     samples_per_step = spec.training.batch_size * spec.training.gradient_accumulation_steps * world
@@ -217,6 +219,8 @@ def run(job: TrainingJob, cache_only: bool = False) -> Path | None:
     store = CheckpointStore(place.uri, on_published=reporter.checkpoint_published,
                             on_pending=reporter.uploads_pending)
     run_id = run_id_from_env()
+    if accelerator.is_main_process:
+        store.fetch_folder("best")  # a restarted pod on another node keeps ranking against the same best K
 
     def record_run(steps: int, finished: bool = False) -> None:
         """run.json: how far the run got (a run that stops before runs.MIN_STEPS is cleaned up)."""
@@ -249,6 +253,9 @@ def run(job: TrainingJob, cache_only: bool = False) -> Path | None:
         if validator.due(pos.step, plan.total_steps):
             with weights_to_publish(), reporter.timed("validation"):
                 metrics = validator.run(accelerator.unwrap_model(model), pos.step, save_best)
+            if accelerator.is_main_process:
+                store.mirror("best")
+                store.mirror("samples")
             if isinstance(scheduler, PlateauScheduler) and "loss" in metrics:
                 scheduler.observe(metrics["loss"])
             stop = validator.should_stop

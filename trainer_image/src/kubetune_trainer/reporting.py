@@ -113,6 +113,11 @@ class Reporter:
         if self.enabled:
             self.metrics.uploads_pending.set(count)
 
+    def flush(self) -> None:
+        """Write buffered TensorBoard events to disk (before the logs are uploaded)."""
+        if self._writer is not None:
+            self._writer.flush()
+
     def message(self, text: str, *args) -> None:
         if self.enabled:
             log.info(text, *args)

@@ -96,12 +96,36 @@ class CheckpointStore:
             self.on_published(step, seconds, size)
 
         self.uploader.submit(Task(path.name, lambda: self._upload_checkpoint(path, keep_last), on_done=uploaded,
-                                  on_skipped=lambda: self._release(path, keep_last), supersedable=True))
+                                  on_skipped=lambda: self._release(path, keep_last), supersedable=True,
+                                  group="checkpoint"))
 
     def publish_files(self, files: list[Path], name: str) -> None:
         """Upload files under the local root (final weights, logs); a flush waits for them."""
         if self.remote is not None and files:
             self.uploader.submit(Task(name, lambda: s3.upload_files(files, self.local, self.remote), required=True))
+
+    def mirror(self, folder: str) -> None:
+        """Make <remote>/<folder> match the local folder (TensorBoard logs, best/, samples/) while
+        the run goes on: changed files uploaded, files gone locally deleted. Queued, so it never
+        runs beside a checkpoint upload; a newer mirror of the same folder replaces a waiting one."""
+        if self.remote is not None:
+            self.uploader.submit(Task(f"{folder}/", lambda: self._mirror(folder), supersedable=True,
+                                      group=folder))
+
+    def fetch_folder(self, folder: str) -> None:
+        """Bring <remote>/<folder> to local disk (a restarted pod picking up best/)."""
+        if self.remote is not None and s3.list_objects(self.remote.child(folder)):
+            s3.download_prefix(self.remote.child(folder), self.local / folder)
+
+    def _mirror(self, folder: str) -> None:
+        local = self.local / folder
+        remote = self.remote.child(folder)
+        present = {str(p.relative_to(local)): p for p in local.rglob("*") if p.is_file()} if local.is_dir() else {}
+        uploaded = s3.list_objects(remote)
+        changed = [p for name, p in present.items() if uploaded.get(name) != p.stat().st_size]
+        s3.upload_files(changed, local, remote)
+        for gone in set(uploaded) - set(present):
+            s3.delete_object(remote.child(gone))
 
     def write_text(self, name: str, text: str, required: bool = False) -> None:
         """A small file at the run's root (run.json): written locally, then uploaded in turn."""
@@ -125,7 +149,9 @@ class CheckpointStore:
         s3.upload_file(path / checkpoints.MANIFEST, target.child(checkpoints.MANIFEST))
         # keep-last-K in the bucket: only complete checkpoints count, so the newest always stays.
         for step in complete_steps(s3.list_objects(self.remote))[:-keep_last]:
-            s3.delete_prefix(self.remote.child(layout.checkpoint_name(step)))
+            old = self.remote.child(layout.checkpoint_name(step))
+            s3.delete_object(old.child(checkpoints.MANIFEST))  # first: incomplete = invisible to readers
+            s3.delete_prefix(old)
 
     def _release(self, path: Path, keep_last: int) -> None:
         with self._lock:

@@ -39,7 +39,9 @@ def client():
         s3={"addressing_style": "path" if path_style else "auto"},
         max_pool_connections=PARALLEL_FILES * 4,
     )
-    return boto3.client("s3", config=config)
+    # A session of its own: boto3's default session caches the credentials it first resolved, so a
+    # client made after the environment changed (a test's second S3 server) would sign with old keys.
+    return boto3.session.Session().client("s3", config=config)
 
 
 def _transfer_config():
@@ -97,6 +99,10 @@ def upload_files(files: list[Path], root: Path, location: S3Location) -> None:
     """Upload files (paths under root) to the same relative keys, in parallel."""
     with ThreadPoolExecutor(PARALLEL_FILES) as pool:
         list(pool.map(lambda f: upload_file(f, location.child(str(f.relative_to(root)))), files))
+
+
+def delete_object(location: S3Location) -> None:
+    client().delete_object(Bucket=location.bucket, Key=location.key)
 
 
 def delete_prefix(location: S3Location) -> None:

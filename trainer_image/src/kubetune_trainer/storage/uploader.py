@@ -24,7 +24,8 @@ class Task:
     work: Callable[[], None]
     on_done: Callable[[float], None] = lambda seconds: None  # seconds from the first attempt, retries included
     on_skipped: Callable[[], None] = lambda: None
-    supersedable: bool = False  # a newer supersedable task replaces this one while it waits
+    supersedable: bool = False  # a newer supersedable task of the same group replaces this one while it waits
+    group: str = ""
     required: bool = False  # flush() fails when this one gave up
     submitted: float = field(default_factory=time.monotonic)
 
@@ -50,7 +51,7 @@ class BackgroundUploader:
     def submit(self, task: Task) -> None:
         with self._condition:
             if task.supersedable:
-                for waiting in [t for t in self._queue if t.supersedable]:
+                for waiting in [t for t in self._queue if t.supersedable and t.group == task.group]:
                     self._queue.remove(waiting)
                     log.info("not uploading %s: %s is newer", waiting.name, task.name)
                     waiting.on_skipped()
