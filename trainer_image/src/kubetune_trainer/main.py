@@ -28,6 +28,7 @@ from kubetune_trainer.preemption import PREEMPTION_UPLOAD_SECONDS, Preempted, St
 from kubetune_trainer.run_directory import RunPlace, local_start_checkpoint, place_run, run_id_from_env
 from kubetune_trainer.storage import runs
 from kubetune_trainer.storage.checkpoint_store import CheckpointStore, local_path_for
+from kubetune_trainer.storage.uploader import UploadFailed
 from kubetune_trainer.storage.inputs import local_copy
 from kubetune_trainer.training_state import (Position, capture_rng, read_trainable, restore_state,
                                              save_main_state, save_rng_states)
@@ -226,6 +227,7 @@ def run(job: TrainingJob, cache_only: bool = False) -> Path | None:
         """run.json: how far the run got (a run that stops before runs.MIN_STEPS is cleaned up)."""
         if accelerator.is_main_process:
             store.write_text(layout.RUN_FILE, runs.run_record_text(run_id, steps, finished), required=finished)
+
     reporter.message("training %s: %d steps, %d process(es), %d samples", job.metadata.name,
                      plan.total_steps, world, len(dataset))
 
@@ -274,11 +276,14 @@ def run(job: TrainingJob, cache_only: bool = False) -> Path | None:
     except BaseException:
         # Preempted or crashed: what is already saved should still reach the bucket, within the
         # pod's grace period (terminationGracePeriodSeconds leaves room for this).
-        if not store.flush(timeout=PREEMPTION_UPLOAD_SECONDS):
-            log.error("uploads still pending after %d s; the newest checkpoints stay local only",
-                      PREEMPTION_UPLOAD_SECONDS)
+        try:
+            if not store.flush(timeout=PREEMPTION_UPLOAD_SECONDS):
+                log.error("uploads still pending after %d s; the newest checkpoints stay local only",
+                          PREEMPTION_UPLOAD_SECONDS)
+        except UploadFailed as err:
+            log.error("%s", err)
         reporter.close()
-        store.close()
+        store.close(wait=False)  # an upload still retrying must not hold the exit
         raise
     finally:
         validator.close()

@@ -138,9 +138,9 @@ class CheckpointStore:
         """Wait for every queued upload; False if the timeout came first."""
         return True if self.uploader is None else self.uploader.flush(timeout)
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         if self.uploader is not None:
-            self.uploader.close()
+            self.uploader.close(wait)
 
     def _upload_checkpoint(self, path: Path, keep_last: int) -> None:
         target = self.remote.child(path.name)

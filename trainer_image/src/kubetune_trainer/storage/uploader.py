@@ -77,12 +77,14 @@ class BackgroundUploader:
             raise UploadFailed(f"gave up uploading {', '.join(failed)} after {self.give_up_seconds:.0f} s of retries")
         return True
 
-    def close(self) -> None:
-        """Stop the thread once the queue is empty (flush first to know how that went)."""
+    def close(self, wait: bool = True) -> None:
+        """Stop the thread once the queue is empty (flush first to know how that went); with
+        wait=False return at once (the daemon thread ends with the process)."""
         with self._condition:
             self._closed = True
             self._condition.notify_all()
-        self._thread.join()
+        if wait:
+            self._thread.join()
 
     def _report_pending(self) -> None:
         self.on_pending(len(self._queue) + self._busy)
