@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,10 +75,22 @@ def when(timestamp: float | None) -> str:
     return datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
+@contextmanager
+def storage_errors(uri: str):
+    """S3 trouble (no credentials, no bucket, endpoint down) as one line naming the URI."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except (BotoCoreError, ClientError) as err:
+        fail(f"cannot read {uri}: {err} (check AWS_ENDPOINT_URL and the AWS credentials of this shell)")
+
+
 def load_runs(target: Target):
     from kubetune_trainer.storage.catalog import describe
 
-    found = describe(target.uri)
+    with storage_errors(target.uri):
+        found = describe(target.uri)
     if not found:
         fail(f"no runs under {target.uri} ({target.described}): nothing was written there yet")
     return found
@@ -142,7 +155,8 @@ def pull(job: str, namespace: str | None, step: str, version: int | None, out_di
     if step == "final":
         if not run.final_files:
             fail(f"{run.uri} has no final weights yet (the run has not finished); use --step latest")
-        written = pull_final(run, out)
+        with storage_errors(run.uri):
+            written = pull_final(run, out)
         what = "final weights"
     else:
         steps = [c.step for c in run.checkpoints]
@@ -152,7 +166,8 @@ def pull(job: str, namespace: str | None, step: str, version: int | None, out_di
         entry = run.checkpoint(wanted)
         if entry is None:
             fail(f"--step {step}: {run.uri} has no complete checkpoint-{step}; it has {', '.join(map(str, steps))}")
-        written = pull_checkpoint(entry, out)
+        with storage_errors(entry.uri):
+            written = pull_checkpoint(entry, out)
         what = f"checkpoint-{wanted}"
     size = sum(p.stat().st_size for p in written)
     click.echo(f"pulled {what} of {run.uri} ({len(written)} files, {human_size(size)}) into {out}")
