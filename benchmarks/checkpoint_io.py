@@ -6,13 +6,14 @@
 Starts a real S3 server (versitygw, built by devcluster/build.sh) on loopback and writes a
 checkpoint shaped like a LoRA run's (adapter in safetensors, AdamW state twice its size with
 torch.save, the published adapter, per-rank RNG files), then measures per round:
-  save     writing it to local disk plus the manifest (sizes + sha256): training waits for this;
+  save     serialising it to local disk: training waits for this;
   enqueue  handing it to the background uploader: training waits for this too;
-  upload   kubetune's upload (parallel files, multipart, manifest last), in the background;
+  upload   in the background: the manifest (sizes + sha256), then kubetune's upload (parallel
+           files, multipart, manifest last);
   boto3    the same files with a plain sequential boto3 `upload_file` each, default settings —
            what a hand-written sync does (for throughput only; nothing orders its manifest).
 The stall per checkpoint is save + enqueue with background uploads, against save + upload when
-the upload is inline. Medians are printed (a benchmark, not a test: nothing is asserted).
+the manifest and upload are inline. Medians are printed (a benchmark, not a test: nothing is asserted).
 """
 from __future__ import annotations
 
@@ -73,9 +74,7 @@ def adapter_tensors(size_mib: int) -> dict[str, torch.Tensor]:
 
 
 def write_checkpoint(path: Path, adapter: dict[str, torch.Tensor], step: int) -> None:
-    """What the trainer's save does, shaped like a LoRA run's checkpoint."""
-    from kubetune_trainer import checkpoints
-
+    """What the trainer's save does on the training thread, shaped like a LoRA run's checkpoint."""
     path.mkdir(parents=True)
     save_file(adapter, path / "trainable.safetensors")
     torch.save({"state": {i: {"exp_avg": t, "exp_avg_sq": t.clone()} for i, t in enumerate(adapter.values())}},
@@ -83,7 +82,6 @@ def write_checkpoint(path: Path, adapter: dict[str, torch.Tensor], step: int) ->
     save_file(adapter, path / "pytorch_lora_weights.safetensors")
     for rank in range(8):
         torch.save({"torch": torch.get_rng_state()}, path / f"rng-rank{rank}.pt")
-    checkpoints.write_manifest(path, step, 0, 0.1)
 
 
 def mib_per_s(size: int, seconds: float) -> float:
@@ -119,9 +117,8 @@ def main(argv=None) -> None:
             started = time.perf_counter()
             write_checkpoint(path, adapter, round_)
             save = time.perf_counter() - started
-            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
             started = time.perf_counter()
-            store.publish_checkpoint(path, round_, size, keep_last=10)
+            size = store.publish_checkpoint(path, round_, 0, 0.1, keep_last=10)
             enqueue = time.perf_counter() - started
             store.flush()
             store.close()

@@ -32,11 +32,11 @@ def test_a_directory_round_trips_through_a_prefix(bucket, tmp_path):
 
 
 def save_checkpoint(root, step: int, payload: bytes = b"w"):
+    """A checkpoint's files as the trainer writes them (the store adds the manifest)."""
     path = checkpoints.checkpoint_dir(root, step)
     path.mkdir(parents=True)
     (path / "weights.bin").write_bytes(payload * step)
-    manifest = checkpoints.write_manifest(path, step=step, epoch=0, loss=None)
-    return path, sum(f["size"] for f in manifest["files"].values())
+    return path
 
 
 def test_checkpoints_upload_in_the_background_manifest_last_and_are_pruned_remotely(bucket, tmp_path):
@@ -44,13 +44,13 @@ def test_checkpoints_upload_in_the_background_manifest_last_and_are_pruned_remot
     store = CheckpointStore(f"s3://{bucket}/runs/ns/job/v0", staging=tmp_path / "staging",
                             on_published=lambda step, seconds, size: published.append((step, size)))
     for step in (2, 4, 6):
-        path, size = save_checkpoint(store.local, step)
-        store.publish_checkpoint(path, step, size, keep_last=2)
+        size = store.publish_checkpoint(save_checkpoint(store.local, step), step, 0, None, keep_last=2)
+        assert size == step  # weights.bin holds `step` bytes
         assert store.flush(timeout=60)  # one at a time, so none is superseded while it waits
     store.close()
     assert sorted(s3.list_children(store.remote)) == ["checkpoint-4", "checkpoint-6"]
     assert sorted(p.name for p in store.local.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
-    assert [step for step, _ in published] == [2, 4, 6]
+    assert published == [(2, 2), (4, 4), (6, 6)]
 
     # A fresh machine (empty staging) finds the newest complete checkpoint in the bucket.
     assert newest_intact(store.uri, staging=tmp_path / "other") == f"{store.uri}/checkpoint-6"
@@ -62,8 +62,7 @@ def test_a_checkpoint_superseded_while_it_waits_is_not_uploaded_and_not_pruned_e
     gate = threading.Event()
     store.uploader.submit(Task("a slow upload ahead", gate.wait))  # holds the queue
     for step in (2, 4, 6):
-        path, size = save_checkpoint(store.local, step)
-        store.publish_checkpoint(path, step, size, keep_last=1)
+        store.publish_checkpoint(save_checkpoint(store.local, step), step, 0, None, keep_last=1)
     assert checkpoints.checkpoint_dir(store.local, 6).is_dir()
     gate.set()
     assert store.flush(timeout=60)
@@ -74,8 +73,8 @@ def test_a_checkpoint_superseded_while_it_waits_is_not_uploaded_and_not_pruned_e
 
 def test_an_upload_without_manifest_is_never_resumed_from(bucket, tmp_path):
     store = CheckpointStore(f"s3://{bucket}/runs/job/v0", staging=tmp_path / "staging")
-    complete, size = save_checkpoint(store.local, 2)
-    store.publish_checkpoint(complete, 2, size, keep_last=5)
+    complete = save_checkpoint(store.local, 2)
+    store.publish_checkpoint(complete, 2, 0, None, keep_last=5)
     store.flush()
     store.close()
     # A later save that died after its files but before its manifest.
@@ -88,8 +87,7 @@ def test_an_upload_without_manifest_is_never_resumed_from(bucket, tmp_path):
 def test_a_damaged_newest_checkpoint_in_the_bucket_falls_back_with_a_warning(bucket, tmp_path, caplog):
     store = CheckpointStore(f"s3://{bucket}/runs/job/v0", staging=tmp_path / "staging")
     for step in (2, 4):
-        path, size = save_checkpoint(store.local, step)
-        store.publish_checkpoint(path, step, size, keep_last=5)
+        store.publish_checkpoint(save_checkpoint(store.local, step), step, 0, None, keep_last=5)
         store.flush()
     store.close()
     s3.write_text(store.remote.child("checkpoint-4", "weights.bin"), "truncated")

@@ -203,10 +203,9 @@ def run(job: TrainingJob, cache_only: bool = False) -> Path | None:
         rng_states = gather_object([capture_rng(noise_generator)])
         if accelerator.is_main_process:
             save_rng_states(path, rng_states)
-            manifest = checkpoints.write_manifest(path, pos.step, pos.epoch, pos.loss)
-            size = sum(f["size"] for f in manifest["files"].values())
+            # Manifest (complete from then on) and upload: now for a local store, else in the background.
+            size = store.publish_checkpoint(path, pos.step, pos.epoch, pos.loss, spec.checkpoints.keep_last)
             reporter.checkpoint_saved(pos.step, time.perf_counter() - started, size)
-            store.publish_checkpoint(path, pos.step, size, spec.checkpoints.keep_last)  # uploads in the background
             record_run(pos.step)
             reporter.flush()
             store.mirror("logs")  # TensorBoard in S3 follows the checkpoints

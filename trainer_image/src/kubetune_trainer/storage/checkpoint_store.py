@@ -1,8 +1,8 @@
 """Where one run's checkpoints live: a local directory, mirrored to S3 when the URI is s3://.
 
-Training always writes a checkpoint to local disk first (fast, and what a resume reads); with an
-s3:// URI the background uploader then sends its files and, last, its manifest, so a reader of
-the bucket never sees a checkpoint whose files are not all there. Until its upload is done a
+Training always writes a checkpoint to local disk first; with an s3:// URI the background
+uploader then writes its manifest and sends its files and, last, the manifest, so a reader of the
+bucket never sees a checkpoint whose files are not all there. Until its upload is done a
 checkpoint is protected from local pruning; the newest checkpoint counts as published (for
 status.latestCheckpoint) only once it is complete in the bucket.
 """
@@ -82,22 +82,37 @@ class CheckpointStore:
         self._uploading: set[Path] = set()  # saved locally, not yet in the bucket
         self._lock = threading.Lock()
 
-    def publish_checkpoint(self, path: Path, step: int, size: int, keep_last: int) -> None:
-        """A complete local checkpoint: prune locally, or queue its upload (manifest last)."""
+    def publish_checkpoint(self, path: Path, step: int, epoch: int, loss: float | None, keep_last: int) -> int:
+        """A checkpoint whose files are all written: its manifest (sizes, sha256) makes it complete.
+        Returns its size in bytes.
+
+        Locally that happens now. Bound for S3 it happens on the upload thread, and the upload
+        follows (files, then the manifest): hashing a large checkpoint takes seconds that
+        training need not wait for. Until then the directory has no manifest, so nothing
+        resumes from it and local pruning leaves it alone (it is the newest).
+        """
+        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
         if self.remote is None:
+            checkpoints.write_manifest(path, step, epoch, loss)
             checkpoints.prune(self.local, keep_last)
             self.on_published(step, None, size)
-            return
+            return size
         with self._lock:
             self._uploading.add(path)
+
+        def upload() -> None:
+            if not (path / checkpoints.MANIFEST).is_file():  # a retry finds it written already
+                checkpoints.write_manifest(path, step, epoch, loss)
+            self._upload_checkpoint(path, keep_last)
 
         def uploaded(seconds: float) -> None:
             self._release(path, keep_last)
             self.on_published(step, seconds, size)
 
-        self.uploader.submit(Task(path.name, lambda: self._upload_checkpoint(path, keep_last), on_done=uploaded,
+        self.uploader.submit(Task(path.name, upload, on_done=uploaded,
                                   on_skipped=lambda: self._release(path, keep_last), supersedable=True,
                                   group="checkpoint"))
+        return size
 
     def publish_files(self, files: list[Path], name: str) -> None:
         """Upload files under the local root (final weights, logs); a flush waits for them."""
