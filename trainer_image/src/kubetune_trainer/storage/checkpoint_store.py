@@ -1,8 +1,8 @@
 """Where one run's checkpoints live: a local directory, mirrored to S3 when the URI is s3://.
 
 Training always writes a checkpoint to local disk first; with an s3:// URI the background
-uploader then writes its manifest and sends its files and, last, the manifest, so a reader of the
-bucket never sees a checkpoint whose files are not all there. Until its upload is done a
+uploader then writes its manifest locally, uploads its files and, last, the manifest, so a reader
+of the bucket never sees a checkpoint whose files are not all there. Until its upload is done a
 checkpoint is protected from local pruning; the newest checkpoint counts as published (for
 status.latestCheckpoint) only once it is complete in the bucket.
 """
