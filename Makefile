@@ -43,8 +43,10 @@ e2e: $(STAMP) cluster-bins
 test: $(STAMP) cluster-bins
 	$(PY) -m pytest tests -q -ra
 
-bench: $(STAMP)
+bench: $(STAMP) cluster-bins
 	$(PY) benchmarks/trainer_throughput.py
+	$(PY) benchmarks/checkpoint_io.py
+	$(PY) benchmarks/metrics_overhead.py
 
 clean:
 	rm -rf out build .pytest_cache
