@@ -11,7 +11,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from kubetune_trainer.tiny_models import write_tiny_model
 from tests.trainer.conftest import (run_dir, run_trainer, run_trainer_expecting_failure, trainer_command,
                                    trainer_env, write_manifest)
 
