@@ -8,7 +8,9 @@ Runs started without an id (`kubetune train` on a laptop) get a new version ever
 Each version holds run.json, rewritten as the run goes (start, step MIN_STEPS, each checkpoint,
 the end). A run that stopped before MIN_STEPS steps without finishing left nothing worth
 keeping — a typo in the manifest, a crash while loading — and the next run of the job deletes it.
-Version numbers are never reused, so even a wrongly judged run is never written into.
+Version numbers are never reused, so even a wrongly judged run is never written into. This
+assumes one live run per job at a time, which Kubernetes gives (one TrainingJob per
+namespace/name); two local `kubetune train` of the same job at once could delete the younger.
 """
 from __future__ import annotations
 
