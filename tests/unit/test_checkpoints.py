@@ -2,6 +2,13 @@
 import json
 
 from kubetune_trainer import checkpoints
+from kubetune_trainer.storage.checkpoint_store import newest_intact
+
+
+def newest_step(root) -> int | None:
+    """The step a run in `root` resumes from (newest_intact works on local and s3:// runs)."""
+    uri = newest_intact(str(root))
+    return None if uri is None else int(uri.rsplit("-", 1)[1])
 
 
 def make_checkpoint(root, step, complete=True):
@@ -21,31 +28,31 @@ def test_manifest_lists_files_with_sizes_and_checksums(tmp_path):
     assert len(manifest["files"]["weights.bin"]["sha256"]) == 64
 
 
-def test_latest_complete_skips_a_checkpoint_without_manifest(tmp_path):
+def test_resume_skips_a_checkpoint_without_manifest(tmp_path):
     make_checkpoint(tmp_path, 2)
     make_checkpoint(tmp_path, 4, complete=False)
-    assert checkpoints.latest_complete(tmp_path).step == 2
+    assert newest_step(tmp_path) == 2
 
 
-def test_latest_complete_falls_back_when_a_file_is_corrupt(tmp_path, caplog):
+def test_resume_falls_back_when_a_file_is_corrupt(tmp_path, caplog):
     make_checkpoint(tmp_path, 2)
     newest = make_checkpoint(tmp_path, 4)
     (newest / "weights.bin").write_bytes(b"\0" * 100)
-    assert checkpoints.latest_complete(tmp_path).step == 2
+    assert newest_step(tmp_path) == 2
     assert "does not match its checksum" in caplog.text
 
 
-def test_latest_complete_falls_back_when_a_file_is_missing(tmp_path, caplog):
+def test_resume_falls_back_when_a_file_is_missing(tmp_path, caplog):
     make_checkpoint(tmp_path, 2)
     (make_checkpoint(tmp_path, 4) / "weights.bin").unlink()
-    assert checkpoints.latest_complete(tmp_path).step == 2
+    assert newest_step(tmp_path) == 2
     assert "weights.bin is missing" in caplog.text
 
 
 def test_steps_sort_numerically_not_by_name(tmp_path):
     for step in (9, 10, 100):
         make_checkpoint(tmp_path, step)
-    assert checkpoints.latest_complete(tmp_path).step == 100
+    assert newest_step(tmp_path) == 100
 
 
 def test_prune_keeps_the_newest_complete_and_drops_stale_partials(tmp_path):
@@ -58,4 +65,4 @@ def test_prune_keeps_the_newest_complete_and_drops_stale_partials(tmp_path):
 
 
 def test_no_checkpoints_means_a_fresh_start(tmp_path):
-    assert checkpoints.latest_complete(tmp_path / "missing") is None
+    assert newest_step(tmp_path / "missing") is None

@@ -1,33 +1,24 @@
 """Checkpoint directories: `checkpoint-<step>/` with a manifest written last.
 
 A checkpoint counts only when its manifest exists and every file it lists has the recorded size
-and checksum, so a run killed mid-save never resumes from half a checkpoint.
+and checksum, so a run killed mid-save never resumes from half a checkpoint (which one a run
+resumes from: storage.checkpoint_store.newest_intact, for local and s3:// runs alike).
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
-import re
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from kubetune_api import layout
+
 MANIFEST = "manifest.json"
-_NAME = re.compile(r"^checkpoint-(\d+)$")
-log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    step: int
-    path: Path
-    manifest: dict
 
 
 def checkpoint_dir(root: Path, step: int) -> Path:
-    return root / f"checkpoint-{step}"
+    return root / layout.checkpoint_name(step)
 
 
 def sha256_of(path: Path) -> str:
@@ -74,18 +65,9 @@ def checkpoint_steps(root: Path) -> list[tuple[int, Path]]:
     """Every checkpoint-<step> directory under root, oldest first, complete or not."""
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _NAME.match(p.name))]
+    found = [(step, p) for p in root.iterdir()
+             if p.is_dir() and (step := layout.parse_checkpoint(p.name)) is not None]
     return sorted(found)
-
-
-def latest_complete(root: Path) -> Checkpoint | None:
-    """The newest intact checkpoint; newer broken ones are reported and passed over."""
-    for step, path in reversed(checkpoint_steps(root)):
-        manifest, problem = verify(path)
-        if manifest is not None:
-            return Checkpoint(step, path, manifest)
-        log.warning("skipping %s: %s; falling back to an older checkpoint", path, problem)
-    return None
 
 
 def prune(root: Path, keep_last: int, protect: set[Path] = frozenset()) -> list[Path]:

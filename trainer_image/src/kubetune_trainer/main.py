@@ -155,7 +155,8 @@ def run(job: TrainingJob, cache_only: bool = False) -> Path | None:
     # Where this run writes (its own version directory) and which checkpoint it starts from.
     place = agree_on_run_place(accelerator, spec, namespace, job.metadata.name)
     with accelerator.local_main_process_first():
-        start_checkpoint = local_start_checkpoint(place, accelerator.is_local_main_process)
+        start_checkpoint = local_start_checkpoint(
+            place, fetch=accelerator.is_local_main_process and not accelerator.is_main_process)
     output = local_path_for(place.uri)
     validator = Validator(spec, family, held_out, output, accelerator.is_main_process)
     # State beyond weights, optimizer and schedule that an exact resume needs.

@@ -58,11 +58,12 @@ def place_run(checkpoints: CheckpointSpec, namespace: str, job: str, run_id: str
     return RunPlace(choice.version, run_uri, start_from)
 
 
-def local_start_checkpoint(place: RunPlace, first_on_node: bool) -> Path | None:
-    """The starting checkpoint on this node's disk; the node's first process fetches it."""
+def local_start_checkpoint(place: RunPlace, fetch: bool) -> Path | None:
+    """The starting checkpoint on this node's disk. `fetch`: this process brings it there (the
+    first process of a node other than the main one's, which fetched it while placing the run)."""
     if place.start_from is None:
         return None
-    if first_on_node:
+    if fetch:
         _, problem = fetch_intact(place.start_from)
         if problem:
             raise RuntimeError(f"{place.start_from} changed while the run started: {problem}")

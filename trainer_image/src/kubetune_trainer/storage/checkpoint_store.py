@@ -50,11 +50,10 @@ def complete_steps(files: dict[str, int]) -> list[int]:
 
 def fetch_intact(uri: str, staging: Path | None = None) -> tuple[Path | None, str]:
     """A local, verified copy of the checkpoint at uri; (None, the reason) when it is not whole."""
-    local = local_path_for(uri, staging)
-    tree = open_tree(uri)
-    if tree.read_text(checkpoints.MANIFEST) is None:
-        return None, "no manifest.json (the checkpoint was never completed)"
-    tree.download(local)
+    try:
+        local = open_tree(uri).download(local_path_for(uri, staging))
+    except FileNotFoundError:
+        return None, "nothing is there"
     manifest, problem = checkpoints.verify(local)
     return (local, "") if manifest is not None else (None, problem)
 

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,6 @@ class Task:
     supersedable: bool = False  # a newer supersedable task of the same group replaces this one while it waits
     group: str = ""
     required: bool = False  # flush() fails when this one gave up
-    submitted: float = field(default_factory=time.monotonic)
 
 
 class UploadFailed(RuntimeError):
