@@ -71,7 +71,28 @@ BAD_INPUTS = [
     ("spec.validation", {"keepBest": 0}, ["spec.validation.keepBest", "greater than or equal to 1"]),
     ("spec.pmg", {"numImagePrompt": 2}, ["spec.pmg applies to family pmg only"]),
     ("spec.pmg", {"maxSequenceLength": 4}, ["spec.pmg.maxSequenceLength", "greater than or equal to 8"]),
+    ("spec.distributed", {"strategy": "zero3"}, ["spec.distributed.strategy", "'auto'", "'ddp'", "'fsdp'"]),
+    ("spec.distributed", {"cpuOffload": True}, ["spec.distributed.cpuOffload", "needs strategy fsdp"]),
+    ("spec.distributed", {"processesPerNode": 2}, ["spec.distributed.processesPerNode", "one process per GPU"]),
+    ("spec.distributed", {"processesPerNode": 0}, ["spec.distributed.processesPerNode", "greater than or equal to 1"]),
 ]
+
+FSDP_CONFLICTS = [
+    ("spec.model.quantization", "nf4", ["spec.model.quantization cannot be sharded by fsdp", "strategy ddp"]),
+    ("spec.training.optimizer", "adamw8bit", ["spec.training.optimizer adamw8bit", "use adamw with fsdp"]),
+    ("spec.training.mixedPrecision", "fp16", ["spec.training.mixedPrecision fp16", "use bf16 with fsdp"]),
+]
+
+
+@pytest.mark.parametrize("field,value,expected", FSDP_CONFLICTS, ids=[f for f, _, _ in FSDP_CONFLICTS])
+def test_options_fsdp_cannot_shard_are_refused_naming_the_option_and_the_fix(example_manifest, field, value, expected):
+    sharded = with_change(example_manifest, "spec.distributed", {"strategy": "fsdp"})
+    parse_manifest(sharded)  # the example itself shards
+    with pytest.raises(ManifestError) as caught:
+        parse_manifest(with_change(sharded, field, value))
+    for words in expected:
+        assert words in str(caught.value), str(caught.value)
+    parse_manifest(with_change(example_manifest, field, value))  # the same option under ddp is fine
 
 
 @pytest.mark.parametrize("field,value,expected", BAD_INPUTS, ids=[f"{f}={v!r}" for f, v, _ in BAD_INPUTS])

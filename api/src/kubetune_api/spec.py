@@ -372,6 +372,39 @@ class ResourcesSpec(_Model):
     )
 
 
+class DistributedSpec(_Model):
+    """How the job's processes share the work: one process per GPU, across every node."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
+        "rule": "!has(self.cpuOffload) || !self.cpuOffload || self.strategy == 'fsdp'",
+        "message": "spec.distributed.cpuOffload shards to CPU memory: it needs strategy fsdp",
+    }]})
+
+    strategy: Literal["auto", "ddp", "fsdp"] = Field(
+        default="auto",
+        description="ddp: every process holds the whole model and gradients are averaged; fsdp: parameters, "
+        "gradients and optimizer state are sharded over all processes (FSDP2), for models that do not fit one "
+        "GPU; auto: fsdp when the model does not fit a GPU under ddp (see `kubetune plan`), else ddp "
+        "(always ddp on the CPU).",
+    )
+    processes_per_node: Optional[int] = Field(
+        default=None, ge=1, le=64,
+        description="Training processes per pod. Unset: one per GPU, or one on the CPU. CPU jobs may run "
+        "several (they train together over gloo); a GPU job always runs one per GPU.",
+    )
+    cpu_offload: bool = Field(
+        default=False,
+        description="fsdp only: keep the sharded parameters, gradients and optimizer state in CPU memory "
+        "between uses (CUDA GPUs; slower, for models that do not fit even sharded).",
+    )
+
+    @model_validator(mode="after")
+    def _offload_needs_fsdp(self) -> "DistributedSpec":
+        if self.cpu_offload and self.strategy != "fsdp":
+            raise ValueError("spec.distributed.cpuOffload shards to CPU memory: it needs strategy fsdp")
+        return self
+
+
 class S3Spec(_Model):
     """How the trainer reaches S3 for s3:// URIs. Without a Secret the default AWS chain is used (IRSA)."""
 
@@ -433,6 +466,29 @@ class RunPolicySpec(_Model):
     )
 
 
+PROCESSES_PER_GPU_MESSAGE = ("spec.distributed.processesPerNode: a GPU job runs one process per GPU; leave it "
+                             "unset or equal to spec.resources.gpusPerNode")
+
+# Options that cannot run sharded, with the fix; for the API server (CEL) and for Python alike.
+FSDP_CEL_RULES = [
+    ("!has(self.distributed) || self.distributed.strategy != 'fsdp' || !has(self.model.quantization)",
+     "spec.model.quantization cannot be sharded by fsdp: train the quantized base with strategy ddp, "
+     "or shard the unquantized base with fsdp"),
+    ("!has(self.distributed) || self.distributed.strategy != 'fsdp' || self.training.optimizer != 'adamw8bit'",
+     "spec.training.optimizer adamw8bit keeps quantized state that fsdp cannot shard: use adamw with fsdp, "
+     "or adamw8bit with strategy ddp"),
+    ("!has(self.distributed) || self.distributed.strategy != 'fsdp' || self.training.mixedPrecision != 'fp16'",
+     "spec.training.mixedPrecision fp16 needs a loss scaler that fsdp does not shard: use bf16 with fsdp"),
+]
+
+
+def fsdp_conflicts(spec: "TrainingJobSpec") -> list[str]:
+    """The FSDP_CEL_RULES messages that apply to a spec with strategy fsdp (the same rules in Python)."""
+    checks = [spec.model.quantization is not None, spec.training.optimizer == "adamw8bit",
+              spec.training.mixed_precision == "fp16"]
+    return [message for (_, message), broken in zip(FSDP_CEL_RULES, checks) if broken]
+
+
 class TrainingJobSpec(_Model):
     """The desired training run."""
 
@@ -454,7 +510,12 @@ class TrainingJobSpec(_Model):
         "rule": "!has(self.validation) || !has(self.validation.monitor) || self.validation.monitor == 'loss' "
                 "|| self.model.family == 'classifier'",
         "message": "spec.validation.monitor accuracy and f1 are classifier metrics; use loss for diffusion families",
-    }]})
+    }, {
+        "rule": "!has(self.distributed) || !has(self.distributed.processesPerNode) || !has(self.resources) "
+                "|| !has(self.resources.gpusPerNode) || self.resources.gpusPerNode == 0 "
+                "|| self.distributed.processesPerNode == self.resources.gpusPerNode",
+        "message": PROCESSES_PER_GPU_MESSAGE,
+    }, *[{"rule": rule, "message": message} for rule, message in FSDP_CEL_RULES]]})
 
     model: ModelSpec = Field(description="The base model.")
     adapter: AdapterSpec = Field(default_factory=AdapterSpec, description="What is trained.")
@@ -466,6 +527,9 @@ class TrainingJobSpec(_Model):
     )
     pmg: Optional[PmgSpec] = Field(default=None, description="PMG options (family pmg only).")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Nodes, GPUs and pod sizes.")
+    distributed: DistributedSpec = Field(
+        default_factory=DistributedSpec, description="Data parallel (ddp) or sharded (fsdp) training.",
+    )
     s3: S3Spec = Field(default_factory=S3Spec, description="S3 access for s3:// URIs.")
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Pod placement and identity.")
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec, description="Retries and time limits.")
@@ -488,6 +552,11 @@ class TrainingJobSpec(_Model):
             raise ValueError(f"spec.pmg applies to family pmg only, not {self.model.family!r}")
         if self.data.control_dropout and self.data.layout != "edit-pairs":
             raise ValueError("spec.data.controlDropout applies to the edit-pairs layout only")
+        processes = self.distributed.processes_per_node
+        if processes is not None and self.resources.gpus_per_node and processes != self.resources.gpus_per_node:
+            raise ValueError(PROCESSES_PER_GPU_MESSAGE)
+        if self.distributed.strategy == "fsdp" and fsdp_conflicts(self):
+            raise ValueError("; ".join(fsdp_conflicts(self)))
         if self.validation.monitor != "loss" and self.model.family != "classifier":
             raise ValueError(f"spec.validation.monitor {self.validation.monitor!r} is a classifier metric; "
                              "use loss for diffusion families")
