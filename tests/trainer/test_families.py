@@ -141,11 +141,15 @@ def test_lora_init_from_existing_weights_needs_the_same_rank(tiny_sd15, captions
 
 
 @pytest.mark.parametrize("quantization", ["nf4", "fp8"])
-def test_quantization_on_cpu_is_refused_naming_the_option(quantization, tiny_sd15, captions_data, tmp_path):
+def test_quantization_on_a_cpu_job_is_refused_before_training_naming_the_option(quantization, tiny_sd15,
+                                                                                 captions_data, tmp_path):
+    """The manifest check refuses it (the runtime refusal, quantization.check_supported, is unit-tested)."""
     manifest = family_job("sd15", "captions", tiny_sd15, captions_data, tmp_path / "out",
                           model={"quantization": quantization})
     stderr = run_trainer_expecting_failure(manifest, tmp_path)
-    assert f"spec.model.quantization: {quantization} needs a CUDA GPU" in stderr
+    assert (f"spec.model.quantization {quantization} needs a CUDA GPU: this job has spec.resources.gpusPerNode 0"
+            in stderr), stderr
+    assert not (tmp_path / "out").exists(), "refused before the run wrote anything"
 
 
 def flux_transformer_output(transformer) -> torch.Tensor:

@@ -167,12 +167,13 @@ def test_resuming_with_a_different_rank_is_refused(tiny_job, tmp_path):
     assert "checkpoint does not match the adapter" in result.stderr
 
 
-def test_fp16_on_cpu_is_refused_naming_the_option(tiny_job, tmp_path):
+def test_fp16_on_a_cpu_job_is_refused_naming_the_option(tiny_job, tmp_path):
     manifest = tiny_job(mixedPrecision="fp16")
     config = write_manifest(manifest, tmp_path)
     result = subprocess.run(trainer_command(config), env=trainer_env(), capture_output=True, text=True)
     assert result.returncode == 2
-    assert "spec.training.mixedPrecision: fp16 needs a GPU" in result.stderr
+    assert ("spec.training.mixedPrecision fp16 needs a CUDA GPU: this job has spec.resources.gpusPerNode 0"
+            in result.stderr), result.stderr
 
 
 def test_bf16_mixed_precision_trains_on_cpu(tiny_job, tmp_path):

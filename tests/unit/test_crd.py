@@ -62,3 +62,12 @@ def test_crd_names_short_name_and_printer_columns():
     assert version["subresources"] == {"status": {}}
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert columns["Phase"] == ".status.phase" and columns["Loss"] == ".status.progress.loss"
+
+
+def test_cuda_only_options_reach_the_api_server_in_the_python_words():
+    from kubetune_api.spec import CUDA_ONLY_OPTIONS
+
+    rules = {r["message"]: r["rule"] for r in spec_schema()["properties"]["spec"]["x-kubernetes-validations"]}
+    for option in CUDA_ONLY_OPTIONS:
+        assert rules.get(option.message) == option.cel, option.field
+        assert "has(self.resources.gpusPerNode)" in option.cel, "absent = the default, one GPU"

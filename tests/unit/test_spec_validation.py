@@ -1,9 +1,12 @@
 """The TrainingJob spec accepts the examples and rejects bad input, naming the field."""
 import copy
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
 from kubetune_api.manifest import ManifestError, apply_overrides, load_manifest, parse_manifest
+from kubetune_api.spec import CUDA_ONLY_OPTIONS
 from tests.conftest import EXAMPLES
 
 
@@ -13,8 +16,20 @@ def test_every_example_manifest_validates(path):
     assert job.kind == "TrainingJob"
 
 
+@dataclass(frozen=True)
+class OnCpu:
+    """A value set on a CPU job: with_change also sets spec.resources.gpusPerNode to 0."""
+
+    value: Any
+
+    def __repr__(self) -> str:
+        return f"{self.value!r} with gpusPerNode 0"
+
+
 def with_change(manifest: dict, dotted: str, value) -> dict:
-    """A copy of the manifest with one field set (value DELETE removes it)."""
+    """A copy of the manifest with one field set (value DELETE removes it, OnCpu(v) sets v on a CPU job)."""
+    if isinstance(value, OnCpu):
+        return with_change(with_change(manifest, "spec.resources.gpusPerNode", 0), dotted, value.value)
     result = copy.deepcopy(manifest)
     *parents, last = dotted.split(".")
     node = result
@@ -75,6 +90,17 @@ BAD_INPUTS = [
     ("spec.distributed", {"cpuOffload": True}, ["spec.distributed.cpuOffload", "needs strategy fsdp"]),
     ("spec.distributed", {"processesPerNode": 2}, ["spec.distributed.processesPerNode", "one process per GPU"]),
     ("spec.distributed", {"processesPerNode": 0}, ["spec.distributed.processesPerNode", "greater than or equal to 1"]),
+    # CUDA-only options on a CPU job (spec.resources.gpusPerNode 0).
+    ("spec.model.quantization", OnCpu("nf4"), [
+        "spec.model.quantization nf4 needs a CUDA GPU: this job has spec.resources.gpusPerNode 0; "
+        "remove quantization or request GPUs"]),
+    ("spec.model.quantization", OnCpu("fp8"), ["spec.model.quantization fp8 needs a CUDA GPU", "gpusPerNode 0"]),
+    ("spec.training.optimizer", OnCpu("adamw8bit"), ["spec.training.optimizer adamw8bit needs a CUDA GPU",
+                                                     "spec.resources.gpusPerNode 0", "use adamw or request GPUs"]),
+    ("spec.training.mixedPrecision", OnCpu("fp16"), ["spec.training.mixedPrecision fp16 needs a CUDA GPU",
+                                                     "spec.resources.gpusPerNode 0", "use bf16"]),
+    ("spec.distributed", OnCpu({"strategy": "fsdp", "cpuOffload": True}), [
+        "spec.distributed.cpuOffload true needs a CUDA GPU", "spec.resources.gpusPerNode 0", "remove cpuOffload"]),
 ]
 
 FSDP_CONFLICTS = [
@@ -93,6 +119,27 @@ def test_options_fsdp_cannot_shard_are_refused_naming_the_option_and_the_fix(exa
     for words in expected:
         assert words in str(caught.value), str(caught.value)
     parse_manifest(with_change(example_manifest, field, value))  # the same option under ddp is fine
+
+
+def test_cuda_only_options_are_fine_on_a_gpu_job_and_every_one_is_refused_on_a_cpu_job(example_manifest):
+    cpu_rows = [(field, value.value) for field, value, _ in BAD_INPUTS if isinstance(value, OnCpu)]
+    for field, value in cpu_rows:
+        parse_manifest(with_change(example_manifest, field, value))  # the example asks for one GPU
+    refused = set()
+    for field, value in cpu_rows:
+        with pytest.raises(ManifestError) as caught:
+            parse_manifest(with_change(example_manifest, field, OnCpu(value)))
+        refused |= {option.field for option in CUDA_ONLY_OPTIONS if option.message in str(caught.value)}
+    assert refused == {option.field for option in CUDA_ONLY_OPTIONS}, "a BAD_INPUTS row for every option"
+
+
+def test_a_cpu_job_using_several_cuda_only_options_hears_of_each(example_manifest):
+    job = with_change(with_change(example_manifest, "spec.training.optimizer", "adamw8bit"),
+                      "spec.model.quantization", OnCpu("nf4"))
+    with pytest.raises(ManifestError) as caught:
+        parse_manifest(job)
+    assert "spec.model.quantization nf4" in str(caught.value)
+    assert "spec.training.optimizer adamw8bit" in str(caught.value)
 
 
 @pytest.mark.parametrize("field,value,expected", BAD_INPUTS, ids=[f"{f}={v!r}" for f, v, _ in BAD_INPUTS])

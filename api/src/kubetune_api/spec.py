@@ -7,7 +7,8 @@ Every field carries a description (it becomes `kubectl explain` text) and its bo
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Optional
+from dataclasses import dataclass
+from typing import Annotated, Any, Callable, Literal, Optional
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
@@ -489,6 +490,61 @@ def fsdp_conflicts(spec: "TrainingJobSpec") -> list[str]:
     return [message for (_, message), broken in zip(FSDP_CEL_RULES, checks) if broken]
 
 
+# gpusPerNode defaults to 1, so a job without it is a GPU job; has() guards what may be absent.
+CPU_JOB_CEL = "has(self.resources) && has(self.resources.gpusPerNode) && self.resources.gpusPerNode == 0"
+
+
+@dataclass(frozen=True)
+class CudaOnlyOption:
+    """An option that runs only on a CUDA GPU, refused for a job with spec.resources.gpusPerNode 0.
+
+    One object carries the rule for both sides: `cel` for the API server and `used_by` for Python
+    (kubetune validate, the webhook, the trainer), with one message. The trainer still refuses
+    these options at run time when its process finds no suitable GPU (a second line).
+    """
+
+    field: str                                      # the manifest path, as the user writes it
+    value: str                                      # the value that needs CUDA, as written
+    used: str                                       # CEL, self = the spec: true when the job uses it
+    used_by: Callable[["TrainingJobSpec"], bool]    # the same test in Python
+    fix: str                                        # what to do instead on the CPU
+
+    @property
+    def message(self) -> str:
+        return (f"{self.field} {self.value} needs a CUDA GPU: this job has spec.resources.gpusPerNode 0; "
+                f"{self.fix} or request GPUs")
+
+    @property
+    def cel(self) -> str:
+        return f"!({CPU_JOB_CEL}) || !({self.used})"
+
+
+CUDA_ONLY_OPTIONS = [
+    CudaOnlyOption("spec.model.quantization", quant,
+                   f"has(self.model.quantization) && self.model.quantization == '{quant}'",
+                   lambda spec, quant=quant: spec.model.quantization == quant, "remove quantization")
+    for quant in ("fp8", "nf4")
+] + [
+    CudaOnlyOption("spec.training.optimizer", "adamw8bit",
+                   "has(self.training.optimizer) && self.training.optimizer == 'adamw8bit'",
+                   lambda spec: spec.training.optimizer == "adamw8bit", "use adamw"),
+    CudaOnlyOption("spec.training.mixedPrecision", "fp16",
+                   "has(self.training.mixedPrecision) && self.training.mixedPrecision == 'fp16'",
+                   lambda spec: spec.training.mixed_precision == "fp16", 'use bf16 (or "no")'),
+    CudaOnlyOption("spec.distributed.cpuOffload", "true",
+                   "has(self.distributed) && has(self.distributed.cpuOffload) && self.distributed.cpuOffload",
+                   lambda spec: spec.distributed.cpu_offload,
+                   "remove cpuOffload (a CPU job's weights are in CPU memory already)"),
+]
+
+
+def cuda_only_conflicts(spec: "TrainingJobSpec") -> list[str]:
+    """The messages of the CUDA-only options a CPU job (gpusPerNode 0) uses; empty for a GPU job."""
+    if spec.resources.gpus_per_node != 0:
+        return []
+    return [option.message for option in CUDA_ONLY_OPTIONS if option.used_by(spec)]
+
+
 class TrainingJobSpec(_Model):
     """The desired training run."""
 
@@ -515,7 +571,8 @@ class TrainingJobSpec(_Model):
                 "|| !has(self.resources.gpusPerNode) || self.resources.gpusPerNode == 0 "
                 "|| self.distributed.processesPerNode == self.resources.gpusPerNode",
         "message": PROCESSES_PER_GPU_MESSAGE,
-    }, *[{"rule": rule, "message": message} for rule, message in FSDP_CEL_RULES]]})
+    }, *[{"rule": rule, "message": message} for rule, message in FSDP_CEL_RULES],
+        *[{"rule": option.cel, "message": option.message} for option in CUDA_ONLY_OPTIONS]]})
 
     model: ModelSpec = Field(description="The base model.")
     adapter: AdapterSpec = Field(default_factory=AdapterSpec, description="What is trained.")
@@ -560,6 +617,12 @@ class TrainingJobSpec(_Model):
         if self.validation.monitor != "loss" and self.model.family != "classifier":
             raise ValueError(f"spec.validation.monitor {self.validation.monitor!r} is a classifier metric; "
                              "use loss for diffusion families")
+        return self
+
+    @model_validator(mode="after")
+    def _cuda_options_need_gpus(self) -> "TrainingJobSpec":
+        if cuda_only_conflicts(self):
+            raise ValueError("; ".join(cuda_only_conflicts(self)))
         return self
 
 
