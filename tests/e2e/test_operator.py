@@ -284,7 +284,7 @@ def test_deleting_the_master_pod_mid_run_still_ends_at_the_full_step_count(
     assert final["status"]["phase"] == "Succeeded", final["status"]
     run = f"runs/preempted/{job_namespace}/preempted/v0"  # the replacement pod continued the same version
     state = json.loads(s3.get_object(Bucket=BUCKET, Key=f"{run}/checkpoint-40/trainer_state.json")["Body"].read())
-    assert state["step"] == 40
+    assert state["position"]["step"] == 40
     objects = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="runs/preempted/")["Contents"]}
     assert f"{run}/pytorch_lora_weights.safetensors" in objects
     assert not any(key.startswith(f"runs/preempted/{job_namespace}/preempted/v1/") for key in objects)

@@ -1,6 +1,7 @@
 """The storage layer against a real S3 server: mirroring prefixes, checkpoints, the trainer on s3://."""
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 
@@ -44,13 +45,12 @@ def test_checkpoints_upload_in_the_background_manifest_last_and_are_pruned_remot
     store = CheckpointStore(f"s3://{bucket}/runs/ns/job/v0", staging=tmp_path / "staging",
                             on_published=lambda step, seconds, size: published.append((step, size)))
     for step in (2, 4, 6):
-        size = store.publish_checkpoint(save_checkpoint(store.local, step), step, 0, None, keep_last=2)
-        assert size == step  # weights.bin holds `step` bytes
+        store.publish_checkpoint(save_checkpoint(store.local, step), step, 0, None, keep_last=2)
         assert store.flush(timeout=60)  # one at a time, so none is superseded while it waits
     store.close()
     assert sorted(s3.list_children(store.remote)) == ["checkpoint-4", "checkpoint-6"]
     assert sorted(p.name for p in store.local.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
-    assert published == [(2, 2), (4, 4), (6, 6)]
+    assert published == [(2, 2), (4, 4), (6, 6)]  # weights.bin holds `step` bytes
 
     # A fresh machine (empty staging) finds the newest complete checkpoint in the bucket.
     assert newest_intact(store.uri, staging=tmp_path / "other") == f"{store.uri}/checkpoint-6"
@@ -97,15 +97,54 @@ def test_a_damaged_newest_checkpoint_in_the_bucket_falls_back_with_a_warning(buc
 
 def test_run_versions_in_a_bucket_never_overwrite_and_a_restarted_run_finds_its_own(bucket):
     job = open_tree(f"s3://{bucket}/runs/team-a/job")
-    first = runs.claim_version(job, run_id="uid-1")
+
+    def claim(run_id):
+        choice = runs.look_up_version(job, run_id)
+        runs.claim_version(job, choice, run_id)
+        return choice
+
+    first = claim("uid-1")
     assert (first.version, first.continuing) == (0, False)
     job.child("v0").write_text("run.json", runs.run_record_text("uid-1", steps=7, finished=False))
-    assert runs.claim_version(job, run_id="uid-1").version == 0, "a restarted pod continues v0"
-    second = runs.claim_version(job, run_id="uid-2")
+    assert claim("uid-1").version == 0, "a restarted pod continues v0"
+    second = claim("uid-2")
     assert (second.version, second.earlier) == (1, (0,))
-    third = runs.claim_version(job, run_id="uid-3")  # uid-2 never reached 5 steps: it goes
+    looked_up = runs.look_up_version(job, "uid-3")  # uid-2 never reached 5 steps: it goes, when claimed
+    assert looked_up.abandoned == (1,) and sorted(job.children()) == ["v0", "v1"], "looking up deletes nothing"
+    third = claim("uid-3")
     assert third.version == 2 and third.abandoned == (1,)
     assert sorted(job.children()) == ["v0", "v2"]
+
+
+def test_a_checkpoint_of_several_ranks_completes_only_when_every_rank_recorded_its_part(bucket, tmp_path):
+    """Each rank uploads its own files and records them; the main rank writes the manifest last."""
+    uri = f"s3://{bucket}/runs/job/v0"
+    main, other = (CheckpointStore(uri, staging=tmp_path / f"node{rank}", rank=rank, world_size=2)
+                   for rank in (0, 1))
+    for store, name in ((main, "shard-0.bin"), (other, "shard-1.bin")):
+        path = checkpoints.checkpoint_dir(store.local, 2)
+        path.mkdir(parents=True)
+        (path / name).write_bytes(b"x" * 10)
+        store.publish_part(path, 2, lambda path=path, name=name: [path / name])
+    main.complete_checkpoint(checkpoints.checkpoint_dir(main.local, 2), 2, 0, None, keep_last=3)
+    assert main.flush(timeout=60) and other.flush(timeout=60)
+    manifest = json.loads(s3.read_text(main.remote.child("checkpoint-2", "manifest.json")))
+    assert sorted(manifest["files"]) == ["shard-0.bin", "shard-1.bin"], "both nodes' files, in one manifest"
+    assert not (checkpoints.checkpoint_dir(other.local, 2) / "shard-1.bin").exists(), \
+        "a node other than the main one keeps no local copy once its part is in the bucket"
+    assert newest_intact(uri, staging=tmp_path / "fresh") == f"{uri}/checkpoint-2"
+
+    # Rank 1 dies before recording its part of checkpoint 4: the checkpoint never counts.
+    path = checkpoints.checkpoint_dir(main.local, 4)
+    path.mkdir(parents=True)
+    (path / "shard-0.bin").write_bytes(b"y" * 10)
+    main.publish_part(path, 4, lambda: [path / "shard-0.bin"])
+    main.complete_checkpoint(path, 4, 0, None, keep_last=3)
+    assert not main.flush(timeout=3), "the manifest waits for rank 1"
+    assert s3.read_text(main.remote.child("checkpoint-4", "manifest.json")) is None
+    assert newest_intact(uri, staging=tmp_path / "fresh2") == f"{uri}/checkpoint-2"
+    for store in (main, other):
+        store.close(wait=False)
 
 
 def test_a_folder_is_mirrored_while_the_run_goes_on_and_fetched_back_on_another_machine(bucket, tmp_path):

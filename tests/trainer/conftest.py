@@ -121,3 +121,22 @@ def run_trainer_expecting_failure(manifest: dict, directory: Path) -> str:
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 2, result.stderr[-4000:]
     return result.stderr
+
+
+def saved_keys(checkpoint: Path) -> list[str]:
+    """The names of the tensors a checkpoint's sharded state holds (model., optimizer., ema.)."""
+    import torch.distributed.checkpoint as dcp
+
+    return list(dcp.FileSystemReader(checkpoint / "state").read_metadata().state_dict_metadata)
+
+
+def trained_weights(checkpoint: Path) -> dict:
+    """The trained parameters of a checkpoint, whole, by name (read from its sharded state)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    metadata = dcp.FileSystemReader(checkpoint / "state").read_metadata().state_dict_metadata
+    state = {"model": {name.removeprefix("model."): torch.empty(item.size, dtype=item.properties.dtype)
+                       for name, item in metadata.items() if name.startswith("model.")}}
+    dcp.load(state, storage_reader=dcp.FileSystemReader(checkpoint / "state"))
+    return state["model"]

@@ -44,7 +44,8 @@ def test_pull_fetches_a_verified_checkpoint_or_the_final_weights(job_dir, tmp_pa
     result = kubetune("checkpoints", "pull", str(job_dir), "--version", "0", "--step", "2", "-o", str(tmp_path / "c2"))
     assert result.exit_code == 0, result.output
     assert "pulled checkpoint-2 of" in result.output
-    assert load_file(tmp_path / "c2" / "trainable.safetensors")
+    assert load_file(tmp_path / "c2" / "pytorch_lora_weights.safetensors")
+    assert (tmp_path / "c2" / "state" / ".metadata").is_file(), "the whole checkpoint, resumable"
     assert (tmp_path / "c2" / "manifest.json").is_file()
 
     result = kubetune("checkpoints", "pull", str(job_dir), "--version", "0", "--step", "final", "-o", str(tmp_path / "f"))

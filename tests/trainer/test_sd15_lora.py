@@ -9,10 +9,9 @@ import subprocess
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
-from tests.trainer.conftest import (run_dir, run_trainer, run_trainer_expecting_failure, trainer_command,
-                                   trainer_env, write_manifest)
+from tests.trainer.conftest import (run_dir, run_trainer, run_trainer_expecting_failure, trained_weights,
+                                   trainer_command, trainer_env, write_manifest)
 from tests.unit.test_checkpoints import newest_step
 
 pytestmark = pytest.mark.slow
@@ -60,7 +59,7 @@ def test_checkpoints_are_kept_to_the_last_k(tiny_job, tmp_path):
     kept = sorted(p.name for p in run_dir(tmp_path / "out").glob("checkpoint-*"))
     assert kept == ["checkpoint-4", "checkpoint-6"]
     state = json.loads((run_dir(tmp_path / "out") / "checkpoint-6" / "trainer_state.json").read_text())
-    assert state["step"] == 6
+    assert state["position"]["step"] == 6
 
 
 def test_a_pod_killed_at_a_random_step_resumes_its_run_to_the_same_weights(tiny_job, tmp_path):
@@ -98,7 +97,7 @@ def test_a_pod_killed_at_a_random_step_resumes_its_run_to_the_same_weights(tiny_
     assert resumed_at % 3 == 0 and kill_after - 3 <= resumed_at <= kill_after, (kill_after, resumed_at)
     assert not run_dir(interrupted_dir / "out", version=1).exists(), "a restarted pod continues its own version"
 
-    final = {name: load_file(run_dir(d / "out") / "checkpoint-12" / "trainable.safetensors")
+    final = {name: trained_weights(run_dir(d / "out") / "checkpoint-12")
              for name, d in (("reference", reference_dir), ("interrupted", interrupted_dir))}
     assert final["reference"].keys() == final["interrupted"].keys()
     for key, tensor in final["reference"].items():
@@ -106,7 +105,7 @@ def test_a_pod_killed_at_a_random_step_resumes_its_run_to_the_same_weights(tiny_
     states = [json.loads((run_dir(d / "out") / "checkpoint-12" / "trainer_state.json").read_text())
               for d in (reference_dir, interrupted_dir)]
     assert states[0] == states[1]
-    assert states[0]["step"] == steps
+    assert states[0]["position"]["step"] == steps
     assert json.loads((out / "run.json").read_text())["finished"] is True
 
 
@@ -137,7 +136,7 @@ def test_resume_from_an_explicit_checkpoint_uri_and_refuse_an_incomplete_one(tin
     result = run_trainer(manifest, tmp_path)
     assert f"resumed from {checkpoint} at step 2" in result.stderr
     state = json.loads((run_dir(tmp_path / "out", 1) / "checkpoint-6" / "trainer_state.json").read_text())
-    assert state["step"] == 6
+    assert state["position"]["step"] == 6
 
     (checkpoint / "manifest.json").unlink()
     stderr = run_trainer_expecting_failure(manifest, tmp_path)
@@ -163,8 +162,10 @@ def test_resuming_with_a_different_rank_is_refused(tiny_job, tmp_path):
     manifest["spec"]["adapter"]["rank"] = 8
     config = write_manifest(manifest, tmp_path)
     result = subprocess.run(trainer_command(config), env=trainer_env(), capture_output=True, text=True)
-    assert result.returncode != 0
-    assert "checkpoint does not match the adapter" in result.stderr
+    assert result.returncode == 2
+    assert "checkpoint-2 does not match the model being trained (spec.adapter type, rank" in result.stderr
+    assert "of another shape" in result.stderr
+    assert not run_dir(tmp_path / "out", version=1).exists(), "a refused resume writes nothing"
 
 
 def test_fp16_on_a_cpu_job_is_refused_naming_the_option(tiny_job, tmp_path):
@@ -178,8 +179,8 @@ def test_fp16_on_a_cpu_job_is_refused_naming_the_option(tiny_job, tmp_path):
 
 def test_bf16_mixed_precision_trains_on_cpu(tiny_job, tmp_path):
     run_trainer(tiny_job(maxSteps=1, mixedPrecision="bf16"), tmp_path)
-    weights = load_file(run_dir(tmp_path / "out") / "checkpoint-1" / "trainable.safetensors")
-    assert all(t.dtype == torch.float32 for t in weights.values()), "trained weights stay in fp32"
+    weights = trained_weights(run_dir(tmp_path / "out") / "checkpoint-1")
+    assert weights and all(t.dtype == torch.float32 for t in weights.values()), "trained weights stay in fp32"
 
 
 def test_sigterm_takes_a_last_checkpoint_and_exits_retryably(tiny_job, tmp_path):

@@ -13,7 +13,7 @@ from kubetune_trainer.data.cache import EmbeddingCache, Encoder, LocalStore
 from kubetune_trainer.data.captions import CaptionedImage, CaptionsDataset, collate
 from kubetune_trainer.data.edit_pairs import EditPairsDataset, read_edit_pairs
 from kubetune_trainer.data.images import ImageTransform
-from kubetune_trainer.data.sampler import batches_per_epoch, epoch_batches
+from kubetune_trainer.data.sampler import Batching, epoch_steps, steps_per_epoch
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.ema import EMA
 from kubetune_trainer.optim import build_lr_scheduler, build_optimizer, lr_multiplier, set_optimizer_mode
@@ -91,7 +91,7 @@ def test_8bit_adamw_on_cpu_is_refused_naming_the_option():
 
 def test_ema_follows_the_weights_and_swaps_back_exactly():
     weight = torch.nn.Parameter(torch.zeros(3))
-    ema = EMA([weight], decay=0.5)
+    ema = EMA([("weight", weight)], decay=0.5)
     with torch.no_grad():
         weight.fill_(2.0)
     ema.update()
@@ -113,14 +113,16 @@ def test_buckets_keep_the_pixel_count_and_pick_the_nearest_ratio():
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
-def test_bucketed_batches_never_mix_buckets_and_ranks_share_each_steps_bucket(world):
+def test_bucketed_steps_never_mix_buckets_and_every_rank_trains_its_steps_bucket(world):
     rng = random.Random(0)
     groups = [rng.randrange(3) for _ in range(40)]
-    shards = [epoch_batches(40, 2, world, rank, seed=5, epoch=1, groups=groups) for rank in range(world)]
-    assert len({len(s) for s in shards}) == 1 and len(shards[0]) == batches_per_epoch(40, 2, world, groups)
-    for step in zip(*shards):
-        assert len({groups[i] for batch in step for _, i in batch}) == 1
-    seen = [i for shard in shards for batch in shard for _, i in batch]
+    steps = epoch_steps(40, 2 * world, seed=5, epoch=1, groups=groups)
+    assert len(steps) == steps_per_epoch(40, 2 * world, groups)
+    batching = Batching.fresh(2, world, 1)
+    for step in steps:
+        shares = [batching.micro_batch(step, 0, rank) for rank in range(world)]
+        assert len({groups[i] for share in shares for _, i in share}) == 1
+    seen = [i for step in steps for _, i in step]
     assert len(seen) == len(set(seen))
 
 
@@ -131,7 +133,7 @@ def test_bucketed_captions_stack_into_one_shape_per_batch(tmp_path):
         samples.append(CaptionedImage(tmp_path / f"{i}.png", f"image {i}"))
     dataset = CaptionsDataset(samples, ImageTransform(32), 0.0, seed=0, bucketing=True)
     shapes = set()
-    for batch in epoch_batches(len(dataset), 2, 1, 0, seed=0, epoch=0, groups=dataset.groups):
+    for batch in epoch_steps(len(dataset), 2, seed=0, epoch=0, groups=dataset.groups):
         pixels = collate([dataset[key] for key in batch])["pixel_values"]
         shapes.add(tuple(pixels.shape[-2:]))
     assert len(shapes) == 3, "landscape, portrait and square batches, each stacked"

@@ -16,7 +16,8 @@ def make_checkpoint(root, step, complete=True):
     path.mkdir(parents=True)
     (path / "weights.bin").write_bytes(bytes([step % 256]) * 100)
     if complete:
-        checkpoints.write_manifest(path, step=step, epoch=0, loss=0.5)
+        files = checkpoints.describe_files(path, [path / "weights.bin"])
+        checkpoints.write_manifest(path, step=step, epoch=0, loss=0.5, files=files)
     return path
 
 

@@ -11,7 +11,6 @@ from kubetune_operator.settings import Settings
 from kubetune_operator.status import (final_checkpoint, latest_checkpoint_from_metrics, output_uri_from_metrics,
                                       progress_from_metrics, status_for_child)
 from kubetune_operator.trainer_config import build_config_map
-from kubetune_trainer.entrypoint import launch_argv
 
 SETTINGS = Settings(trainer_image="registry.example/kubetune/trainer:1.2", s3_endpoint_url="http://s3.local:9000",
                     s3_region="eu-west-1")
@@ -45,9 +44,14 @@ def env_of(template):
     return {e["name"]: e for e in container(template)["env"]}
 
 
-@pytest.mark.parametrize("nodes,gpus,workers,nproc", [(1, 1, None, "1"), (1, 0, None, "1"), (3, 8, 2, "8"), (2, 0, 1, "1")])
-def test_replicas_and_processes_follow_the_resources(job_of, nodes, gpus, workers, nproc):
-    child = PyTorchJobBackend().build(job_of(resources__nodes=nodes, resources__gpusPerNode=gpus), UID, SETTINGS)
+@pytest.mark.parametrize("nodes,gpus,cpu_processes,workers,nproc", [
+    (1, 1, None, None, "1"), (1, 0, None, None, "1"), (3, 8, None, 2, "8"), (2, 0, None, 1, "1"), (2, 0, 2, 1, "2"),
+    (1, 4, 4, None, "4"),
+])
+def test_replicas_and_processes_follow_the_resources(job_of, nodes, gpus, cpu_processes, workers, nproc):
+    job = job_of(resources__nodes=nodes, resources__gpusPerNode=gpus,
+                 **({"distributed__processesPerNode": cpu_processes} if cpu_processes else {}))
+    child = PyTorchJobBackend().build(job, UID, SETTINGS)
     specs = child["spec"]["pytorchReplicaSpecs"]
     assert specs["Master"]["replicas"] == 1
     assert specs.get("Worker", {}).get("replicas") == workers
@@ -182,21 +186,6 @@ def test_progress_comes_from_the_trainer_gauges():
     progress = progress_from_metrics({"step": 25, "planned_steps": 100, "loss": 0.1234567, "eta_seconds": 30.04})
     assert progress == {"step": 25, "totalSteps": 100, "percent": 25.0, "loss": 0.123457, "etaSeconds": 30.0}
     assert progress_from_metrics({"loss": 1.0}) is None
-
-
-def test_a_single_process_pod_runs_the_trainer_directly(tmp_path):
-    argv = launch_argv(tmp_path / "job.yaml", {}, "bf16")
-    assert argv[1:] == ["-m", "kubetune_trainer", "--config", str(tmp_path / "job.yaml")]
-
-
-def test_the_entrypoint_maps_the_injected_environment_onto_accelerate_launch(tmp_path):
-    env = {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_NPROC_PER_NODE": "4", "MASTER_ADDR": "job-master-0",
-           "MASTER_PORT": "23456"}
-    argv = launch_argv(tmp_path / "job.yaml", env, "bf16")
-    flags = argv[argv.index("accelerate.commands.launch") + 1:]
-    assert flags[:11] == ["--multi_gpu", "--num_processes", "8", "--num_machines", "2", "--machine_rank", "1",
-                          "--main_process_ip", "job-master-0", "--main_process_port", "23456"]
-    assert argv[-4:] == ["-m", "kubetune_trainer", "--config", str(tmp_path / "job.yaml")]
 
 
 def test_an_enabled_cache_is_filled_by_the_master_before_training(job_of):

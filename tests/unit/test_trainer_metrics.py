@@ -48,11 +48,12 @@ def test_the_phase_clock_charges_each_phase_and_forgets_time_charged_elsewhere()
 
 def test_a_checkpoint_counts_as_the_latest_only_once_published():
     r = reporter()
-    r.checkpoint_saved(10, seconds=0.5, size_bytes=1000)
-    assert value(r, "kubetune_trainer_last_checkpoint_step") == 0, "saved locally, not yet uploaded"
-    assert value(r, "kubetune_trainer_checkpoint_size_bytes") == 1000
+    r.checkpoint_saved(10, seconds=0.5)
+    assert value(r, "kubetune_trainer_last_checkpoint_step") == 0, "staged, not yet written and uploaded"
+    assert value(r, "kubetune_trainer_checkpoint_save_duration_seconds_sum") == 0.5
     r.checkpoint_published(10, upload_seconds=2.0, size_bytes=1000)
     assert value(r, "kubetune_trainer_last_checkpoint_step") == 10
+    assert value(r, "kubetune_trainer_checkpoint_size_bytes") == 1000
     assert value(r, "kubetune_trainer_checkpoint_upload_duration_seconds_sum") == 2.0
     assert value(r, "kubetune_trainer_checkpoint_uploaded_bytes_total") == 1000
     r.close()

@@ -597,6 +597,11 @@ class TrainingJobSpec(_Model):
         default=None, description="Trainer image; unset = the operator's default.",
     )
 
+    @property
+    def processes_per_node(self) -> int:
+        """Trainer processes in each pod: distributed.processesPerNode, else one per GPU, else one."""
+        return self.distributed.processes_per_node or max(1, self.resources.gpus_per_node)
+
     @model_validator(mode="after")
     def _layout_fits_family(self) -> "TrainingJobSpec":
         allowed = LAYOUTS_BY_FAMILY[self.model.family]

@@ -43,11 +43,12 @@ def validate(path: str, overrides: tuple[str, ...]) -> None:
               help="The TrainingJob manifest, the same file you would `kubectl apply`.")
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE",
               help="Override a field, e.g. --set spec.training.maxSteps=2 (repeatable).")
-@click.option("--nproc", default=1, show_default=True, type=click.IntRange(1, 64),
-              help="Processes on this machine (one per GPU; on CPU each process uses gloo).")
+@click.option("--nproc", default=None, type=click.IntRange(1, 64),
+              help="Processes on this machine; default: the job's processes per node (one per GPU, "
+                   "or spec.distributed.processesPerNode on the CPU, where they train together over gloo).")
 @click.option("--cache-only", is_flag=True,
               help="Only encode every sample into the embedding cache (spec.data.cache), then stop.")
-def train(path: str, overrides: tuple[str, ...], nproc: int, cache_only: bool) -> None:
+def train(path: str, overrides: tuple[str, ...], nproc: int | None, cache_only: bool) -> None:
     """Train locally from a TrainingJob manifest."""
     try:
         job = load_manifest(Path(path), overrides)
@@ -70,12 +71,19 @@ def dev() -> None:
               help="Directory to write the model into (standard diffusers layout).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random weights.")
 @click.option("--full-size", is_flag=True, help="The real architecture (GBs) instead of a toy one, for benchmarks.")
-def tiny_model(family: str, out_dir: str, seed: int, full_size: bool) -> None:
+@click.option("--config-only", is_flag=True,
+              help="With --full-size: only the configs of the real architecture, no weights (any family; "
+                   "what `kubetune plan` reads).")
+def tiny_model(family: str, out_dir: str, seed: int, full_size: bool, config_only: bool) -> None:
     """Write a small random-weight model of a family, loadable with from_pretrained."""
     from kubetune_trainer.tiny_models import write_tiny_model
 
-    path = write_tiny_model(family, Path(out_dir), seed=seed, full_size=full_size)
-    click.echo(f"wrote {'full-size' if full_size else 'tiny'} random-weight {family} model to {path}")
+    if config_only and not full_size:
+        raise click.UsageError("--config-only writes the real architecture's configs: add --full-size")
+    path = write_tiny_model(family, Path(out_dir), seed=seed, full_size=full_size, config_only=config_only)
+    what = "configs (no weights) of the full-size" if config_only else (
+        "full-size random-weight" if full_size else "tiny random-weight")
+    click.echo(f"wrote {what} {family} model to {path}")
 
 
 @dev.command("tiny-data")
@@ -94,8 +102,10 @@ def tiny_data(layout: str, out_dir: str, count: int, size: int, seed: int) -> No
 
 def _add_checkpoint_commands() -> None:
     from kubetune_cli.checkpoints import checkpoints
+    from kubetune_cli.plan import plan
 
     cli.add_command(checkpoints)
+    cli.add_command(plan)
 
 
 _add_checkpoint_commands()

@@ -1,36 +1,54 @@
-"""`python -m kubetune_trainer --config JOB.yaml`: what each training process runs."""
+"""`python -m kubetune_trainer --config JOB.yaml`: what each training process runs.
+
+Exit codes say what a restart policy should do: 0 done; 2 the job itself is wrong (retrying
+cannot help); 143 stopped (SIGTERM/SIGINT, or another process of the job stopped) after saving
+what there was to save — retry, the run resumes from its checkpoint; anything else: a failure.
+"""
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
-from kubetune_api.manifest import ManifestError, load_manifest
+from kubetune_trainer.preemption import (CONFIG_ERROR_EXIT_CODE, RETRYABLE_EXIT_CODE, Preempted, StopRequest,
+                                         is_lost_peer)
 
 
 def main(argv: list[str] | None = None) -> int:
+    # First of all: a stop request while models load must end the process, not wait for SIGKILL.
+    stop = StopRequest().install()
     parser = argparse.ArgumentParser(prog="python -m kubetune_trainer", description=__doc__)
     parser.add_argument("--config", required=True, type=Path, help="the TrainingJob manifest")
     parser.add_argument("--cache-only", action="store_true",
                         help="only encode every sample into spec.data.cache (a stage before training)")
     args = parser.parse_args(argv)
     try:
-        job = load_manifest(args.config)
-    except ManifestError as err:
-        print(f"{args.config}: invalid\n{err}", file=sys.stderr)
-        return 2
-    from kubetune_trainer.errors import ConfigError
-    from kubetune_trainer.main import run
-    from kubetune_trainer.preemption import RETRYABLE_EXIT_CODE, Preempted
+        from kubetune_api.manifest import ManifestError, load_manifest
 
-    try:
-        run(job, cache_only=args.cache_only)
-    except (ConfigError, FileNotFoundError) as err:
-        print(f"kubetune trainer: {err}", file=sys.stderr)
-        return 2
-    except Preempted as stop:
-        print(f"kubetune trainer: {stop}", file=sys.stderr)
+        try:
+            job = load_manifest(args.config)
+        except ManifestError as err:
+            print(f"{args.config}: invalid\n{err}", file=sys.stderr)
+            return CONFIG_ERROR_EXIT_CODE
+        from kubetune_trainer.errors import ConfigError
+        from kubetune_trainer.run import Run
+
+        try:
+            Run(job, stop).execute(cache_only=args.cache_only)
+        except (ConfigError, FileNotFoundError) as err:
+            print(f"kubetune trainer: {err}", file=sys.stderr)
+            return CONFIG_ERROR_EXIT_CODE
+    except Preempted as stopped:
+        print(f"kubetune trainer: {stopped}", file=sys.stderr)
         return RETRYABLE_EXIT_CODE
+    except Exception as err:
+        if not is_lost_peer(err):
+            raise
+        print(f"kubetune trainer: another process of the job is gone ({err}); stopping so that the job can "
+              "restart from its last checkpoint", file=sys.stderr)
+        return RETRYABLE_EXIT_CODE
+    finally:
+        stop.uninstall()
     return 0
 
 

@@ -29,16 +29,22 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def write_manifest(path: Path, step: int, epoch: int, loss: float | None) -> dict:
-    """Describe every file already in the checkpoint; written last, atomically (rename)."""
-    files = {
-        str(f.relative_to(path)): {"size": f.stat().st_size, "sha256": sha256_of(f)}
-        for f in sorted(path.rglob("*")) if f.is_file() and f.name != MANIFEST and not f.name.endswith(".tmp")
-    }
+def describe_files(path: Path, files: list[Path]) -> dict[str, dict]:
+    """Size and sha256 of each file, by its path relative to the checkpoint."""
+    return {str(f.relative_to(path)): {"size": f.stat().st_size, "sha256": sha256_of(f)} for f in sorted(files)}
+
+
+def write_json_atomically(target: Path, content: dict) -> None:
+    partial = target.with_name(target.name + ".tmp")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    partial.write_text(json.dumps(content, indent=1))
+    partial.replace(target)
+
+
+def write_manifest(path: Path, step: int, epoch: int, loss: float | None, files: dict[str, dict]) -> dict:
+    """The manifest of a checkpoint whose `files` (from describe_files) are all written: last, atomically."""
     manifest = {"step": step, "epoch": epoch, "loss": loss, "time": time.time(), "files": files}
-    partial = path / (MANIFEST + ".tmp")
-    partial.write_text(json.dumps(manifest, indent=1))
-    partial.replace(path / MANIFEST)
+    write_json_atomically(path / MANIFEST, manifest)
     return manifest
 
 

@@ -4,19 +4,31 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kubetune_trainer.randomness import SampleRandom
 
-def sample_noise(latents: torch.Tensor, generator: torch.Generator, noise_offset: float = 0.0) -> torch.Tensor:
+
+def sample_latents(moments: torch.Tensor, random: SampleRandom) -> torch.Tensor:
+    """A draw from the VAE's diagonal Gaussian per sample: mean + std * noise.
+
+    `moments` is the encoder's output, mean and log-variance stacked on dim 1 (what diffusers'
+    DiagonalGaussianDistribution takes, with the same clamp of the log-variance).
+    """
+    mean, logvar = moments.chunk(2, dim=1)
+    std = torch.exp(0.5 * torch.clamp(logvar, -30.0, 20.0))
+    return mean + std * random.normal(mean.shape[1:], mean.device, mean.dtype)
+
+
+def sample_noise(latents: torch.Tensor, random: SampleRandom, noise_offset: float = 0.0) -> torch.Tensor:
     """Gaussian noise like the latents; offset noise adds a per-channel constant (darker/brighter images)."""
-    noise = torch.randn(latents.shape, generator=generator, dtype=latents.dtype, device="cpu").to(latents.device)
+    noise = random.normal(latents.shape[1:], latents.device, latents.dtype)
     if noise_offset:
-        offset = torch.randn((latents.shape[0], latents.shape[1], 1, 1), generator=generator, device="cpu")
-        noise = noise + noise_offset * offset.to(latents.device, latents.dtype)
+        offset = random.normal((latents.shape[1], 1, 1), latents.device, latents.dtype)
+        noise = noise + noise_offset * offset
     return noise
 
 
-def sample_timesteps(batch_size: int, num_train_timesteps: int, generator: torch.Generator,
-                     device: torch.device) -> torch.Tensor:
-    return torch.randint(0, num_train_timesteps, (batch_size,), generator=generator).to(device)
+def sample_timesteps(random: SampleRandom, num_train_timesteps: int, device: torch.device) -> torch.Tensor:
+    return random.integers(num_train_timesteps, device)
 
 
 def training_target(scheduler, latents: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:

@@ -1,14 +1,20 @@
-"""An exponential moving average of the trained weights, updated after every optimizer step."""
+"""An exponential moving average of the trained weights, updated after every optimizer step.
+
+The average lives beside each parameter in the same layout (a shard of it under FSDP), so
+updating and swapping are local, and checkpoints save it by parameter name with the rest of the
+sharded state.
+"""
 from __future__ import annotations
 
 import torch
 
 
 class EMA:
-    def __init__(self, params: list[torch.nn.Parameter], decay: float):
-        self.params = params
+    def __init__(self, named_params: list[tuple[str, torch.nn.Parameter]], decay: float):
+        self.names = [name for name, _ in named_params]
+        self.params = [param for _, param in named_params]
         self.decay = decay
-        self.shadow = [p.detach().clone().float() for p in params]
+        self.shadow = [p.detach().clone().float() for p in self.params]
 
     @torch.no_grad()
     def update(self) -> None:
@@ -28,9 +34,10 @@ class EMA:
             param.copy_(shadow.to(param.dtype))
             shadow.copy_(current.float())
 
-    def state_dict(self) -> dict:
-        return {"decay": self.decay, "shadow": [s.cpu() for s in self.shadow]}
+    def named_shadow(self) -> dict[str, torch.Tensor]:
+        return dict(zip(self.names, self.shadow, strict=True))
 
-    def load_state_dict(self, state: dict) -> None:
-        for shadow, saved in zip(self.shadow, state["shadow"], strict=True):
-            shadow.copy_(saved)
+    @torch.no_grad()
+    def load_named_shadow(self, saved: dict[str, torch.Tensor]) -> None:
+        for name, shadow in zip(self.names, self.shadow):
+            shadow.copy_(saved[name])

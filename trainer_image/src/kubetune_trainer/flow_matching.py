@@ -7,17 +7,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kubetune_trainer.randomness import SampleRandom
 
-def sample_sigmas(batch_size: int, generator: torch.Generator) -> torch.Tensor:
+
+def sample_sigmas(random: SampleRandom) -> torch.Tensor:
     """Logit-normal noise levels (SD3's default): more weight on the middle of the path than the ends."""
-    return torch.sigmoid(torch.randn(batch_size, generator=generator))
+    return torch.sigmoid(random.normal(()))
 
 
-def noisy_latents(latents: torch.Tensor, generator: torch.Generator
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(noise, sigmas, x_sigma) for clean latents of shape [B, ...]."""
-    noise = torch.randn(latents.shape, generator=generator, dtype=torch.float32).to(latents.device, latents.dtype)
-    sigmas = sample_sigmas(latents.shape[0], generator).to(latents.device)
+def noisy_latents(latents: torch.Tensor, random: SampleRandom) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(noise, sigmas, x_sigma) for clean latents of shape [B, ...]; each sample's from its own draws."""
+    noise = random.normal(latents.shape[1:], latents.device, latents.dtype)
+    sigmas = sample_sigmas(random).to(latents.device)
     expanded = sigmas.view(-1, *([1] * (latents.dim() - 1))).to(latents.dtype)
     return noise, sigmas, (1 - expanded) * latents + expanded * noise
 

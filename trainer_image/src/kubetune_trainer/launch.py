@@ -1,9 +1,8 @@
-"""Starting the trainer's processes: in this process, or several under `accelerate launch`."""
+"""Starting the trainer's processes on this machine: in this process, or several under the launcher."""
 from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -11,28 +10,12 @@ from pathlib import Path
 import yaml
 
 from kubetune_api.spec import TrainingJob
+from kubetune_trainer.launcher import NodePlace, launch
 
 
-def trainer_command(config: Path, nproc: int, nnodes: int = 1, node_rank: int = 0,
-                       master_addr: str = "127.0.0.1", master_port: int = 29500,
-                       mixed_precision: str = "no", trainer_args: tuple[str, ...] = ()) -> list[str]:
-    """The argv that starts `nproc` trainer processes on this node.
-
-    Several processes: `accelerate launch --multi_gpu`, Accelerate's torchrun launcher, which
-    also serves CPU-only processes (they rendezvous over gloo) and forwards SIGTERM to them.
-    One process: the trainer itself, so that SIGTERM reaches it directly (Accelerate's simple
-    launcher would leave its child running when it is terminated).
-    """
-    trainer = ["-m", "kubetune_trainer", "--config", str(config), *trainer_args]
-    if nproc * nnodes == 1:
-        return [sys.executable, *trainer]
-    return [
-        sys.executable, "-m", "accelerate.commands.launch",
-        "--multi_gpu", "--num_processes", str(nproc * nnodes), "--num_machines", str(nnodes),
-        "--machine_rank", str(node_rank), "--main_process_ip", master_addr,
-        "--main_process_port", str(master_port),
-        "--mixed_precision", mixed_precision, "--dynamo_backend", "no", *trainer,
-    ]
+def trainer_command(config: Path, trainer_args: tuple[str, ...] = ()) -> list[str]:
+    """The argv of one trainer process."""
+    return [sys.executable, "-m", "kubetune_trainer", "--config", str(config), *trainer_args]
 
 
 def free_port() -> int:
@@ -48,16 +31,18 @@ def write_config(job: TrainingJob, directory: Path) -> Path:
     return path
 
 
-def launch_local(job: TrainingJob, nproc: int = 1, trainer_args: tuple[str, ...] = ()) -> int:
-    """Run the job on this machine (trainer_args: e.g. --cache-only); returns the exit code."""
-    if nproc == 1:
-        from kubetune_trainer.__main__ import main
+def launch_local(job: TrainingJob, nproc: int | None = None, trainer_args: tuple[str, ...] = ()) -> int:
+    """Run the job on this machine (trainer_args: e.g. --cache-only); returns the exit code.
 
-        with tempfile.TemporaryDirectory(prefix="kubetune-") as tmp:
-            return main(["--config", str(write_config(job, Path(tmp))), *trainer_args])
+    nproc defaults to the job's processes per node, as in a pod. One process runs here, in this
+    process; several run under the launcher (this process), which SIGTERM and Ctrl-C stop cleanly.
+    """
+    nproc = nproc or job.spec.processes_per_node
     with tempfile.TemporaryDirectory(prefix="kubetune-") as tmp:
-        command = trainer_command(write_config(job, Path(tmp)), nproc, master_port=free_port(),
-                                     mixed_precision=job.spec.training.mixed_precision,
-                                     trainer_args=trainer_args)
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        return subprocess.call(command, env=env)
+        config = write_config(job, Path(tmp))
+        if nproc == 1:
+            from kubetune_trainer.__main__ import main
+
+            return main(["--config", str(config), *trainer_args])
+        place = NodePlace(processes=nproc, master_port=free_port())
+        return launch(trainer_command(config, trainer_args), place, dict(os.environ))

@@ -1,45 +1,68 @@
-"""The one training loop every family shares.
+"""The optimizer step every family shares, and the order of the steps in an epoch.
 
-Accumulation, clipping, precision, LR stepping, progress and checkpoint timing live here; the
-family only turns a batch into a loss. Micro-batches come in a seeded order (data.sampler), so
-the loop's position is a few integers that a checkpoint can store and a resume can skip to.
+The family only turns a batch into a loss; accumulation over micro-batches, the weighting that
+makes any split of a step's samples give the same gradient, backward, clipping, the optimizer
+and the schedule live here. Steps come from data.sampler in a seeded global order, so the run's
+position is two integers a checkpoint stores.
 """
 from __future__ import annotations
 
+import json
+import os
 import time
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable
+from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
 
 from kubetune_api.spec import TrainingSpec
-from kubetune_trainer.data.sampler import epoch_batches
+from kubetune_trainer.data.sampler import Batching, Key
 from kubetune_trainer.errors import ConfigError
-from kubetune_trainer.families.base import ModelFamily
-from kubetune_trainer.reporting import Reporter
-from kubetune_trainer.training_state import Position
+from kubetune_trainer.randomness import SampleRandom
+
+MicroBatch = tuple[list[Key], dict]  # the keys of its samples and the collated batch
 
 
 @dataclass(frozen=True)
 class Plan:
     total_steps: int
-    batches_per_epoch: int
+    steps_per_epoch: int
 
 
-def plan_steps(training: TrainingSpec, batches_per_epoch: int) -> Plan:
-    """Optimizer steps to run: maxSteps, or the whole micro-batches of `epochs` passes."""
+def plan_steps(training: TrainingSpec, steps_per_epoch: int) -> Plan:
+    """Optimizer steps to run: maxSteps, or `epochs` passes over the data."""
     if training.max_steps is not None:
-        return Plan(training.max_steps, batches_per_epoch)
-    total = training.epochs * batches_per_epoch // training.gradient_accumulation_steps
+        return Plan(training.max_steps, steps_per_epoch)
+    total = training.epochs * steps_per_epoch
     if total == 0:
         raise ConfigError(
-            f"spec.training.epochs: {training.epochs} epoch(s) of {batches_per_epoch} batches make no "
-            f"optimizer step with gradientAccumulationSteps {training.gradient_accumulation_steps}; "
-            "train for more epochs or accumulate less"
+            f"spec.training.epochs: {training.epochs} epoch(s) make no optimizer step: the data has fewer samples "
+            "than one step takes (batchSize x processes x gradientAccumulationSteps); lower them or add data"
         )
-    return Plan(total, batches_per_epoch)
+    return Plan(total, steps_per_epoch)
+
+
+def step_micro_batches(steps: list[list[Key]], batching: Batching, rank: int) -> list[list[list[Key]]]:
+    """For each optimizer step, this rank's micro-batches (lists of keys)."""
+    return [[batching.micro_batch(step, micro, rank) for micro in range(batching.micro_batches)]
+            for step in steps]
+
+
+def iterate_steps(dataset, collate, num_workers: int, steps: list[list[list[Key]]],
+                  loader_seed: int) -> Iterator[list[MicroBatch]]:
+    """Load the micro-batches of the given steps in order (workers prefetch ahead); yield them a
+    step at a time. The loader gets its own generator: creating an iterator otherwise draws from
+    the global torch RNG, and a resumed run (which creates one mid-epoch) would drift."""
+    flat = [keys for step in steps for keys in step]
+    if not flat:
+        return
+    loader = DataLoader(dataset, batch_sampler=flat, collate_fn=collate, num_workers=num_workers,
+                        generator=torch.Generator().manual_seed(loader_seed))
+    batches = iter(loader)
+    for step in steps:
+        yield [(keys, next(batches)) for keys in step]
 
 
 class PhaseClock:
@@ -49,7 +72,7 @@ class PhaseClock:
     time of a forward pass would show up wherever the next synchronisation happens to fall.
     """
 
-    def __init__(self, reporter: Reporter, device: torch.device):
+    def __init__(self, reporter, device: torch.device):
         self.reporter = reporter
         self.synchronize = torch.cuda.synchronize if device.type == "cuda" and reporter.enabled else None
         self.last = time.perf_counter()
@@ -66,68 +89,58 @@ class PhaseClock:
         self.last = time.perf_counter()
 
 
-def memory_in_use(device: torch.device) -> tuple[int, int]:
-    """(allocated, reserved) bytes of this process's GPU; zeros on the CPU."""
-    if device.type != "cuda":
-        return 0, 0
-    return torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+class SampleLog:
+    """KUBETUNE_SAMPLE_LOG=FILE: every process appends which samples it trained at which step
+    (JSON lines), to check data order across restarts and world sizes."""
+
+    def __init__(self, rank: int, path: str | None = None):
+        self.rank = rank
+        path = path if path is not None else os.environ.get("KUBETUNE_SAMPLE_LOG")
+        self.path = Path(path) if path else None
+
+    def record(self, step: int, micro_batches: list[MicroBatch]) -> None:
+        if self.path is None:
+            return
+        keys = [list(key) for batch_keys, _ in micro_batches for key in batch_keys]
+        with self.path.open("a") as out:
+            out.write(json.dumps({"step": step, "rank": self.rank, "keys": keys}) + "\n")
 
 
-def train(accelerator, family: ModelFamily, model: torch.nn.Module, optimizer, scheduler,
-          dataset, position: Position, plan: Plan, reporter: Reporter,
-          noise_generator: torch.Generator, on_step_end: Callable[[Position], None]) -> Position:
-    """Run optimizer steps until plan.total_steps; call on_step_end after each (checkpoints)."""
-    training = family.spec.training
-    accumulation = training.gradient_accumulation_steps
-    params = family.trainable_parameters()
-    running_loss = torch.zeros((), device=accelerator.device)
-    clock = PhaseClock(reporter, accelerator.device)
+class Stepper:
+    """Runs one optimizer step of the run over this process's micro-batches."""
 
-    while position.step < plan.total_steps:
-        groups = getattr(dataset, "groups", None)  # aspect-ratio buckets
-        batches = epoch_batches(len(dataset), training.batch_size, accelerator.num_processes,
-                                accelerator.process_index, training.seed, position.epoch, groups)
-        if training.debug_overfit_batch:  # epoch 0's first batch, augmentations included, every time
-            first = epoch_batches(len(dataset), training.batch_size, accelerator.num_processes,
-                                  accelerator.process_index, training.seed, 0, groups)[0]
-            batches = [first] * len(batches)
-        # The loader gets its own generator: creating an iterator otherwise draws from the global
-        # torch RNG, and a resumed run (which creates one mid-epoch) would drift from the original.
-        loader = DataLoader(dataset, batch_sampler=batches[position.batches_done_in_epoch:],
-                            collate_fn=family.collate, num_workers=family.spec.data.num_workers,
-                            generator=torch.Generator().manual_seed(training.seed + position.epoch))
-        for batch in loader:
-            clock.mark("data_wait")
-            syncing = (position.micro_batches + 1) % accumulation == 0
-            # Between optimizer steps gradients accumulate locally; only the last micro-batch all-reduces.
-            with nullcontext() if syncing else accelerator.no_sync(model):
-                loss = family.compute_loss(model, batch, noise_generator)
-                accelerator.backward(loss / accumulation)
-            running_loss += loss.detach().float()
-            clock.mark("forward_backward")
-            position.micro_batches += 1
-            position.batches_done_in_epoch += 1
-            if not syncing:
-                continue
-            if training.max_grad_norm > 0:
-                accelerator.clip_grad_norm_(params, training.max_grad_norm)
-            optimizer.step()
-            lr = scheduler.get_last_lr()[0]
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            position.step += 1
-            position.loss = accelerator.reduce(running_loss / accumulation, reduction="mean").item()
-            running_loss.zero_()
-            clock.mark("optimizer")
-            reporter.step(position.step, position.loss, lr, position.epoch)
-            if position.step % training.log_every_steps == 0:  # a collective: every rank takes part
-                in_use = accelerator.gather(torch.tensor(memory_in_use(accelerator.device), device=accelerator.device))
-                reporter.gpu_memory([tuple(pair) for pair in in_use.view(-1, 2).tolist()])
-            on_step_end(position)  # charges checkpointing and validation to their own phases
-            clock.restart()
-            if position.step >= plan.total_steps:
-                break
-        else:
-            position.epoch += 1
-            position.batches_done_in_epoch = 0
-    return position
+    def __init__(self, family, model, optimizer, scheduler, parallel, batching: Batching,
+                 training: TrainingSpec, clock: PhaseClock, sum_over_ranks: Callable[[torch.Tensor], torch.Tensor]):
+        self.family, self.model, self.optimizer, self.scheduler = family, model, optimizer, scheduler
+        self.parallel, self.batching, self.training, self.clock = parallel, batching, training, clock
+        self.sum_over_ranks = sum_over_ranks
+
+    def step(self, step: int, micro_batches: list[MicroBatch]) -> tuple[float, float]:
+        """Train optimizer step `step` (0-based); returns its mean loss over all processes and its lr."""
+        device = next(iter(self.family.trainable_parameters())).device
+        loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+        for index, (keys, batch) in enumerate(micro_batches):
+            self.clock.mark("data_wait")
+            random = SampleRandom.for_keys(self.training.seed, keys, step)
+            weight = self.batching.loss_weight(len(keys))
+            syncing = index == len(micro_batches) - 1
+            # Between micro-batches gradients accumulate locally; only the last one synchronises.
+            with self._maybe_no_sync(not syncing):
+                loss = self.family.compute_loss(self.model, batch, random)
+                self.parallel.backward(loss * weight)
+            loss_sum += loss.detach().double() * len(keys)
+            self.clock.mark("forward_backward")
+        if self.training.max_grad_norm > 0:
+            self.parallel.clip_grad_norm(self.model, self.training.max_grad_norm)
+        self.optimizer.step()
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        mean_loss = (self.sum_over_ranks(loss_sum) / self.batching.global_batch).item()
+        self.clock.mark("optimizer")
+        return mean_loss, lr
+
+    def _maybe_no_sync(self, skip: bool):
+        from contextlib import nullcontext
+
+        return self.parallel.no_sync(self.model) if skip else nullcontext()

@@ -54,9 +54,10 @@ class TrainerMetrics:
                                ("trainer_pod", "node_rank"))
         self.last_checkpoint_step = gauge("last_checkpoint_step", "Step of the newest complete checkpoint "
                                           "(uploaded, when checkpoints go to S3).")
-        self.checkpoint_size = gauge("checkpoint_size_bytes", "Size of the newest checkpoint.")
+        self.checkpoint_size = gauge("checkpoint_size_bytes", "Size of the newest complete checkpoint.")
         self.checkpoint_save = histogram("checkpoint_save_duration_seconds", "Time training waits while a "
-                                         "checkpoint is written to local disk.", CHECKPOINT_BUCKETS)
+                                         "checkpoint is staged (copied to CPU memory; written and uploaded behind).",
+                                         CHECKPOINT_BUCKETS)
         self.checkpoint_upload = histogram("checkpoint_upload_duration_seconds", "Time one checkpoint takes to "
                                            "upload in the background, retries included.", CHECKPOINT_BUCKETS)
         self.checkpoint_uploaded_bytes = Counter(f"{PREFIX}_checkpoint_uploaded_bytes", "Checkpoint bytes uploaded.",

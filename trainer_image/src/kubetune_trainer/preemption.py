@@ -1,8 +1,10 @@
-"""Stopping for preemption: SIGTERM (spot reclaim, eviction, Kueue suspend, pod deletion).
+"""Stopping for preemption: SIGTERM (spot reclaim, eviction, Kueue suspend, pod deletion) or SIGINT.
 
-The handler only records the request; the loop acts on it at the next step boundary, where all
-processes agree (a collective), save one last checkpoint together and exit with 143 — 128 +
-SIGTERM, a code the PyTorchJob ExitCode restart policy treats as retryable.
+Before training starts (loading models, filling the cache) a stop request ends the process at
+once: nothing is worth saving yet. Once the training loop runs, the handler only records the
+request; the loop acts on it at the next step boundary, where all processes agree (a
+collective), save one last checkpoint together and exit with 143 — 128 + SIGTERM, a code the
+PyTorchJob ExitCode restart policy treats as retryable.
 """
 from __future__ import annotations
 
@@ -10,27 +12,63 @@ import signal
 import threading
 
 RETRYABLE_EXIT_CODE = 128 + signal.SIGTERM
-
-
-class Preempted(Exception):
-    """Raised after the last checkpoint was written; the run should exit with RETRYABLE_EXIT_CODE."""
-
-    def __init__(self, step: int):
-        super().__init__(f"stopped by SIGTERM after step {step}; the last checkpoint holds it")
-        self.step = step
-
-
-class StopRequest:
-    def __init__(self) -> None:
-        self._event = threading.Event()
-
-    def install(self) -> "StopRequest":
-        signal.signal(signal.SIGTERM, lambda signum, frame: self._event.set())
-        return self
-
-    def requested(self) -> bool:
-        return self._event.is_set()
+CONFIG_ERROR_EXIT_CODE = 2  # the job itself is wrong: retrying cannot help
 
 # How long a stopping run waits for its queued uploads: the operator's pods get
 # terminationGracePeriodSeconds 120, and saving the last checkpoint comes first.
 PREEMPTION_UPLOAD_SECONDS = 90
+
+# What a collective raises when a process on the other end is gone (gloo reports it as a
+# RuntimeError from its TCP transport; NCCL and the rendezvous store raise DistError subclasses).
+_LOST_PEER_SIGNS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                    "Socket Timeout", "connection refused")
+
+
+class Preempted(Exception):
+    """Raised when a stop request ends the run; the process should exit with RETRYABLE_EXIT_CODE."""
+
+    def __init__(self, step: int | None, signal_name: str = "SIGTERM"):
+        where = (f"after step {step}; the last checkpoint holds it" if step is not None
+                 else "before training started; nothing to save yet")
+        super().__init__(f"stopped by {signal_name} {where}")
+        self.step = step
+
+
+class StopRequest:
+    """Records SIGTERM/SIGINT; raises Preempted at once until `defer()` (the loop checks `requested`)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._deferred = False
+        self.signal_name = "SIGTERM"
+
+    def install(self) -> "StopRequest":
+        self._previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        return self
+
+    def uninstall(self) -> None:
+        """Give the signals back (a run inside a longer-lived process, e.g. `kubetune train`)."""
+        for sig, handler in getattr(self, "_previous", {}).items():
+            signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame) -> None:
+        self.signal_name = signal.Signals(signum).name
+        self._event.set()
+        if not self._deferred:
+            raise Preempted(None, self.signal_name)
+
+    def defer(self) -> None:
+        """From now on a stop waits for the step boundary; a request that came already still counts."""
+        self._deferred = True
+
+    def requested(self) -> bool:
+        return self._event.is_set()
+
+
+def is_lost_peer(error: BaseException) -> bool:
+    """Whether a failed collective means another process of the job is gone (not a bug here)."""
+    import torch.distributed as dist
+
+    if isinstance(error, dist.DistError):
+        return True
+    return isinstance(error, RuntimeError) and any(sign.lower() in str(error).lower() for sign in _LOST_PEER_SIGNS)

@@ -94,16 +94,16 @@ class Reporter:
         if self.enabled:
             self.metrics.gpu_memory(per_rank)
 
-    def checkpoint_saved(self, step: int, seconds: float, size_bytes: int) -> None:
-        """Written to local disk (training waited `seconds` for it)."""
+    def checkpoint_saved(self, step: int, seconds: float) -> None:
+        """Staged for writing (training waited `seconds` for it; writing and uploading go on behind)."""
         if self.enabled:
             self.metrics.checkpoint_save.observe(seconds)
-            self.metrics.checkpoint_size.set(size_bytes)
 
     def checkpoint_published(self, step: int, upload_seconds: float | None, size_bytes: int) -> None:
         """Complete where the run's checkpoints live; upload_seconds is None for local storage."""
         if not self.enabled:
             return
+        self.metrics.checkpoint_size.set(size_bytes)
         if upload_seconds is not None:
             self.metrics.checkpoint_upload.observe(upload_seconds)
             self.metrics.checkpoint_uploaded_bytes.inc(size_bytes)

@@ -1,13 +1,15 @@
 """Where this run writes and where it starts from, decided once by the main process.
 
-The main process claims the run's version (storage/runs.py) and picks the checkpoint to start
+The main process looks up the run's version (storage/runs.py) and picks the checkpoint to start
 from, in this order:
   1. the newest intact checkpoint of this very run (a pod restarted after preemption);
   2. with resumeFrom: latest, the newest intact checkpoint of the job's earlier runs;
   3. with resumeFrom: <uri>, that checkpoint (it must be complete, else the run stops here);
   4. nothing: a fresh start.
 Every other process learns the decision by broadcast, and each node's first process fetches the
-chosen checkpoint to local disk.
+chosen checkpoint to local disk. Looking up writes nothing: the run claims its version (deletes
+abandoned ones, writes run.json) only once the starting checkpoint was found to fit the model
+and the processes, so a refused resume leaves storage as it was.
 """
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ class RunPlace:
     version: int
     uri: str  # <checkpoints.uri>/<namespace>/<job>/v<N>
     start_from: str | None  # URI of the checkpoint to resume, None for a fresh start
+    job_uri: str  # <checkpoints.uri>/<namespace>/<job>
+    choice: runs.VersionChoice
 
 
 def run_id_from_env() -> str | None:
@@ -39,9 +43,9 @@ def run_id_from_env() -> str | None:
 
 
 def place_run(checkpoints: CheckpointSpec, namespace: str, job: str, run_id: str | None) -> RunPlace:
-    """Claim this run's version and choose its starting checkpoint (main process only)."""
+    """Choose this run's version and its starting checkpoint (main process only; reads only)."""
     job_uri = layout.job_root(checkpoints.uri, namespace, job)
-    choice = runs.claim_version(open_tree(job_uri), run_id)
+    choice = runs.look_up_version(open_tree(job_uri), run_id)
     run_uri = layout.join(job_uri, layout.version_name(choice.version))
     start_from = newest_intact(run_uri) if choice.continuing else None
     if start_from is None and checkpoints.resume_from == "latest":
@@ -55,7 +59,12 @@ def place_run(checkpoints: CheckpointSpec, namespace: str, job: str, run_id: str
         if problem:
             raise ConfigError(f"spec.checkpoints.resumeFrom: {start_from} cannot be resumed: {problem}; "
                               "name a complete checkpoint (`kubetune checkpoints ls JOB` lists them) or use latest")
-    return RunPlace(choice.version, run_uri, start_from)
+    return RunPlace(choice.version, run_uri, start_from, job_uri, choice)
+
+
+def claim_run(place: RunPlace, run_id: str | None) -> None:
+    """The run's first writes: abandoned versions go, run.json names this run (main process only)."""
+    runs.claim_version(open_tree(place.job_uri), place.choice, run_id)
 
 
 def local_start_checkpoint(place: RunPlace, fetch: bool) -> Path | None:

@@ -1,90 +1,103 @@
-"""Everything a checkpoint holds beyond the weights, and how a run is put back to it.
+"""Where a run is, beyond its weights and optimizer: the position in the data, the batching it
+trains with, and each process's random state.
 
-The position (step, epoch, batches done) plus optimizer, scheduler and every RNG a process uses
-are enough for a resumed run to take exactly the steps an uninterrupted run would have taken.
+The position is in optimizer steps of the run's global batch (data.sampler), so a checkpoint
+written by N processes is continued by M at the same samples: the global batch is kept and the
+micro-batches adjust. Only when the global batch itself changes (a new run that starts from
+this checkpoint with another batchSize or gradientAccumulationSteps) is the position remapped,
+by samples, and the log says so.
 """
 from __future__ import annotations
 
 import json
 import logging
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 
-TRAINABLE = "trainable.safetensors"
-OPTIMIZER = "optimizer.pt"
-SCHEDULER = "scheduler.pt"
-POSITION = "trainer_state.json"
+STATE_FILE = "trainer_state.json"
+SCHEDULER_FILE = "scheduler.pt"
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Position:
-    """Where the run is: optimizer steps done and where in the data the next batch comes from."""
+    """Optimizer steps done, and how many of them in the current epoch."""
 
     step: int = 0
     epoch: int = 0
-    batches_done_in_epoch: int = 0
-    micro_batches: int = 0
+    steps_in_epoch: int = 0
     loss: float | None = None
+
+
+@dataclass(frozen=True)
+class SavedState:
+    """What trainer_state.json records about the run that wrote a checkpoint."""
+
+    position: Position
+    global_batch: int
+    world_size: int
+    batch_size: int  # spec.training.batchSize of that run
+    accumulation: int  # spec.training.gradientAccumulationSteps of that run
+    strategy: str
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        return json.dumps({**data, "position": asdict(self.position)}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "SavedState":
+        data = json.loads(text)
+        return cls(**{**data, "position": Position(**data["position"])})
+
+
+def read_saved_state(checkpoint: Path) -> SavedState:
+    return SavedState.from_json((checkpoint / STATE_FILE).read_text())
+
+
+def continue_position(saved: Position, saved_global_batch: int, global_batch: int) -> Position:
+    """The position under `global_batch`: the same when it is unchanged, else the same number of
+    samples into the epoch, rounded down to whole steps (the epoch's order is one permutation)."""
+    if saved_global_batch == global_batch:
+        return replace(saved)
+    samples = saved.steps_in_epoch * saved_global_batch
+    return replace(saved, steps_in_epoch=samples // global_batch)
 
 
 def rng_file(rank: int) -> str:
     return f"rng-rank{rank}.pt"
 
 
-def capture_rng(noise_generator: torch.Generator) -> dict:
-    state = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-        "noise": noise_generator.get_state(),
-    }
+def capture_rng() -> dict:
+    """The process-wide generators (dropout draws from torch's); per-sample draws need none."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
-def restore_rng(state: dict, noise_generator: torch.Generator) -> None:
+def restore_rng(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    noise_generator.set_state(state["noise"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_main_state(path: Path, trainable: dict[str, torch.Tensor], optimizer, scheduler, position: Position) -> None:
-    """The parts every process shares (identical under DDP): written by the main process."""
+def save_rng(path: Path, rank: int) -> Path:
+    """Each process writes its own file into its node's copy of the checkpoint."""
     path.mkdir(parents=True, exist_ok=True)
-    save_file(trainable, path / TRAINABLE)
-    torch.save(optimizer.state_dict(), path / OPTIMIZER)
-    torch.save(scheduler.state_dict(), path / SCHEDULER)
-    (path / POSITION).write_text(json.dumps(asdict(position)))
+    target = path / rng_file(rank)
+    torch.save(capture_rng(), target)
+    return target
 
 
-def save_rng_states(path: Path, states: list[dict]) -> None:
-    """One file per rank, all written by the main process (states gathered in rank order)."""
-    path.mkdir(parents=True, exist_ok=True)
-    for rank, state in enumerate(states):
-        torch.save(state, path / rng_file(rank))
-
-
-def read_trainable(path: Path) -> dict[str, torch.Tensor]:
-    return load_file(path / TRAINABLE)
-
-
-def restore_state(path: Path, rank: int, optimizer, scheduler, noise_generator: torch.Generator) -> Position:
-    """Put optimizer, scheduler and this rank's RNG back; return where the run was."""
-    optimizer.load_state_dict(torch.load(path / OPTIMIZER, weights_only=False))
-    scheduler.load_state_dict(torch.load(path / SCHEDULER, weights_only=False))
-    rng_path = path / rng_file(rank)
-    if rng_path.is_file():
-        restore_rng(torch.load(rng_path, weights_only=False), noise_generator)
-    else:
-        log.warning("%s has no RNG state for rank %d (process count changed?); noise will differ", path, rank)
-    return Position(**json.loads((path / POSITION).read_text()))
+def load_rng(path: Path, rank: int, same_world: bool) -> None:
+    """Restore this rank's generators; with another process count they cannot line up, and only
+    dropout differs from an uninterrupted run (said once, by the caller's log)."""
+    file = path / rng_file(rank)
+    if same_world and file.is_file():
+        restore_rng(torch.load(file, weights_only=False))

@@ -1,9 +1,11 @@
 """Validation during training: held-out metrics, sample images, early stopping, the best K weights.
 
-Every process evaluates the same held-out batches with the same fixed generator, so all reach
-the same early-stopping decision without talking to each other; only the main process writes.
-Validation runs inside `torch.random.fork_rng`, so it never shifts the training's random stream
-(a resumed run stays bitwise identical whether or not it validated).
+Every process evaluates the same held-out batches with the same per-sample draws (randomness.py:
+the same noise at every validation, so checkpoints compare fairly), so all reach the same
+early-stopping decision without talking to each other; only the main process writes. Under FSDP
+the model's forward is a collective, so sampling images and gathering the best weights involve
+every process too. Validation runs inside `torch.random.fork_rng`, so it never shifts the
+training's random stream (a resumed run stays bitwise identical whether or not it validated).
 """
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from kubetune_api.spec import TrainingJobSpec
-from kubetune_trainer.data.sampler import epoch_batches
+from kubetune_trainer.data.sampler import in_order
+from kubetune_trainer.randomness import VALIDATION_STEP, SampleRandom
 
 log = logging.getLogger("kubetune.trainer")
 HIGHER_IS_BETTER = {"loss": False, "accuracy": True, "f1": True}
@@ -31,7 +34,7 @@ def improves(value: float, best: float | None, metric: str) -> bool:
 
 
 class Validator:
-    def __init__(self, spec: TrainingJobSpec, family, held_out, output: Path, is_main: bool):
+    def __init__(self, spec: TrainingJobSpec, family, held_out, output: Path, is_main: bool, sharded: bool = False):
         self.spec = spec.validation
         self.seed = spec.training.seed
         self.batch_size = spec.training.batch_size
@@ -39,6 +42,7 @@ class Validator:
         self.held_out = held_out
         self.output = output
         self.is_main = is_main
+        self.sharded = sharded
         self.best: float | None = None
         self.validations_without_improvement = 0
         self._writer = None
@@ -47,27 +51,31 @@ class Validator:
         every = self.spec.every_steps
         return every is not None and (step % every == 0 or step == total_steps)
 
-    def _held_out_batches(self) -> list[dict]:
+    def _held_out_batches(self) -> list[tuple[dict, SampleRandom]]:
         if self.held_out is None:
             return []
-        size = min(self.batch_size, len(self.held_out))
-        batches = epoch_batches(len(self.held_out), size, 1, 0, self.seed, 0,
-                                getattr(self.held_out, "groups", None))
-        return list(DataLoader(self.held_out, batch_sampler=batches, collate_fn=self.family.collate))
+        keys = in_order(len(self.held_out), min(self.batch_size, len(self.held_out)),
+                        getattr(self.held_out, "groups", None))
+        loader = DataLoader(self.held_out, batch_sampler=keys, collate_fn=self.family.collate)
+        return [(batch, SampleRandom.for_keys(self.seed, batch_keys, VALIDATION_STEP))
+                for batch_keys, batch in zip(keys, loader)]
 
-    def run(self, model: torch.nn.Module, step: int, save_best: Callable[[Path], None]) -> dict[str, float]:
-        """Evaluate and sample at `step`; returns the metrics (empty without held-out data)."""
+    def run(self, model: torch.nn.Module, step: int, trained_state: Callable[[], dict]) -> dict[str, float]:
+        """Evaluate and sample at `step`; returns the metrics (empty without held-out data).
+
+        trained_state: the weights to publish, whole on the main process (a collective under FSDP).
+        """
         metrics: dict[str, float] = {}
         with torch.random.fork_rng(devices=[]):
-            generator = torch.Generator().manual_seed(self.seed)
             batches = self._held_out_batches()
             was_training = model.training
             model.eval()
             try:
                 if batches:
-                    metrics = self.family.evaluate(model, batches, generator)
-                images = self.family.sample_images(model, batches, torch.Generator().manual_seed(self.seed)) \
-                    if self.is_main else []
+                    metrics = self.family.evaluate(model, batches)
+                samples = self.is_main or self.sharded
+                images = self.family.sample_images(model, [batch for batch, _ in batches],
+                                                   torch.Generator().manual_seed(self.seed)) if samples else []
             finally:
                 model.train(was_training)
         self._record(step, metrics, images)
@@ -77,8 +85,10 @@ class Validator:
                 self.best, self.validations_without_improvement = monitored, 0
             else:
                 self.validations_without_improvement += 1
-            if self.spec.keep_best and self.is_main:
-                self._keep_best(step, monitored, save_best)
+            if self.spec.keep_best:
+                state = trained_state()
+                if self.is_main:
+                    self._keep_best(step, monitored, lambda folder: self.family.save_weights(folder, state))
         return metrics
 
     @property

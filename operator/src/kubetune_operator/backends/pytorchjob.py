@@ -56,8 +56,8 @@ class PyTorchJobBackend:
             },
             "spec": {
                 "runPolicy": run_policy,
-                # One process per GPU; one CPU process per node when gpusPerNode is 0.
-                "nprocPerNode": str(max(1, spec.resources.gpus_per_node)),
+                # One process per GPU; on CPU nodes distributed.processesPerNode (default 1).
+                "nprocPerNode": str(spec.processes_per_node),
                 "pytorchReplicaSpecs": replica_specs,
             },
         }

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -11,6 +10,7 @@ from kubetune_api.spec import TrainingJobSpec
 from kubetune_trainer.data.cache import EmbeddingCache, Encoded, Encoder
 from kubetune_trainer.data.keyed import split_held_out
 from kubetune_trainer.errors import ConfigError
+from kubetune_trainer.randomness import SampleRandom
 
 
 class ModelFamily(ABC):
@@ -75,12 +75,18 @@ class ModelFamily(ABC):
         return {}
 
     @abstractmethod
-    def compute_loss(self, model: torch.nn.Module, batch: dict, generator: torch.Generator) -> torch.Tensor:
-        """The training loss of one batch; `model` is the prepared trainable module."""
+    def compute_loss(self, model: torch.nn.Module, batch: dict, random: SampleRandom) -> torch.Tensor:
+        """The mean training loss over the batch's samples; `model` is the prepared trainable module.
+
+        Every random draw (noise, timesteps, latent samples) comes from `random`, one generator
+        per sample, so the loss of a sample does not depend on the rest of its batch."""
 
     @abstractmethod
-    def save_weights(self, out_dir: Path) -> list[Path]:
-        """Write the trained weights in the family's standard format; return the files written."""
+    def save_weights(self, out_dir: Path, trained: dict[str, torch.Tensor]) -> list[Path]:
+        """Write the trained weights in the family's standard format; return the files written.
+
+        `trained`: every trained parameter whole, on the CPU, by its name in trainable_module
+        (checkpointing.full_trained_state gathers them, from shards under FSDP)."""
 
     def enable_gradient_checkpointing(self) -> None:
         module = self.trainable_module
@@ -94,10 +100,11 @@ class ModelFamily(ABC):
     # --- validation ---------------------------------------------------------------------------
 
     @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module, batches: list[dict], generator: torch.Generator) -> dict[str, float]:
-        """Held-out metrics; by default the loss, averaged over the batches, with a fixed generator."""
-        losses = [self.compute_loss(model, batch, generator).item() for batch in batches]
-        return {"loss": sum(losses) / len(losses)}
+    def evaluate(self, model: torch.nn.Module, batches: list[tuple[dict, SampleRandom]]) -> dict[str, float]:
+        """Held-out metrics; by default the loss over every held-out sample, each with the same
+        draws at every validation (so two checkpoints compare fairly)."""
+        total = sum(self.compute_loss(model, batch, random).item() * len(random) for batch, random in batches)
+        return {"loss": total / sum(len(random) for _, random in batches)}
 
     def sample_images(self, model: torch.nn.Module, held_out: list[dict], generator: torch.Generator) -> list:
         """PIL images for TensorBoard and the checkpoint folder; none by default."""
@@ -108,24 +115,25 @@ class ModelFamily(ABC):
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.trainable_module.parameters() if p.requires_grad]
 
-    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
-        """Only what training changes: small for LoRA, the whole model for full fine-tuning."""
-        return {
-            name: param.detach().to("cpu", copy=True).contiguous()
-            for name, param in self.trainable_module.named_parameters()
-            if param.requires_grad
-        }
 
-    def load_trainable_state_dict(self, state: dict[str, Any]) -> None:
-        params = dict(self.trainable_module.named_parameters())
-        expected = {name for name, p in params.items() if p.requires_grad}
-        mismatched = sorted(n for n in set(state) & expected if state[n].shape != params[n].shape)
-        if set(state) != expected or mismatched:
-            missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
-            raise ConfigError(
-                "checkpoint does not match the adapter (spec.adapter rank or targetModules changed?): "
-                f"missing {missing[:2]}, unexpected {unexpected[:2]}, other shape {mismatched[:2]}"
-            )
-        with torch.no_grad():
-            for name, tensor in state.items():
-                params[name].copy_(tensor)
+def whole_state(module: torch.nn.Module, trained: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A full fine-tune's state dict: the trained parameters plus the module's buffers."""
+    from torch.distributed.tensor import DTensor
+
+    state = {name: value for name, value in module.state_dict().items() if not isinstance(value, DTensor)}
+    state.update(trained)
+    missing = sorted(set(module.state_dict()) - set(state))
+    if missing:
+        raise RuntimeError(f"cannot save {type(module).__name__} whole: {missing[:3]} are neither trained nor local")
+    return {name: value.detach().cpu().contiguous() for name, value in state.items()}
+
+
+def save_diffusers_model(module: torch.nn.Module, trained: dict[str, torch.Tensor], folder: Path) -> list[Path]:
+    """A fully fine-tuned diffusers model in its from_pretrained layout (config + safetensors)."""
+    from diffusers.utils import SAFETENSORS_WEIGHTS_NAME
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    module.save_config(folder)
+    save_file(whole_state(module, trained), folder / SAFETENSORS_WEIGHTS_NAME, metadata={"format": "pt"})
+    return sorted(folder.iterdir())

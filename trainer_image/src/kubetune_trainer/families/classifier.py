@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from kubetune_trainer.data.image_folder import ImageFolderDataset, collate, read_image_folder
 from kubetune_trainer.data.images import ImageTransform
-from kubetune_trainer.families.base import ModelFamily
+from kubetune_trainer.families.base import ModelFamily, whole_state
 
 # Attention projections of ViT-style encoders; set spec.adapter.targetModules for other models.
 DEFAULT_LORA_TARGETS = ["q_proj", "v_proj", "query", "value"]  # transformers 5 names, then older ones
@@ -76,13 +76,13 @@ class ImageClassifier(ModelFamily):
         pixels = ((pixels + 1) / 2 - self.mean) / self.std  # [-1, 1] -> the model's normalisation
         return model(pixel_values=pixels.to(self.device)).logits
 
-    def compute_loss(self, model, batch, generator):
+    def compute_loss(self, model, batch, random):
         return F.cross_entropy(self.logits(model, batch["pixel_values"]).float(), batch["labels"].to(self.device))
 
     @torch.no_grad()
-    def evaluate(self, model, batches, generator):
+    def evaluate(self, model, batches):
         losses, predictions, labels = [], [], []
-        for batch in batches:
+        for batch, _ in batches:
             logits = self.logits(model, batch["pixel_values"]).float()
             losses.append(F.cross_entropy(logits, batch["labels"].to(self.device)).item())
             predictions.append(logits.argmax(-1).cpu())
@@ -90,8 +90,9 @@ class ImageClassifier(ModelFamily):
         metrics = accuracy_and_f1(torch.cat(predictions), torch.cat(labels), len(self.classes))
         return {"loss": sum(losses) / len(losses), **metrics}
 
-    def save_weights(self, out_dir: Path) -> list[Path]:
+    def save_weights(self, out_dir: Path, trained: dict[str, torch.Tensor]) -> list[Path]:
         """Full: a transformers model folder; LoRA: a PEFT adapter folder (`model.load_adapter(out_dir)`)."""
         out_dir.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(out_dir, safe_serialization=True)
+        state = trained if self.spec.adapter.type == "lora" else whole_state(self.model, trained)
+        self.model.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
         return sorted(p for p in out_dir.iterdir() if p.is_file() and p.suffix in (".safetensors", ".json"))

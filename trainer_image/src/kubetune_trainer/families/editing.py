@@ -14,7 +14,7 @@ import torch
 from kubetune_trainer import quantization
 from kubetune_trainer.data.edit_pairs import EditPairsDataset, collate, read_edit_pairs
 from kubetune_trainer.data.images import ImageTransform
-from kubetune_trainer.families.base import ModelFamily
+from kubetune_trainer.families.base import ModelFamily, save_diffusers_model
 from kubetune_trainer.families.lora import attach_lora, load_lora_init, lora_layers
 
 
@@ -76,15 +76,14 @@ class EditingFamily(ModelFamily):
                  for control, caption in zip(batch["control_values"], batch["captions"])]
         return pairs[:self.spec.validation.num_samples]
 
-    def save_weights(self, out_dir: Path) -> list[Path]:
+    def save_weights(self, out_dir: Path, trained: dict[str, torch.Tensor]) -> list[Path]:
         out_dir.mkdir(parents=True, exist_ok=True)
         if self.spec.adapter.type == "full":
-            self.transformer.save_pretrained(out_dir / "transformer")
-            return sorted((out_dir / "transformer").iterdir())
+            return save_diffusers_model(self.transformer, trained, out_dir / "transformer")
         import diffusers
 
         getattr(diffusers, self.PIPELINE).save_lora_weights(
-            out_dir, transformer_lora_layers=lora_layers(self.transformer), safe_serialization=True,
+            out_dir, transformer_lora_layers=lora_layers(self.transformer, trained), safe_serialization=True,
             transformer_lora_adapter_metadata=self.transformer.peft_config["default"].to_dict(),
         )
         return [out_dir / "pytorch_lora_weights.safetensors"]

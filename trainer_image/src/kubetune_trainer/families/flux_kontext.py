@@ -10,7 +10,7 @@ from functools import cached_property
 
 import torch
 
-from kubetune_trainer import flow_matching
+from kubetune_trainer import diffusion, flow_matching
 from kubetune_trainer.data.cache import Encoder, model_identity
 from kubetune_trainer.families.editing import EditingFamily
 from kubetune_trainer.families.lora import DIFFUSERS_ATTENTION_TARGETS
@@ -80,15 +80,14 @@ class FluxKontext(EditingFamily):
 
     # --- loss ---------------------------------------------------------------------------------
 
-    def compute_loss(self, model, batch, generator):
+    def compute_loss(self, model, batch, random):
         from diffusers import FluxKontextPipeline
-        from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
 
         encoded = self.encode_batch(batch)
-        target = self._scaled(DiagonalGaussianDistribution(encoded["target"]["moments"]).sample(generator))
+        target = self._scaled(diffusion.sample_latents(encoded["target"]["moments"], random))
         control = self._scaled(encoded["control"]["moments"].chunk(2, dim=1)[0])  # the mean, as at inference
         batch_size, channels, height, width = target.shape
-        noise, sigmas, noisy = flow_matching.noisy_latents(target, generator)
+        noise, sigmas, noisy = flow_matching.noisy_latents(target, random)
 
         pack = FluxKontextPipeline._pack_latents
         tokens = pack(noisy, batch_size, channels, height, width)

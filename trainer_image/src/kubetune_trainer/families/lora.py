@@ -34,12 +34,13 @@ def attach_lora(model: torch.nn.Module, adapter: AdapterSpec, default_targets: l
             param.data = param.data.float()
 
 
-def lora_layers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The adapter's weights under the diffusers names `save_lora_weights` expects."""
+def lora_layers(model: torch.nn.Module, trained: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The adapter's weights under the diffusers names `save_lora_weights` expects: from `trained`
+    (whole tensors by parameter name, e.g. gathered from shards) or else the model's own."""
     from diffusers.utils import convert_state_dict_to_diffusers
     from peft.utils import get_peft_model_state_dict
 
-    return convert_state_dict_to_diffusers(get_peft_model_state_dict(model))
+    return convert_state_dict_to_diffusers(get_peft_model_state_dict(model, state_dict=trained))
 
 
 def load_lora_init(model: torch.nn.Module, source: str, prefix: str) -> None:

@@ -139,10 +139,9 @@ class PersonalizedGeneration(StableDiffusion15):
     def sample_images(self, model, held_out, generator):
         return []
 
-    def save_weights(self, out_dir: Path) -> list[Path]:
+    def save_weights(self, out_dir: Path, trained: dict[str, torch.Tensor]) -> list[Path]:
         out_dir.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().cpu().contiguous() for k, v in self.adapter.state_dict().items()},
-                  out_dir / ADAPTER_FILE)
+        save_file({k: v.detach().cpu().contiguous() for k, v in trained.items()}, out_dir / ADAPTER_FILE)
         (out_dir / ADAPTER_CONFIG).write_text(json.dumps({
             "num_image_prompt": self.pmg.num_image_prompt, "num_prefix_prompt": self.pmg.num_prefix_prompt,
             "cross_attention_dim": self.unet.config.cross_attention_dim,

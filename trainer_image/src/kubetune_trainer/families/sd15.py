@@ -10,8 +10,9 @@ from kubetune_trainer import diffusion, quantization
 from kubetune_trainer.data.cache import Encoder, model_identity
 from kubetune_trainer.data.captions import CaptionsDataset, collate, read_captions
 from kubetune_trainer.data.images import ImageTransform
-from kubetune_trainer.families.base import ModelFamily
+from kubetune_trainer.families.base import ModelFamily, save_diffusers_model
 from kubetune_trainer.families.lora import DIFFUSERS_ATTENTION_TARGETS, attach_lora, load_lora_init, lora_layers
+from kubetune_trainer.randomness import SampleRandom
 
 
 
@@ -109,10 +110,8 @@ class StableDiffusion15(ModelFamily):
         return {"latents": self.encode("latents", list(batch["pixel_values"])),
                 "text": self.encode("text", batch["captions"])}
 
-    def sample_latents(self, moments: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
-
-        latents = DiagonalGaussianDistribution(moments).sample(generator=generator)
+    def sample_latents(self, moments: torch.Tensor, random: SampleRandom) -> torch.Tensor:
+        latents = diffusion.sample_latents(moments, random)
         shift = getattr(self.vae.config, "shift_factor", None) or 0.0
         return (latents - shift) * self.vae.config.scaling_factor
 
@@ -126,14 +125,12 @@ class StableDiffusion15(ModelFamily):
 
     # --- loss ---------------------------------------------------------------------------------
 
-    def compute_loss(self, model, batch, generator):
+    def compute_loss(self, model, batch, random):
         training = self.spec.training
         encoded = self.encode_batch(batch)
-        latents = self.sample_latents(encoded["latents"]["moments"], generator)
-        noise = diffusion.sample_noise(latents, generator, training.noise_offset)
-        timesteps = diffusion.sample_timesteps(
-            latents.shape[0], self.noise_scheduler.config.num_train_timesteps, generator, latents.device
-        )
+        latents = self.sample_latents(encoded["latents"]["moments"], random)
+        noise = diffusion.sample_noise(latents, random, training.noise_offset)
+        timesteps = diffusion.sample_timesteps(random, self.noise_scheduler.config.num_train_timesteps, latents.device)
         noisy = self.noise_scheduler.add_noise(latents, noise, timesteps)
         prediction = self.denoiser(model)(noisy, timesteps, **self.conditioning(model, batch, encoded["text"])).sample
         target = diffusion.training_target(self.noise_scheduler, latents, noise, timesteps)
@@ -170,15 +167,14 @@ class StableDiffusion15(ModelFamily):
         return pipeline(prompts, num_inference_steps=self.spec.validation.num_inference_steps, height=size,
                         width=size, generator=generator, output_type="pil").images
 
-    def save_weights(self, out_dir: Path) -> list[Path]:
+    def save_weights(self, out_dir: Path, trained: dict[str, torch.Tensor]) -> list[Path]:
         out_dir.mkdir(parents=True, exist_ok=True)
         if self.spec.adapter.type == "full":
-            self.unet.save_pretrained(out_dir / "unet")
-            return sorted((out_dir / "unet").iterdir())
+            return save_diffusers_model(self.unet, trained, out_dir / "unet")
         import diffusers
 
         getattr(diffusers, self.pipeline_class).save_lora_weights(
-            out_dir, unet_lora_layers=lora_layers(self.unet), safe_serialization=True,
+            out_dir, unet_lora_layers=lora_layers(self.unet, trained), safe_serialization=True,
             unet_lora_adapter_metadata=self.unet.peft_config["default"].to_dict(),
         )
         return [out_dir / "pytorch_lora_weights.safetensors"]

@@ -1,16 +1,20 @@
 """Where one run's checkpoints live: a local directory, mirrored to S3 when the URI is s3://.
 
-Training always writes a checkpoint to local disk first; with an s3:// URI the background
-uploader then writes its manifest locally, uploads its files and, last, the manifest, so a reader
-of the bucket never sees a checkpoint whose files are not all there. Until its upload is done a
-checkpoint is protected from local pruning; the newest checkpoint counts as published (for
-status.latestCheckpoint) only once it is complete in the bucket.
+Every process writes its share of a checkpoint (its shards, its random state; the main process
+also the rest) to its node's disk. In the background, each process then hashes its files,
+uploads them (s3:// runs) and records them in `parts/rank-<R>.json`; the main process waits
+for every rank's record and writes the manifest, last. So a checkpoint counts only when every
+rank's files are in place: a rank that dies mid-save leaves one without a manifest, which
+nothing resumes from and pruning removes. The newest checkpoint counts as published (for
+status.latestCheckpoint) only once its manifest is where the run's checkpoints live.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -23,6 +27,32 @@ from kubetune_trainer.storage.uri import S3Location, is_s3, parse_s3
 
 log = logging.getLogger(__name__)
 Published = Callable[[int, "float | None", int], None]  # step, upload seconds (None: local), bytes
+PARTS_DIR = "parts"
+PART_WAIT_SECONDS = 60  # then the wait is retried by the uploader, with its pauses and time limit
+
+
+def part_name(rank: int) -> str:
+    return f"{PARTS_DIR}/rank-{rank}.json"
+
+
+class PartsMissing(RuntimeError):
+    """Some ranks have not recorded their part of a checkpoint yet (retried)."""
+
+
+def merge_parts(records: dict[int, dict], world_size: int) -> dict[str, dict] | None:
+    """Every file of a checkpoint from its parts' records; None if a rank skipped its part.
+
+    Raises PartsMissing while a rank's record is not there yet.
+    """
+    missing = sorted(set(range(world_size)) - set(records))
+    if missing:
+        raise PartsMissing(f"waiting for the part of rank(s) {missing[:8]}")
+    if any(record.get("skipped") for record in records.values()):
+        return None
+    files: dict[str, dict] = {}
+    for rank in sorted(records):
+        files.update(records[rank]["files"])
+    return files
 
 
 def staging_root() -> Path:
@@ -71,47 +101,125 @@ def newest_intact(run_uri: str, staging: Path | None = None) -> str | None:
 
 
 class CheckpointStore:
+    """One process's view of its run's checkpoints (rank 0 is the main process)."""
+
     def __init__(self, uri: str, staging: Path | None = None, on_published: Published = lambda *a: None,
-                 on_pending: Callable[[int], None] = lambda count: None):
+                 on_pending: Callable[[int], None] = lambda count: None, rank: int = 0, world_size: int = 1):
         self.uri = uri
         self.remote: S3Location | None = parse_s3(uri) if is_s3(uri) else None
         self.local = local_path_for(uri, staging)
+        self.rank, self.world_size = rank, world_size
         self.on_published = on_published
-        self.uploader = BackgroundUploader(on_pending=on_pending) if self.remote else None
-        self._uploading: set[Path] = set()  # saved locally, not yet in the bucket
+        # Local runs use the thread too: hashing and waiting for the other ranks happen off training.
+        self.uploader = BackgroundUploader(on_pending=on_pending)
+        self._unpublished: set[Path] = set()  # saved locally, manifest not yet where it belongs
         self._lock = threading.Lock()
 
-    def publish_checkpoint(self, path: Path, step: int, epoch: int, loss: float | None, keep_last: int) -> int:
-        """A checkpoint whose files are all written: its manifest (sizes, sha256) makes it complete.
-        Returns its size in bytes.
+    # --- checkpoints ----------------------------------------------------------------------------
 
-        Locally that happens now. Bound for S3 it happens on the upload thread, and the upload
-        follows (files, then the manifest): hashing a large checkpoint takes seconds that
-        training need not wait for. Until then the directory has no manifest, so nothing
-        resumes from it and local pruning leaves it alone (it is the newest).
-        """
-        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-        if self.remote is None:
-            checkpoints.write_manifest(path, step, epoch, loss)
-            checkpoints.prune(self.local, keep_last)
-            self.on_published(step, None, size)
-            return size
-        with self._lock:
-            self._uploading.add(path)
+    def publish_part(self, path: Path, step: int, files: Callable[[], list[Path]],
+                     written: Callable[[], None] = lambda: None) -> None:
+        """Queue this process's share of a checkpoint: once `written()` returns, `files()` are all on
+        disk; they are then hashed, uploaded (s3://) and recorded in parts/rank-<R>.json."""
+        self._protect(path)
 
-        def upload() -> None:
-            if not (path / checkpoints.MANIFEST).is_file():  # a retry finds it written already
-                checkpoints.write_manifest(path, step, epoch, loss)
-            self._upload_checkpoint(path, keep_last)
+        def record_part() -> None:
+            written()
+            mine = files()
+            record = {"step": step, "files": checkpoints.describe_files(path, mine)}
+            if self.remote is not None:
+                target = self.remote.child(path.name)
+                s3.upload_files(mine, path, target)
+                s3.write_text(target.child(part_name(self.rank)), json.dumps(record))
+            checkpoints.write_json_atomically(path / part_name(self.rank), record)
+            if self.remote is not None and self.rank != 0:
+                for file in mine:  # in the bucket now; a restarted pod starts from a new disk anyway
+                    file.unlink(missing_ok=True)
 
-        def uploaded(seconds: float) -> None:
+        def record_skip() -> None:
+            skip = {"step": step, "skipped": True}
+            if self.remote is not None:
+                s3.write_text(self.remote.child(path.name, part_name(self.rank)), json.dumps(skip))
+            checkpoints.write_json_atomically(path / part_name(self.rank), skip)
+
+        self.uploader.submit(Task(f"{path.name} (rank {self.rank})", record_part, supersedable=self.remote is not None,
+                                  group="checkpoint part", on_skipped=lambda: self._release(path, None),
+                                  if_superseded=Task(f"{path.name} skipped (rank {self.rank})", record_skip)))
+
+    def complete_checkpoint(self, path: Path, step: int, epoch: int, loss: float | None, keep_last: int) -> None:
+        """Main process: once every rank recorded its part, write the manifest (last) and prune."""
+        sizes: list[int] = []
+
+        def complete() -> None:
+            files = self._wait_for_parts(path)
+            if files is None:
+                log.info("%s: a newer checkpoint came first on some rank; this one stays incomplete", path.name)
+                return
+            checkpoints.write_manifest(path, step, epoch, loss, files)
+            sizes.append(sum(entry["size"] for entry in files.values()))
+            if self.remote is not None:
+                s3.upload_file(path / checkpoints.MANIFEST, self.remote.child(path.name, checkpoints.MANIFEST))
+                self._prune_remote(keep_last)
+
+        def completed(seconds: float) -> None:
             self._release(path, keep_last)
-            self.on_published(step, seconds, size)
+            if sizes:
+                self.on_published(step, seconds if self.remote is not None else None, sizes[0])
 
-        self.uploader.submit(Task(path.name, upload, on_done=uploaded,
-                                  on_skipped=lambda: self._release(path, keep_last), supersedable=True,
-                                  group="checkpoint"))
-        return size
+        self.uploader.submit(Task(f"{path.name} manifest", complete, on_done=completed,
+                                  on_skipped=lambda: self._release(path, keep_last),
+                                  supersedable=self.remote is not None, group="checkpoint manifest"))
+
+    def publish_checkpoint(self, path: Path, step: int, epoch: int, loss: float | None, keep_last: int) -> None:
+        """A checkpoint one process wrote whole (world size 1): its part, then its manifest."""
+        assert self.world_size == 1, "several processes publish parts, and the main one completes"
+        self.publish_part(path, step, lambda: [f for f in path.rglob("*") if f.is_file() and PARTS_DIR not in f.parts])
+        self.complete_checkpoint(path, step, epoch, loss, keep_last)
+
+    def _wait_for_parts(self, path: Path) -> dict[str, dict] | None:
+        deadline = time.monotonic() + PART_WAIT_SECONDS
+        while True:
+            try:
+                return merge_parts(self._read_parts(path), self.world_size)
+            except PartsMissing:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def _read_parts(self, path: Path) -> dict[int, dict]:
+        if self.remote is None:
+            texts = {int(f.stem.removeprefix("rank-")): f.read_text() for f in (path / PARTS_DIR).glob("rank-*.json")}
+        else:
+            parts = self.remote.child(path.name, PARTS_DIR)
+            texts = {int(Path(name).stem.removeprefix("rank-")): s3.read_text(parts.child(name))
+                     for name in s3.list_objects(parts) if name.startswith("rank-") and name.endswith(".json")}
+        return {rank: json.loads(text) for rank, text in texts.items() if text is not None}
+
+    def _prune_remote(self, keep_last: int) -> None:
+        """keep-last-K complete checkpoints in the bucket (the newest always stays), and drop the
+        incomplete ones older than the newest complete one (superseded or crashed saves)."""
+        objects = s3.list_objects(self.remote)
+        complete = complete_steps(objects)
+        present = {step for name in objects
+                   if (step := layout.parse_checkpoint(name.partition("/")[0])) is not None}
+        stale = complete[:-keep_last] + [s for s in present - set(complete) if complete and s < complete[-1]]
+        for step in sorted(stale):
+            old = self.remote.child(layout.checkpoint_name(step))
+            s3.delete_object(old.child(checkpoints.MANIFEST))  # first: incomplete = invisible to readers
+            s3.delete_prefix(old)
+
+    def _protect(self, path: Path) -> None:
+        with self._lock:
+            self._unpublished.add(path)
+
+    def _release(self, path: Path, keep_last: int | None) -> None:
+        with self._lock:
+            self._unpublished.discard(path)
+            protected = set(self._unpublished)
+        if keep_last is not None and self.rank == 0:
+            checkpoints.prune(self.local, keep_last, protect=protected)
+
+    # --- other files (main process) -------------------------------------------------------------
 
     def publish_files(self, files: list[Path], name: str) -> None:
         """Upload files under the local root (final weights, logs); a flush waits for them."""
@@ -149,26 +257,8 @@ class CheckpointStore:
             self.uploader.submit(Task(name, lambda: s3.write_text(target, text), required=required))
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait for every queued upload; False if the timeout came first."""
-        return True if self.uploader is None else self.uploader.flush(timeout)
+        """Wait for every queued task; False if the timeout came first."""
+        return self.uploader.flush(timeout)
 
     def close(self, wait: bool = True) -> None:
-        if self.uploader is not None:
-            self.uploader.close(wait)
-
-    def _upload_checkpoint(self, path: Path, keep_last: int) -> None:
-        target = self.remote.child(path.name)
-        files = [f for f in sorted(path.rglob("*")) if f.is_file() and f.name != checkpoints.MANIFEST]
-        s3.upload_files(files, path, target)
-        s3.upload_file(path / checkpoints.MANIFEST, target.child(checkpoints.MANIFEST))
-        # keep-last-K in the bucket: only complete checkpoints count, so the newest always stays.
-        for step in complete_steps(s3.list_objects(self.remote))[:-keep_last]:
-            old = self.remote.child(layout.checkpoint_name(step))
-            s3.delete_object(old.child(checkpoints.MANIFEST))  # first: incomplete = invisible to readers
-            s3.delete_prefix(old)
-
-    def _release(self, path: Path, keep_last: int) -> None:
-        with self._lock:
-            self._uploading.discard(path)
-            protected = set(self._uploading)
-        checkpoints.prune(self.local, keep_last, protect=protected)
+        self.uploader.close(wait)

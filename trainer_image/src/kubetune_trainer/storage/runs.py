@@ -78,9 +78,13 @@ def read_runs(job_tree) -> list[RunRecord]:
     return sorted(runs, key=lambda r: r.version)
 
 
-def claim_version(job_tree, run_id: str | None) -> VersionChoice:
-    """Choose this run's version, delete abandoned ones, and make sure run.json names the run."""
-    choice = choose_version(read_runs(job_tree), run_id)
+def look_up_version(job_tree, run_id: str | None) -> VersionChoice:
+    """Which version this run takes, from what is there (reads only)."""
+    return choose_version(read_runs(job_tree), run_id)
+
+
+def claim_version(job_tree, choice: VersionChoice, run_id: str | None) -> None:
+    """Delete the abandoned versions and make sure run.json names this run (the first writes)."""
     for version in choice.abandoned:
         log.info("deleting %s: its run stopped before %d steps", job_tree.child(layout.version_name(version)).uri,
                  MIN_STEPS)
@@ -88,7 +92,6 @@ def claim_version(job_tree, run_id: str | None) -> VersionChoice:
     if not choice.continuing:
         job_tree.child(layout.version_name(choice.version)).write_text(
             layout.RUN_FILE, run_record_text(run_id, steps=0, finished=False))
-    return choice
 
 
 def run_record_text(run_id: str | None, steps: int, finished: bool) -> str:

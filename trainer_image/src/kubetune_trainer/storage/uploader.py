@@ -27,6 +27,7 @@ class Task:
     supersedable: bool = False  # a newer supersedable task of the same group replaces this one while it waits
     group: str = ""
     required: bool = False  # flush() fails when this one gave up
+    if_superseded: "Task | None" = None  # runs in this one's place when it is superseded (a note for readers)
 
 
 class UploadFailed(RuntimeError):
@@ -50,8 +51,12 @@ class BackgroundUploader:
     def submit(self, task: Task) -> None:
         with self._condition:
             if task.supersedable:
-                for waiting in [t for t in self._queue if t.supersedable and t.group == task.group]:
-                    self._queue.remove(waiting)
+                for index, waiting in reversed(list(enumerate(self._queue))):
+                    if not (waiting.supersedable and waiting.group == task.group):
+                        continue
+                    del self._queue[index]
+                    if waiting.if_superseded is not None:
+                        self._queue.insert(index, waiting.if_superseded)
                     log.info("not uploading %s: %s is newer", waiting.name, task.name)
                     waiting.on_skipped()
             self._queue.append(task)

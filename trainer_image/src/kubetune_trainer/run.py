@@ -1,0 +1,491 @@
+"""One training run, as one process of it sees it: set up, place, resume, train, checkpoint,
+publish, or abort.
+
+Every process of the job runs the same phases in the same order; the collectives between them
+(agreeing on a stop, gathering shards, checkpointing together) sit at the same points. Only the
+main process (rank 0) writes what there is one of: run.json, the manifest, the final weights,
+logs and metrics.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from kubetune_api import layout
+from kubetune_api.spec import TrainingJob, TrainingJobSpec
+from kubetune_trainer import checkpoints, training_state
+from kubetune_trainer.checkpointing import ShardedState, files_of_rank, full_trained_state
+from kubetune_trainer.consistency import check_replicas_agree
+from kubetune_trainer.data.cache import EmbeddingCache, open_store
+from kubetune_trainer.data.sampler import Batching, check_enough_samples, epoch_steps, shard_for_encoding, steps_per_epoch
+from kubetune_trainer.ema import EMA
+from kubetune_trainer.errors import ConfigError
+from kubetune_trainer.families import family_for
+from kubetune_trainer.loop import PhaseClock, SampleLog, Stepper, iterate_steps, plan_steps, step_micro_batches
+from kubetune_trainer.optim import PlateauScheduler, build_lr_scheduler, build_optimizer, set_optimizer_mode
+from kubetune_trainer.parallel import build_parallel, resolve_strategy
+from kubetune_trainer.preemption import PREEMPTION_UPLOAD_SECONDS, Preempted, StopRequest
+from kubetune_trainer.profiling import maybe_profile
+from kubetune_trainer.reporting import Reporter
+from kubetune_trainer.run_directory import RunPlace, claim_run, local_start_checkpoint, place_run, run_id_from_env
+from kubetune_trainer.storage import runs
+from kubetune_trainer.storage.checkpoint_store import CheckpointStore, local_path_for
+from kubetune_trainer.storage.inputs import local_copy
+from kubetune_trainer.storage.uploader import UploadFailed
+from kubetune_trainer.training_state import Position, SavedState
+from kubetune_trainer.validation import Validator
+
+log = logging.getLogger("kubetune.trainer")
+WEIGHT_DTYPES = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+VALIDATION_FILE = "validation.json"
+
+
+class EarlyStop(Exception):
+    """Raised after a step whose validation ended the run (spec.validation.earlyStoppingPatience)."""
+
+
+def setup_accelerator(spec: TrainingJobSpec):
+    """Accelerate's process state: the process group, the device, autocast for mixed precision."""
+    from accelerate import Accelerator
+
+    gpus = spec.resources.gpus_per_node
+    if gpus > 0 and not torch.cuda.is_available():
+        raise ConfigError(
+            f"spec.resources.gpusPerNode is {gpus} but this process sees no GPU (torch.cuda.is_available() is "
+            "false): check the node's GPU driver and device plugin, or set spec.resources.gpusPerNode: 0 to "
+            "train on the CPU")
+    if spec.training.mixed_precision == "fp16" and not gpus:
+        raise ConfigError('spec.training.mixedPrecision: fp16 needs a GPU; use bf16 or "no" on the CPU')
+    return Accelerator(mixed_precision=spec.training.mixed_precision, cpu=not gpus)
+
+
+def _quiet_libraries() -> None:
+    import diffusers
+    import transformers
+
+    diffusers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+
+
+def with_local_inputs(spec: TrainingJobSpec) -> TrainingJobSpec:
+    """The spec with s3:// models and data replaced by this node's copies of them."""
+    return spec.model_copy(update={
+        "model": spec.model.model_copy(update={"pretrained": local_copy(spec.model.pretrained)}),
+        "data": spec.data.model_copy(update={"uri": local_copy(spec.data.uri)}),
+        "adapter": spec.adapter.model_copy(update={
+            "init_from": spec.adapter.init_from and local_copy(spec.adapter.init_from)}),
+        "pmg": spec.pmg and spec.pmg.model_copy(update={
+            "language_model": spec.pmg.language_model and local_copy(spec.pmg.language_model)}),
+    })
+
+
+def open_cache(spec: TrainingJobSpec) -> EmbeddingCache | None:
+    if not spec.data.cache.enabled:
+        return None
+    return EmbeddingCache(open_store(spec.data.cache.uri or f"{spec.checkpoints.uri.rstrip('/')}/cache"))
+
+
+class Run:
+    def __init__(self, job: TrainingJob, stop: StopRequest):
+        self.job, self.spec, self.stop = job, job.spec, stop
+        # The operator names the pod's TrainingJob; a local run goes by its manifest.
+        self.namespace = os.environ.get("KUBETUNE_NAMESPACE") or job.metadata.namespace or "default"
+        self.run_id = run_id_from_env()
+
+    # --- phases ---------------------------------------------------------------------------------
+
+    def execute(self, cache_only: bool = False) -> Path | None:
+        """The whole run; returns its local directory (None for --cache-only)."""
+        self.set_up()
+        if cache_only:
+            self.fill_cache()
+            return None
+        self.place()
+        self.resume()
+        try:
+            self.train()
+        except EarlyStop:
+            self.reporter.message("early stop: %s did not improve in %d validations", self.spec.validation.monitor,
+                                  self.spec.validation.early_stopping_patience)
+        except BaseException:
+            self.abort()
+            raise
+        finally:
+            self.validator.close()
+        return self.publish()
+
+    def set_up(self) -> None:
+        """The process group, the family's models and data."""
+        from accelerate.utils import set_seed
+
+        self.accelerator = setup_accelerator(self.spec)
+        logging.basicConfig(level=logging.INFO if self.is_main else logging.WARNING,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        _quiet_libraries()
+        set_seed(self.spec.training.seed)
+        # s3:// models and data are mirrored once per node; the node's other processes then find them.
+        with self.accelerator.local_main_process_first():
+            self.spec = with_local_inputs(self.spec)
+        dtype = WEIGHT_DTYPES[self.spec.training.mixed_precision]
+        log.info("loading %s from %s (%d process(es))", self.spec.model.family, self.spec.model.pretrained,
+                 self.world_size)
+        self.family = family_for(self.spec.model.family)(self.spec, self.accelerator.device, dtype)
+        self.family.cache = open_cache(self.spec)
+        self.dataset, self.held_out = self.family.build_datasets()
+
+    def fill_cache(self) -> None:
+        """--cache-only: encode this process's share of every sample once (epoch 0's augmentations)."""
+        from torch.utils.data import DataLoader
+
+        if self.family.cache is None:
+            raise ConfigError("--cache-only needs spec.data.cache.enabled: true")
+        for dataset in (d for d in (self.dataset, self.held_out) if d is not None):
+            batches = shard_for_encoding(len(dataset), self.spec.training.batch_size, self.world_size, self.rank)
+            for batch in DataLoader(dataset, batch_sampler=batches, collate_fn=self.family.collate):
+                self.family.encode_batch(batch)
+        log.info("embedding cache filled: %d encoded, %d already there", self.family.cache.misses,
+                 self.family.cache.hits)
+        self.accelerator.wait_for_everyone()
+
+    def place(self) -> None:
+        """Where the run writes, what it starts from, how it batches and shards; refuse what cannot
+        work before the run writes anything (its version is claimed last)."""
+        self.run_place = self._agree(lambda: place_run(self.spec.checkpoints, self.namespace, self.job.metadata.name,
+                                                       self.run_id))
+        with self.accelerator.local_main_process_first():
+            self.start_checkpoint = local_start_checkpoint(
+                self.run_place, fetch=self.accelerator.is_local_main_process and not self.is_main)
+        self.saved = training_state.read_saved_state(self.start_checkpoint) if self.start_checkpoint else None
+        self.batching = self._batching()
+        groups = getattr(self.dataset, "groups", None)
+        check_enough_samples(len(self.dataset), self.batching.global_batch, groups)
+        self.plan = plan_steps(self.spec.training, steps_per_epoch(len(self.dataset), self.batching.global_batch, groups))
+        self._prepare_model()
+        if self.start_checkpoint is not None:
+            self.sharded.check_compatible(self.start_checkpoint)
+        self._agree(lambda: claim_run(self.run_place, self.run_id))
+        self.output = local_path_for(self.run_place.uri)
+        self.validator = Validator(self.spec, self.family, self.held_out, self.output, self.is_main,
+                                   sharded=self.parallel.sharded)
+        self.store = CheckpointStore(self.run_place.uri, on_published=self._published, on_pending=self._pending,
+                                     rank=self.rank, world_size=self.world_size)
+
+    def resume(self) -> None:
+        """Put the run back where its starting checkpoint left it (or start at step 0)."""
+        self.position = Position()
+        if self.start_checkpoint is not None:
+            path, saved = self.start_checkpoint, self.saved
+            self.sharded.load(path)
+            self.scheduler.load_state_dict(torch.load(path / training_state.SCHEDULER_FILE, weights_only=False))
+            if (path / VALIDATION_FILE).is_file():
+                self.validator.load_state_dict(json.loads((path / VALIDATION_FILE).read_text()))
+            self.position = training_state.continue_position(saved.position, saved.global_batch,
+                                                             self.batching.global_batch)
+            training_state.load_rng(path, self.rank, same_world=saved.world_size == self.world_size)
+        self.reporter = Reporter(self.is_main, self.plan.total_steps, self.position.step, self.output / "logs",
+                                 self.spec.training.log_every_steps, self.batching.global_batch, self.namespace,
+                                 self.job.metadata.name)
+        self.reporter.pods(list(dict.fromkeys(self._gather_objects(socket.gethostname()))))
+        self.reporter.run_version(self.run_place.version)
+        if self.is_main:
+            self.store.fetch_folder("best")  # a restarted pod on another node ranks against the same best K
+        if self.start_checkpoint is not None:
+            self.reporter.message("resumed from %s at step %d", self.run_place.start_from, self.position.step)
+            self._explain_resume(self.saved)
+        self.reporter.message("training %s: %d steps, %d process(es) (%s), %s, %d samples", self.job.metadata.name,
+                              self.plan.total_steps, self.world_size, self.parallel.describe(),
+                              self.batching.describe(), len(self.dataset))
+
+    def train(self) -> None:
+        """Optimizer steps until the plan is done; a stop request ends it at a step boundary."""
+        self.stop.defer()  # from now on a SIGTERM waits for the step boundary
+        clock = PhaseClock(self.reporter, self.accelerator.device)
+        stepper = Stepper(self.family, self.model, self.optimizer, self.scheduler, self.parallel, self.batching,
+                          self.spec.training, clock, self._sum_over_ranks)
+        sample_log = SampleLog(self.rank)
+        with maybe_profile(self.optimizer, self.spec.training.profile_steps, self.output / "profile", self.is_main):
+            while self.position.step < self.plan.total_steps:
+                steps = self._epoch_steps()[self.position.steps_in_epoch:]
+                micro = step_micro_batches(steps, self.batching, self.rank)
+                for micro_batches in iterate_steps(self.dataset, self.family.collate, self.spec.data.num_workers,
+                                                   micro, self.spec.training.seed + self.position.epoch):
+                    sample_log.record(self.position.step, micro_batches)
+                    loss, lr = stepper.step(self.position.step, micro_batches)
+                    self.position.step += 1
+                    self.position.steps_in_epoch += 1
+                    self.position.loss = loss
+                    self.reporter.step(self.position.step, loss, lr, self.position.epoch)
+                    self._after_step()
+                    clock.restart()  # checkpointing and validation were charged to their own phases
+                    if self.position.step >= self.plan.total_steps:
+                        return
+                self.position.epoch += 1
+                self.position.steps_in_epoch = 0
+
+    def save_checkpoint(self, force: bool = False) -> None:
+        """Every process stages its share together; writing, hashing, uploading and the manifest
+        follow in the background (storage.checkpoint_store)."""
+        pos = self.position
+        if pos.step % self.spec.checkpoints.every_steps and pos.step != self.plan.total_steps and not force:
+            return
+        started = time.perf_counter()
+        path = checkpoints.checkpoint_dir(self.output, pos.step)
+        if self.accelerator.is_local_main_process and path.exists():
+            shutil.rmtree(path)  # a partial save of the same step from a crashed attempt
+        self.accelerator.wait_for_everyone()
+        if not self.parallel.sharded:
+            check_replicas_agree(self._trained_named(), self._gather_tensors)
+        saving = self.sharded.save(path)
+        publishable = self.spec.adapter.type == "lora"
+        trained = self._trained_to_publish() if publishable else {}  # whole adapter, ready to pull
+        training_state.save_rng(path, self.rank)
+        if self.is_main:
+            saved = SavedState(pos, self.batching.global_batch, self.world_size, self.spec.training.batch_size,
+                               self.spec.training.gradient_accumulation_steps, self.parallel.describe())
+            (path / training_state.STATE_FILE).write_text(saved.to_json())
+            torch.save(self.scheduler.state_dict(), path / training_state.SCHEDULER_FILE)
+            (path / VALIDATION_FILE).write_text(json.dumps(self.validator.state_dict()))
+            if publishable:
+                self.family.save_weights(path, trained)
+        self.reporter.checkpoint_saved(pos.step, time.perf_counter() - started)
+        self.store.publish_part(path, pos.step, lambda: files_of_rank(path, self.rank, self.world_size),
+                                written=saving.result)
+        if self.is_main:
+            self.store.complete_checkpoint(path, pos.step, pos.epoch, pos.loss, self.spec.checkpoints.keep_last)
+            self._record_run(pos.step)
+            self.reporter.flush()
+            self.store.mirror("logs")  # TensorBoard in S3 follows the checkpoints
+
+    def publish(self) -> Path:
+        """The final weights in the family's format, logs and run.json: written, then uploaded."""
+        output = self.output
+        trained = self._trained_to_publish()
+        if self.family.cache is not None:
+            self.reporter.message("embedding cache: %d hits, %d misses", self.family.cache.hits,
+                                  self.family.cache.misses)
+        self.sharded.wait()
+        if self.is_main:
+            written = self.family.save_weights(output, trained)
+            self.reporter.close()  # flushes the TensorBoard events before they are uploaded
+            extras = [p for folder in ("logs", "samples", "best", "profile") for p in (output / folder).rglob("*")]
+            self.store.publish_files(written + sorted(p for p in extras if p.is_file()), "final weights and logs")
+            self._record_run(self.position.step, finished=True)
+        self.store.flush()  # raises if the final weights could not be uploaded
+        if self.is_main:
+            log.info("final weights: %s", ", ".join(self._store_uri(p) for p in written))
+        self.reporter.close()
+        self.store.close()
+        self.accelerator.wait_for_everyone()
+        self.accelerator.end_training()
+        return output
+
+    def abort(self) -> None:
+        """Preempted or failed: what is already saved should still reach the bucket, within the
+        pod's grace period (terminationGracePeriodSeconds leaves room for this)."""
+        try:
+            if not self.store.flush(timeout=PREEMPTION_UPLOAD_SECONDS):
+                log.error("uploads still pending after %d s; the newest checkpoints stay local only",
+                          PREEMPTION_UPLOAD_SECONDS)
+        except UploadFailed as err:
+            log.error("%s", err)
+        self.reporter.close()
+        self.store.close(wait=False)  # an upload still retrying must not hold the exit
+
+    # --- set-up parts ---------------------------------------------------------------------------
+
+    def _batching(self) -> Batching:
+        """The spec's batching on a fresh start; on a resume, the checkpoint's global batch kept
+        (on any number of processes) unless this run's spec asks for another batch."""
+        training = self.spec.training
+        fresh = Batching.fresh(training.batch_size, self.world_size, training.gradient_accumulation_steps)
+        saved = self.saved
+        if saved is None or (saved.batch_size, saved.accumulation) != (training.batch_size,
+                                                                        training.gradient_accumulation_steps):
+            return fresh
+        return Batching.keeping(saved.global_batch, self.world_size, training.batch_size)
+
+    def _prepare_model(self) -> None:
+        """Strategy, sharding or replication, optimizer, schedule, EMA, the checkpoint state."""
+        spec = self.spec
+        on_gpu = self.accelerator.device.type == "cuda"
+        strategy = resolve_strategy(spec, self.world_size, on_gpu, self._fits_under_ddp)
+        if strategy == "fsdp" and self.world_size == 1:
+            log.info("spec.distributed.strategy fsdp: one process has nothing to shard over; training unsharded")
+            strategy = "ddp"
+        self.parallel = build_parallel(strategy, spec, self.accelerator)
+        if spec.training.gradient_checkpointing:
+            self.family.enable_gradient_checkpointing()
+        self.model, self.optimizer = self.parallel.prepare(
+            self.family.trainable_module, lambda params: build_optimizer(params, spec.training))
+        self.scheduler = build_lr_scheduler(self.optimizer, spec.training, self.plan.total_steps)
+        if spec.training.compile:
+            self.model = torch.compile(self.model)
+        set_optimizer_mode(self.optimizer, training=True)
+        self.ema = None
+        if spec.training.ema_decay:
+            self.ema = EMA(self._trained_named(), spec.training.ema_decay)
+            self.ema.attach(self.optimizer)
+        self.sharded = ShardedState(self.model, self.optimizer, self.ema)
+
+    def _fits_under_ddp(self) -> bool:
+        from kubetune_trainer.planning import fits_under_ddp  # the memory estimate of `kubetune plan`
+
+        return fits_under_ddp(self.spec, self.world_size, torch.cuda.get_device_properties(0).total_memory)
+
+    def _explain_resume(self, saved: SavedState) -> None:
+        """Say how a resume on another number of processes (or with another batch) continues."""
+        if saved.world_size != self.world_size:
+            self.reporter.message("the checkpoint was written by %d process(es), this run has %d: %s; dropout's "
+                                  "random state cannot follow the processes and differs from an uninterrupted run",
+                                  saved.world_size, self.world_size, self.batching.describe())
+        if saved.global_batch != self.batching.global_batch:
+            self.reporter.message("global batch changed from %d to %d: continuing epoch %d after %d samples "
+                                  "(step %d of the epoch)", saved.global_batch, self.batching.global_batch,
+                                  self.position.epoch, saved.position.steps_in_epoch * saved.global_batch,
+                                  self.position.steps_in_epoch)
+
+    # --- during training ------------------------------------------------------------------------
+
+    def _epoch_steps(self) -> list:
+        groups = getattr(self.dataset, "groups", None)
+        epoch = 0 if self.spec.training.debug_overfit_batch else self.position.epoch
+        steps = epoch_steps(len(self.dataset), self.batching.global_batch, self.spec.training.seed, epoch, groups)
+        if self.spec.training.debug_overfit_batch:  # epoch 0's first step, augmentations included, every time
+            steps = [steps[0]] * len(steps)
+        return steps
+
+    def _after_step(self) -> None:
+        """Stop if asked, validate when due, checkpoint when due, report memory when due."""
+        pos = self.position
+        if pos.step % self.spec.training.log_every_steps == 0:  # a collective: every rank takes part
+            self.reporter.gpu_memory(self._gather_memory())
+        if self._stop_agreed():
+            with self.reporter.timed("checkpoint"):
+                self.save_checkpoint(force=True)
+            raise Preempted(pos.step, self.stop.signal_name)
+        if pos.step == runs.MIN_STEPS:
+            self._record_run(pos.step)  # from now on the run is worth keeping
+        if isinstance(self.scheduler, PlateauScheduler) and self.held_out is None:
+            self.scheduler.observe(pos.loss)
+        stop = False
+        if self.validator.due(pos.step, self.plan.total_steps):
+            with self._weights_to_publish(), self.reporter.timed("validation"):
+                metrics = self.validator.run(self.parallel.unwrap(self.model), pos.step,
+                                             lambda: full_trained_state(self.model))
+            if self.is_main:
+                self.store.mirror("best")
+                self.store.mirror("samples")
+            if isinstance(self.scheduler, PlateauScheduler) and "loss" in metrics:
+                self.scheduler.observe(metrics["loss"])
+            stop = self.validator.should_stop
+        with self.reporter.timed("checkpoint"):
+            self.save_checkpoint(force=stop)
+        if stop:
+            raise EarlyStop
+
+    def _stop_agreed(self) -> bool:
+        """Whether any process got SIGTERM: every process must take the last checkpoint together."""
+        flag = torch.tensor(float(self.stop.requested()), device=self.accelerator.device)
+        return self.accelerator.reduce(flag, reduction="sum").item() > 0
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    @property
+    def is_main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    @property
+    def rank(self) -> int:
+        return self.accelerator.process_index
+
+    @property
+    def world_size(self) -> int:
+        return self.accelerator.num_processes
+
+    def _agree(self, decide):
+        """The main process decides (and may refuse); every process gets the same answer or error."""
+        from accelerate.utils import broadcast_object_list
+
+        decided: list = [None]
+        if self.is_main:
+            try:
+                decided[0] = ("ok", decide())
+            except ConfigError as err:
+                decided[0] = ("refused", err)
+        broadcast_object_list(decided)
+        outcome, value = decided[0]
+        if outcome == "refused":
+            raise value
+        return value
+
+    def _gather_objects(self, value) -> list:
+        from accelerate.utils import gather_object
+
+        return gather_object([value])
+
+    def _gather_tensors(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        if self.world_size == 1:
+            return [tensor]
+        gathered = self.accelerator.gather(tensor.to(self.accelerator.device)[None])
+        return list(gathered.cpu())
+
+    def _sum_over_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.accelerator.reduce(tensor, reduction="sum") if self.world_size > 1 else tensor
+
+    def _gather_memory(self) -> list[tuple[int, int]]:
+        device = self.accelerator.device
+        in_use = (torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)) \
+            if device.type == "cuda" else (0, 0)
+        gathered = self.accelerator.gather(torch.tensor(in_use, device=device))
+        return [tuple(pair) for pair in gathered.view(-1, 2).tolist()]
+
+    def _trained_named(self) -> list[tuple[str, torch.nn.Parameter]]:
+        module = self.parallel.unwrap(self.model)
+        return [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+
+    def _trained_to_publish(self) -> dict[str, torch.Tensor]:
+        """The weights a user gets, whole on the main process: the EMA average, the schedule-free
+        evaluation point. A collective under FSDP."""
+        with self._weights_to_publish():
+            return full_trained_state(self.model)
+
+    @contextmanager
+    def _weights_to_publish(self):
+        set_optimizer_mode(self.optimizer, training=False)
+        if self.ema is not None:
+            self.ema.swap()
+        try:
+            yield
+        finally:
+            if self.ema is not None:
+                self.ema.swap()
+            set_optimizer_mode(self.optimizer, training=True)
+
+    def _record_run(self, steps: int, finished: bool = False) -> None:
+        """run.json: how far the run got (a run that stops before runs.MIN_STEPS is cleaned up)."""
+        if self.is_main:
+            self.store.write_text(layout.RUN_FILE, runs.run_record_text(self.run_id, steps, finished),
+                                  required=finished)
+
+    def _published(self, step: int, upload_seconds: float | None, size: int) -> None:
+        self.reporter.checkpoint_published(step, upload_seconds, size)
+
+    def _pending(self, count: int) -> None:
+        reporter = getattr(self, "reporter", None)
+        if reporter is not None:
+            reporter.uploads_pending(count)
+
+    def _store_uri(self, path: Path) -> str:
+        """Where a file under the local run directory ends up (its s3:// URI when mirrored)."""
+        if self.store.remote is None:
+            return str(path)
+        return self.store.remote.child(str(path.relative_to(self.store.local))).uri
