@@ -62,7 +62,7 @@ def reporting_cost_per_step(steps: int) -> float:
     """Seconds the loop spends reporting one step (served + scraped every 100 ms)."""
     import torch
 
-    from kubetune_trainer.loop import PhaseClock
+    from kubetune_trainer.phase_clock import PhaseClock
     from kubetune_trainer.reporting import Reporter
 
     port = free_port()

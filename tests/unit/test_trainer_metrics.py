@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from kubetune_trainer.loop import PhaseClock
+from kubetune_trainer.phase_clock import PhaseClock
 from kubetune_trainer.reporting import Reporter
 
 

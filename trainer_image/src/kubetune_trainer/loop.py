@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from torch.utils.data import DataLoader
 from kubetune_api.spec import TrainingSpec
 from kubetune_trainer.data.sampler import Batching, Key
 from kubetune_trainer.errors import ConfigError
+from kubetune_trainer.phase_clock import PhaseClock
 from kubetune_trainer.randomness import SampleRandom
 
 MicroBatch = tuple[list[Key], dict]  # the keys of its samples and the collated batch
@@ -63,30 +63,6 @@ def iterate_steps(dataset, collate, num_workers: int, steps: list[list[list[Key]
     batches = iter(loader)
     for step in steps:
         yield [(keys, next(batches)) for keys in step]
-
-
-class PhaseClock:
-    """Charges the wall time since the previous mark to the phase that just ended.
-
-    On a GPU the work is asynchronous, so each mark waits for the device first; otherwise the
-    time of a forward pass would show up wherever the next synchronisation happens to fall.
-    """
-
-    def __init__(self, reporter, device: torch.device):
-        self.reporter = reporter
-        self.synchronize = torch.cuda.synchronize if device.type == "cuda" and reporter.enabled else None
-        self.last = time.perf_counter()
-
-    def mark(self, phase: str) -> None:
-        if self.synchronize is not None:
-            self.synchronize()
-        now = time.perf_counter()
-        self.reporter.phase(phase, now - self.last)
-        self.last = now
-
-    def restart(self) -> None:
-        """Forget the time since the last mark (it was charged elsewhere, e.g. to checkpointing)."""
-        self.last = time.perf_counter()
 
 
 class SampleLog:

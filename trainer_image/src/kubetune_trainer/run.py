@@ -29,7 +29,8 @@ from kubetune_trainer.data.sampler import Batching, check_enough_samples, epoch_
 from kubetune_trainer.ema import EMA
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.families import family_for
-from kubetune_trainer.loop import PhaseClock, SampleLog, Stepper, iterate_steps, plan_steps, step_micro_batches
+from kubetune_trainer.loop import SampleLog, Stepper, iterate_steps, plan_steps, step_micro_batches
+from kubetune_trainer.phase_clock import PhaseClock
 from kubetune_trainer.optim import PlateauScheduler, build_lr_scheduler, build_optimizer, set_optimizer_mode
 from kubetune_trainer.parallel import build_parallel, resolve_strategy
 from kubetune_trainer.preemption import PREEMPTION_UPLOAD_SECONDS, Preempted, StopRequest
@@ -227,6 +228,7 @@ class Run:
                     self._after_step()
                     clock.restart()  # checkpointing and validation were charged to their own phases
                     if self.position.step >= self.plan.total_steps:
+                        clock.flush()
                         return
                 self.position.epoch += 1
                 self.position.steps_in_epoch = 0
