@@ -110,32 +110,15 @@ def write_full_size_sd15(out_dir: Path, seed: int = 0) -> Path:
 
     For GPU benchmarks: throughput does not depend on the weights' values.
     """
-    from diffusers import AutoencoderKL, StableDiffusionPipeline, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel
+    from diffusers import StableDiffusionPipeline
+
+    from kubetune_trainer.reference_models import SD15, build
 
     torch.manual_seed(seed)
-    tokenizer = tiny_clip_tokenizer()
-    text_encoder = CLIPTextModel(CLIPTextConfig(
-        vocab_size=49408, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
-        num_attention_heads=12, max_position_embeddings=77, hidden_act="quick_gelu",
-        bos_token_id=0, eos_token_id=1, pad_token_id=1,
-    ))
-    vae = AutoencoderKL(
-        in_channels=3, out_channels=3, latent_channels=4, layers_per_block=2,
-        down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-        block_out_channels=(128, 256, 512, 512), sample_size=512,
-    )
-    unet = UNet2DConditionModel(
-        sample_size=64, in_channels=4, out_channels=4, layers_per_block=2,
-        block_out_channels=(320, 640, 1280, 1280),
-        down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
-        up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
-        cross_attention_dim=768, attention_head_dim=8,
-    )
+    models = {name: build(component) for name, component in SD15.items()}
     pipeline = StableDiffusionPipeline(
-        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet,
-        scheduler=sd_noise_scheduler(), safety_checker=None, feature_extractor=None,
-        requires_safety_checker=False,
+        **models, tokenizer=tiny_clip_tokenizer(), scheduler=sd_noise_scheduler(), safety_checker=None,
+        feature_extractor=None, requires_safety_checker=False,
     )
     pipeline.save_pretrained(out_dir, safe_serialization=True)
     return out_dir
@@ -298,14 +281,21 @@ def write_tiny_qwen_image_edit(out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
+def tiny_llama_tokenizer():
+    """A subword tokenizer for the LM (any will do for random weights): the T5-style one, generic class."""
+    from transformers import PreTrainedTokenizerFast
+
+    t5_style = tiny_t5_tokenizer(max_length=256)
+    return PreTrainedTokenizerFast(tokenizer_object=t5_style.backend_tokenizer, eos_token="</s>",
+                                   pad_token="<pad>", unk_token="<unk>", model_max_length=256)
+
+
 def write_tiny_pmg(out_dir: Path, seed: int = 0) -> Path:
     """PMG's parts: the tiny SD1.5 pipeline plus a 2-layer Llama causal LM in language_model/."""
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     write_tiny_sd15(out_dir, seed)
-    t5_style = tiny_t5_tokenizer(max_length=256)  # any subword tokenizer will do for random weights
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=t5_style.backend_tokenizer, eos_token="</s>",
-                                        pad_token="<pad>", unk_token="<unk>", model_max_length=256)
+    tokenizer = tiny_llama_tokenizer()
     torch.manual_seed(seed)
     language_model = LlamaForCausalLM(LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -323,11 +313,17 @@ WRITERS = {"sd15": write_tiny_sd15, "sdxl": write_tiny_sdxl, "classifier": write
 FULL_SIZE_WRITERS = {"sd15": write_full_size_sd15}
 
 
-def write_tiny_model(family: str, out_dir: Path, seed: int = 0, full_size: bool = False) -> Path:
+def write_tiny_model(family: str, out_dir: Path, seed: int = 0, full_size: bool = False,
+                     config_only: bool = False) -> Path:
     """Write a random-weight model of `family` into `out_dir` (created); returns the directory.
 
-    full_size=True writes the real architecture instead of the toy one.
+    full_size=True writes the real architecture instead of the toy one; config_only=True writes
+    the real architecture's configs without weights (every family: what `kubetune plan` reads).
     """
+    if config_only:
+        from kubetune_trainer.reference_models import write_config_only
+
+        return write_config_only(family, out_dir)
     writers = FULL_SIZE_WRITERS if full_size else WRITERS
     if family not in writers:
         raise ValueError(f"no {'full-size' if full_size else 'tiny'} model for family {family!r}; "
