@@ -1,0 +1,77 @@
+"""Will it fit? Per-GPU memory of a training job, from its real architecture on the meta device.
+
+    plan = plan_job(spec, gpu_memory_bytes=80 * 2**30)   # what `kubetune plan` prints
+    plan.estimate.total, plan.fits, plan.suggestions
+    choose_strategy(spec, world_size, gpu_memory_bytes)  # "ddp" or "fsdp", for strategy: auto
+
+Importing this package builds nothing; the models are built (without weights) when a plan is asked for.
+
+The modules, one purpose each: models (the job's models from config files), weights (bytes
+per parameter as held), fake_device and attention (a forward pass as on a GPU, without one),
+forwards (each family's training forward), activations (what that forward saves for backward),
+estimate (the per-process sum), sharding (FSDP's units), suggestions (fixes, re-estimated).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kubetune_api.spec import TrainingJobSpec, fsdp_conflicts
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Plan:
+    estimate: "MemoryEstimate"
+    capacity: int                      # bytes of memory per GPU the plan was made for
+    suggestions: list = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.estimate.fits(self.capacity)
+
+
+def resolved_strategy(spec: TrainingJobSpec, world: int, device: str, ddp_fits) -> str:
+    """The strategy a job runs with: its own, or for auto, fsdp only where several GPUs are there to
+    shard over, the model does not fit one under ddp, and nothing in the spec rules fsdp out."""
+    strategy = spec.distributed.strategy
+    if strategy != "auto":
+        return strategy
+    if world == 1 or device != "cuda" or fsdp_conflicts(spec):
+        return "ddp"
+    return "ddp" if ddp_fits() else "fsdp"
+
+
+def plan_job(spec: TrainingJobSpec, gpu_memory_bytes: int, world_size: int | None = None,
+             device: str | None = None, attention: str = "fused", planner=None) -> Plan:
+    """The per-GPU estimate of `spec` under its strategy, and fixes when it does not fit."""
+    from kubetune_trainer.planning.estimate import Planner
+    from kubetune_trainer.planning.suggestions import suggest, world_size as job_world_size
+
+    device = device or ("cuda" if spec.resources.gpus_per_node > 0 else "cpu")
+    world = world_size or job_world_size(spec)
+    planner = planner or Planner(device, attention)
+    strategy = resolved_strategy(spec, world, device,
+                                 lambda: planner.estimate(spec, world, "ddp").fits(gpu_memory_bytes))
+    estimate = planner.estimate(spec, world, strategy)
+    fixes = [] if estimate.fits(gpu_memory_bytes) else suggest(planner, spec, gpu_memory_bytes, strategy)
+    return Plan(estimate, gpu_memory_bytes, fixes)
+
+
+def choose_strategy(spec: TrainingJobSpec, world_size: int, gpu_memory_bytes: int) -> str:
+    """"ddp" or "fsdp" for a job on `world_size` GPUs of `gpu_memory_bytes` each (strategy auto:
+    fsdp when the ddp estimate does not fit). For the trainer; it builds the models on the meta device."""
+    from kubetune_trainer.planning.estimate import Planner
+
+    planner = Planner("cuda")
+    return resolved_strategy(spec, world_size, "cuda",
+                             lambda: planner.estimate(spec, world_size, "ddp").fits(gpu_memory_bytes))
+
+
+def __getattr__(name: str):
+    """MemoryEstimate and Planner without importing torch at package import."""
+    if name in ("MemoryEstimate", "Planner"):
+        from kubetune_trainer.planning import estimate
+
+        return getattr(estimate, name)
+    raise AttributeError(name)
