@@ -213,3 +213,12 @@ def test_fsdp_suggestion_drops_what_fsdp_cannot_shard(sd15_configs):
     assert [s.description for s in found] == ["fsdp over 16 GPUs (without model.quantization, which fsdp cannot shard)"]
     variant = with_overrides(spec, found[0].overrides)  # the printed overrides make a valid spec
     assert variant.model.quantization is None and variant.distributed.strategy == "fsdp"
+
+
+def test_the_planning_package_imports_without_building_or_importing_model_libraries():
+    import subprocess
+    import sys
+
+    code = ("import sys; from kubetune_trainer.planning import choose_strategy, fits_under_ddp, plan_job; "
+            "sys.exit(any(m in sys.modules for m in ('diffusers', 'transformers', 'peft')))")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

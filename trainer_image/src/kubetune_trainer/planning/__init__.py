@@ -3,6 +3,7 @@
     plan = plan_job(spec, gpu_memory_bytes=80 * 2**30)   # what `kubetune plan` prints
     plan.estimate.total, plan.fits, plan.suggestions
     choose_strategy(spec, world_size, gpu_memory_bytes)  # "ddp" or "fsdp", for strategy: auto
+    fits_under_ddp(spec, world_size, gpu_memory_bytes)   # the question behind it, for parallel.resolve_strategy
 
 Importing this package builds nothing; the models are built (without weights) when a plan is asked for.
 
@@ -58,14 +59,18 @@ def plan_job(spec: TrainingJobSpec, gpu_memory_bytes: int, world_size: int | Non
     return Plan(estimate, gpu_memory_bytes, fixes)
 
 
-def choose_strategy(spec: TrainingJobSpec, world_size: int, gpu_memory_bytes: int) -> str:
-    """"ddp" or "fsdp" for a job on `world_size` GPUs of `gpu_memory_bytes` each (strategy auto:
-    fsdp when the ddp estimate does not fit). For the trainer; it builds the models on the meta device."""
+def fits_under_ddp(spec: TrainingJobSpec, world_size: int, gpu_memory_bytes: int) -> bool:
+    """Whether each of `world_size` GPUs of `gpu_memory_bytes` holds the whole job (ddp). It builds the
+    models on the meta device from spec.model.pretrained's config files: give it a local folder."""
     from kubetune_trainer.planning.estimate import Planner
 
-    planner = Planner("cuda")
-    return resolved_strategy(spec, world_size, "cuda",
-                             lambda: planner.estimate(spec, world_size, "ddp").fits(gpu_memory_bytes))
+    return Planner("cuda").estimate(spec, world_size, "ddp").fits(gpu_memory_bytes)
+
+
+def choose_strategy(spec: TrainingJobSpec, world_size: int, gpu_memory_bytes: int) -> str:
+    """"ddp" or "fsdp" for a job on `world_size` GPUs of `gpu_memory_bytes` each (strategy auto:
+    fsdp when the ddp estimate does not fit)."""
+    return resolved_strategy(spec, world_size, "cuda", lambda: fits_under_ddp(spec, world_size, gpu_memory_bytes))
 
 
 def __getattr__(name: str):

@@ -8,6 +8,8 @@ so parameter counts and dtypes are the trainer's.
 from __future__ import annotations
 
 import json
+import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,7 +86,24 @@ QUANTIZED = {"sd15": "unet", "sdxl": "unet", "flux-kontext": "transformer", "qwe
              "pmg": "unet"}
 
 
+@contextmanager
+def _no_loading_advice():
+    """diffusers advises on `.to(dtype)` about modules to keep in fp32 when loading weights; none are loaded here."""
+    logger = logging.getLogger("diffusers.models.modeling_utils")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def load_models(spec: TrainingJobSpec) -> JobModels:
+    with _no_loading_advice():
+        return _load_models(spec)
+
+
+def _load_models(spec: TrainingJobSpec) -> JobModels:
     family = spec.model.family
     root = local_folder(spec, spec.model.pretrained, "spec.model.pretrained")
     dtype = weight_dtype(spec)
