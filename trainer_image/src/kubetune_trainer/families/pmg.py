@@ -62,11 +62,15 @@ class PmgAdapter(torch.nn.Module):
         prompt = self.image_prompt.to(embeds.dtype).unsqueeze(0).expand(batch_size, -1, -1)
         inputs = torch.cat([embeds, prompt], dim=1)
         cache = self.prefix_cache(batch_size, embeds.dtype)
-        prefix_mask = attention_mask.new_ones(batch_size, self.prefix_tokens.num_embeddings)
-        prompt_mask = attention_mask.new_ones(batch_size, prompt.shape[1])
+        prefix_length = self.prefix_tokens.num_embeddings
+        prefix_mask = attention_mask.new_ones(batch_size, prefix_length)
+        token_mask = torch.cat([attention_mask, attention_mask.new_ones(batch_size, prompt.shape[1])], dim=1)
+        # Positions count real tokens only, after the prefix: a history reads the same whatever
+        # padding the longest history of its batch forced on it (so the batch's split never matters).
+        positions = (prefix_length + token_mask.long().cumsum(dim=1) - 1).clamp(min=prefix_length)
         hidden = language_model.model(
-            inputs_embeds=inputs, attention_mask=torch.cat([prefix_mask, attention_mask, prompt_mask], dim=1),
-            past_key_values=cache, use_cache=False,
+            inputs_embeds=inputs, attention_mask=torch.cat([prefix_mask, token_mask], dim=1),
+            position_ids=positions, past_key_values=cache, use_cache=False,
         ).last_hidden_state[:, -prompt.shape[1]:]
         return self.mapping(hidden.float())
 

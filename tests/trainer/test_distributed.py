@@ -1,0 +1,202 @@
+"""Several processes train as one: the same weights as one process, sharded or not; SIGTERM to a
+node's launcher checkpoints every rank and exits 143; a run resumes at another number of processes
+with every sample of every epoch trained once."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from kubetune_trainer.launch import free_port
+from tests.trainer.conftest import family_job, run_dir, trained_weights, trainer_env, write_manifest
+
+pytestmark = pytest.mark.slow
+
+FAMILIES = [("sd15", "captions"), ("sdxl", "captions"), ("flux-kontext", "edit-pairs"),
+            ("qwen-image-edit", "edit-pairs"), ("pmg", "pmg"), ("classifier", "image-folder")]
+# fp32 on the CPU: the same samples and draws, summed in another order (per process, then
+# all-reduced, through kernels chosen by batch shape) differ in the last bits. Plain SGD keeps
+# such differences as small as they start (Adam would blow a near-zero gradient's noise up to a
+# full learning-rate step), so the runs must agree to a thousandth of what training changed.
+RELATIVE_TOLERANCE = 1e-3
+TOLERANCE = 2e-4  # for runs that differ only in how the same steps were split over time (resumes)
+
+
+def kubetune_train(manifest: dict, directory: Path, nproc: int, extra_env: dict | None = None,
+                   **popen) -> subprocess.Popen:
+    """`kubetune train -f JOB --nproc N`, as a user runs it."""
+    command = [sys.executable, "-m", "kubetune_cli.main", "train", "-f", str(write_manifest(manifest, directory)),
+               "--nproc", str(nproc)]
+    return subprocess.Popen(command, env={**trainer_env(), **(extra_env or {})}, text=True, **popen)
+
+
+def train(manifest: dict, directory: Path, nproc: int, extra_env: dict | None = None) -> str:
+    process = kubetune_train(manifest, directory, nproc, extra_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr[-4000:]
+    return stderr
+
+
+def stop_after(process: subprocess.Popen, marker: str, target_pid: int | None = None) -> str:
+    """Read the run's log until `marker`, then SIGTERM the launcher (or target_pid); the rest of the log."""
+    seen = []
+    for line in process.stderr:
+        seen.append(line)
+        if marker in line:
+            os.kill(target_pid or process.pid, signal.SIGTERM)
+            break
+    _, rest = process.communicate(timeout=300)
+    return "".join(seen) + rest
+
+
+def max_difference(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+@pytest.mark.parametrize("family,layout", FAMILIES, ids=[f for f, _ in FAMILIES])
+def test_two_processes_ddp_or_fsdp_and_accumulation_train_the_weights_one_process_trains(
+        family, layout, tiny_model, tiny_dataset, tmp_path):
+    """One global batch of 4 per step, split four ways: 1 x 4, 2 x 2 (DDP), 2 x 2 (FSDP), 1 x 2 x 2 accumulated."""
+    def job(name: str, batch: int, accumulation: int = 1, strategy: str = "ddp") -> dict:
+        return family_job(family, layout, tiny_model(family), tiny_dataset(layout), tmp_path / name,
+                          training={"maxSteps": 3, "batchSize": batch, "gradientAccumulationSteps": accumulation,
+                                    "optimizer": "sgd", "sgdMomentum": 0.0, "learningRate": 0.1,
+                                    "weightDecay": 0.0},
+                          data={"randomFlip": True, "centerCrop": False} if layout != "pmg" else {},
+                          checkpoints={"everySteps": 1}, distributed={"strategy": strategy})
+
+    runs = {"one": (job("one", 4), 1), "ddp": (job("ddp", 2), 2), "fsdp": (job("fsdp", 2, strategy="fsdp"), 2),
+            "accumulated": (job("accumulated", 2, accumulation=2), 1)}
+    logs = {name: train(manifest, tmp_path, nproc) for name, (manifest, nproc) in runs.items()}
+    assert "2 process(es) (fsdp)" in logs["fsdp"] and "2 process(es) (ddp)" in logs["ddp"]
+    weights = {name: trained_weights(run_dir(tmp_path / name) / "checkpoint-3") for name in runs}
+    trained = max_difference(weights["one"], trained_weights(run_dir(tmp_path / "one") / "checkpoint-1"))
+    assert trained > 0, "training changed the weights"
+    for name in ("ddp", "fsdp", "accumulated"):
+        assert max_difference(weights["one"], weights[name]) < RELATIVE_TOLERANCE * trained, name
+
+
+def test_sigterm_to_the_launcher_checkpoints_every_rank_exits_143_and_resumes_to_the_same_weights(tiny_job, tmp_path):
+    manifest = tiny_job(maxSteps=14, logEverySteps=1)
+    manifest["spec"]["checkpoints"].update(everySteps=5)
+    reference = json.loads(json.dumps(manifest))
+    reference["spec"]["checkpoints"]["uri"] = str(tmp_path / "reference")
+    train(reference, tmp_path, nproc=2)
+
+    pod = {"KUBETUNE_RUN_ID": "uid-1"}  # a restarted pod of the same TrainingJob
+    process = kubetune_train(manifest, tmp_path, 2, pod, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = stop_after(process, "step 7/")
+    assert process.returncode == 143, log[-3000:]
+    assert log.count("stopped by SIGTERM after step") == 2, "both ranks stopped at the same step boundary"
+    stopped_at = int(log.split("stopped by SIGTERM after step ")[1].split(";")[0])
+    last = run_dir(tmp_path / "out") / f"checkpoint-{stopped_at}"
+    manifest_files = json.loads((last / "manifest.json").read_text())["files"]
+    assert {"state/__0_0.distcp", "state/__1_0.distcp", "rng-rank0.pt", "rng-rank1.pt"} <= set(manifest_files), \
+        "one checkpoint with both ranks' shards"
+
+    resumed = train(manifest, tmp_path, 2, pod)
+    assert f"resumed from {last} at step {stopped_at}" in resumed
+    final = trained_weights(run_dir(tmp_path / "out") / "checkpoint-14")
+    expected = trained_weights(run_dir(tmp_path / "reference") / "checkpoint-14")
+    assert all(torch.equal(final[k], expected[k]) for k in expected), "bitwise the uninterrupted run's weights"
+
+
+def test_sigterm_while_models_load_ends_every_process_at_once_with_143(tiny_job, tmp_path):
+    process = kubetune_train(tiny_job(maxSteps=1000), tmp_path, 2, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = stop_after(process, "loading sd15 from")
+    assert process.returncode == 143, log[-3000:]
+    assert "stopped by SIGTERM before training started" in log
+    assert not list((tmp_path / "out").rglob("checkpoint-*")), "nothing to save yet"
+
+
+def test_a_worker_node_stopped_alone_stops_the_other_node_too_both_retryably(tiny_job, tmp_path):
+    """Two nodes x two processes (two launchers, as two pods get them); SIGTERM to node 1 only."""
+    manifest = tiny_job(maxSteps=1000, logEverySteps=1)
+    config = write_manifest(manifest, tmp_path)
+    port = free_port()
+    nodes = [subprocess.Popen([sys.executable, "-m", "kubetune_trainer.entrypoint", "--config", str(config)],
+                              env={**trainer_env(), "PET_NNODES": "2", "PET_NODE_RANK": str(rank),
+                                   "PET_NPROC_PER_NODE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                                   "KUBETUNE_RUN_ID": "uid-2"},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
+    log = stop_after(nodes[0], "step 6/", target_pid=nodes[1].pid)
+    _, worker_log = nodes[1].communicate(timeout=300)
+    assert [n.returncode for n in nodes] == [143, 143], log[-2000:] + worker_log[-2000:]
+    stopped_at = int(log.split("stopped by SIGTERM after step ")[1].split(";")[0])
+    last = run_dir(tmp_path / "out") / f"checkpoint-{stopped_at}"
+    files = json.loads((last / "manifest.json").read_text())["files"]
+    assert {f"state/__{rank}_0.distcp" for rank in range(4)} <= set(files), "every rank of both nodes saved"
+    assert "training tiny: 1000 steps, 4 process(es)" in log
+
+
+def test_a_run_resumes_on_3_then_2_then_1_processes_training_each_sample_of_each_epoch_once(
+        tiny_sd15, tiny_dataset, tmp_path):
+    from kubetune_trainer.tiny_data import write_tiny_data
+
+    data = write_tiny_data("captions", tmp_path / "data12", count=12, size=32, seed=0)
+    manifest = family_job("sd15", "captions", tiny_sd15, data, tmp_path / "out",
+                          training={"maxSteps": 8, "batchSize": 2, "logEverySteps": 1},  # 6 samples per step
+                          checkpoints={"everySteps": 100})
+    sample_log = tmp_path / "samples.jsonl"
+    pod = {"KUBETUNE_RUN_ID": "uid-3", "KUBETUNE_SAMPLE_LOG": str(sample_log)}
+    for nproc, stop_at in ((3, "step 2/"), (2, "step 5/")):
+        process = kubetune_train(manifest, tmp_path, nproc, pod, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        log = stop_after(process, stop_at)
+        assert process.returncode == 143, log[-3000:]
+    log = train(manifest, tmp_path, 1, pod)
+    assert "the checkpoint was written by 2 process(es), this run has 1: global batch 6 = 1 process(es) x 3" in log
+
+    trained = Counter()
+    for line in sample_log.read_text().splitlines():
+        record = json.loads(line)
+        trained.update(tuple(key) for key in record["keys"])
+    epochs = {epoch for epoch, _ in trained}
+    assert epochs == {0, 1, 2, 3}, "8 steps of 6 samples: 4 epochs of 12"
+    assert trained == Counter({(epoch, index): 1 for epoch in epochs for index in range(12)}), \
+        "no sample of any epoch skipped or repeated across the three resumes"
+
+    reference = json.loads(json.dumps(manifest))  # never interrupted: one process, the same 6 samples a step
+    reference["spec"]["checkpoints"]["uri"] = str(tmp_path / "reference")
+    reference["spec"]["training"]["gradientAccumulationSteps"] = 3
+    train(reference, tmp_path, 1)
+    assert max_difference(trained_weights(run_dir(tmp_path / "out") / "checkpoint-8"),
+                          trained_weights(run_dir(tmp_path / "reference") / "checkpoint-8")) < TOLERANCE
+
+
+def test_a_world_too_large_for_the_checkpoints_global_batch_is_refused_and_writes_nothing(tiny_job, tmp_path):
+    manifest = tiny_job(maxSteps=2, batchSize=1)  # a global batch of 2 on two processes
+    train(manifest, tmp_path, 2)
+    manifest["spec"]["training"]["maxSteps"] = 4
+    manifest["spec"]["checkpoints"]["resumeFrom"] = str(run_dir(tmp_path / "out") / "checkpoint-2")
+    process = kubetune_train(manifest, tmp_path, 3, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, log = process.communicate(timeout=300)
+    assert process.returncode == 2, log[-3000:]
+    assert "this run's global batch is 2 samples per optimizer step, fewer than the 3 processes" in log
+    assert not run_dir(tmp_path / "out", version=1).exists(), "refused before the run claimed a version"
+
+
+def test_full_fine_tuning_sharded_over_two_processes_publishes_a_whole_loadable_unet(tiny_job, tiny_sd15, tmp_path):
+    from diffusers import UNet2DConditionModel
+
+    manifest = tiny_job(maxSteps=2, learningRate=1e-3)
+    manifest["spec"]["adapter"] = {"type": "full"}
+    manifest["spec"]["distributed"] = {"strategy": "fsdp"}
+    train(manifest, tmp_path, 2)
+    trained = UNet2DConditionModel.from_pretrained(run_dir(tmp_path / "out") / "unet")
+    base = UNet2DConditionModel.from_pretrained(tiny_sd15, subfolder="unet")
+    changed = [name for name, p in trained.named_parameters()
+               if not torch.equal(p, dict(base.named_parameters())[name])]
+    assert len(changed) > len(list(base.parameters())) // 2, "a full fine-tune, gathered from both shards"
+    saved = trained_weights(run_dir(tmp_path / "out") / "checkpoint-2")
+    assert all(torch.equal(saved[name], p) for name, p in trained.named_parameters()), \
+        "the published UNet is the checkpoint's"
