@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from kubetune_api.spec import TrainingJobSpec
+from kubetune_api.spec import TrainingJobSpec, fsdp_conflicts
 from kubetune_trainer.errors import ConfigError
 
 log = logging.getLogger("kubetune.trainer")
@@ -33,6 +33,8 @@ def resolve_strategy(spec: TrainingJobSpec, world_size: int, on_gpu: bool,
         return strategy
     if world_size == 1 or not on_gpu:
         return "ddp"  # one process has nothing to shard over; CPU memory is what the pod requests
+    if fsdp_conflicts(spec):
+        return "ddp"  # a quantized base, 8-bit optimizer state or fp16 cannot be sharded (see the spec)
     return "ddp" if fits_under_ddp() else "fsdp"
 
 
