@@ -158,3 +158,11 @@ def test_the_dashboard_config_map_carries_the_dashboard_for_grafanas_sidecar(hel
                                      "metrics.dashboard.namespace=Not_A_Namespace"])
 def test_malformed_monitoring_values_are_refused(helm, setting):
     assert render(helm, "--set", setting).returncode != 0
+
+
+def test_the_default_gpu_memory_reaches_the_operator_and_must_be_a_quantity(helm):
+    documents = documents_of(render(helm, "--set", "trainer.gpuMemory=141Gi"))
+    container = next(d for d in documents if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "KUBETUNE_DEFAULT_GPU_MEMORY", "value": "141Gi"} in container["env"]
+    refused = render(helm, "--set", "trainer.gpuMemory=80GB")
+    assert refused.returncode != 0 and "gpuMemory" in refused.stderr

@@ -117,7 +117,7 @@ def test_an_invalid_spec_is_refused_and_counted(valid_body):
     body["spec"]["training"]["maxSteps"] = -1
     before = value("kubetune_operator_admission_rejections_total", reason="invalid_spec")
     with pytest.raises(kopf.AdmissionError, match="maxSteps"):
-        handlers.validate_new_job(body=kopf.Body(body))
+        handlers.validate_new_job(body=kopf.Body(body), warnings=[])
     assert value("kubetune_operator_admission_rejections_total", reason="invalid_spec") == before + 1
 
 
@@ -125,14 +125,14 @@ def test_a_missing_secret_is_refused_and_counted(valid_body, monkeypatch):
     monkeypatch.setattr(handlers, "missing_secret", lambda job: "spec.s3.credentialsSecret: Secret 'x' does not exist")
     before = value("kubetune_operator_admission_rejections_total", reason="missing_secret")
     with pytest.raises(kopf.AdmissionError, match="does not exist"):
-        handlers.validate_new_job(body=valid_body)
+        handlers.validate_new_job(body=valid_body, warnings=[])
     assert value("kubetune_operator_admission_rejections_total", reason="missing_secret") == before + 1
 
 
 def test_an_accepted_job_counts_no_rejection(valid_body, monkeypatch):
     monkeypatch.setattr(handlers, "missing_secret", lambda job: None)
     before = {r: value("kubetune_operator_admission_rejections_total", reason=r) for r in metrics.ADMISSION_REASONS}
-    handlers.validate_new_job(body=valid_body)
+    handlers.validate_new_job(body=valid_body, warnings=[])
     assert {r: value("kubetune_operator_admission_rejections_total", reason=r)
             for r in metrics.ADMISSION_REASONS} == before
 

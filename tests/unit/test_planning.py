@@ -12,7 +12,7 @@ from kubetune_trainer.planning import resolved_strategy
 from kubetune_trainer.planning.activations import Activations
 from kubetune_trainer.planning.estimate import MemoryEstimate, estimate_from_parts
 from kubetune_trainer.planning.models import load_models
-from kubetune_trainer.planning.suggestions import suggest, with_overrides
+from kubetune_api.fixes import suggest, with_overrides
 from kubetune_trainer.planning.weights import parameter_bytes
 from kubetune_trainer.reference_models import write_config_only
 

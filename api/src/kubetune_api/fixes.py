@@ -2,15 +2,21 @@
 
 A fix is a list of `--set` overrides, exactly as a user would pass them to `kubetune plan` or
 `kubetune train`; the same strings build the variant spec that is re-estimated, so what is
-printed is what was computed.
+printed is what was computed. Torch-free: `kubetune plan` passes its meta-device estimator, the
+operator its coarse one (kubetune_api.fit); either only has to answer `estimate(spec, world, strategy)`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from kubetune_api.manifest import apply_overrides
 from kubetune_api.spec import TrainingJobSpec
-from kubetune_trainer.planning.estimate import MemoryEstimate, Planner
+
+
+class Estimator(Protocol):
+    def estimate(self, spec: TrainingJobSpec, world: int, strategy: str) -> Any:
+        """An estimate with `.total` bytes and `.fits(capacity_bytes)`."""
 
 MAX_GPUS = 64          # the largest FSDP world a suggestion proposes
 GPUS_PER_NODE = 8      # a node's GPUs when the job asks for one per node: the common server size
@@ -21,7 +27,7 @@ QUANTIZABLE = ("sd15", "sdxl", "flux-kontext", "qwen-image-edit", "pmg")
 class Suggestion:
     description: str
     overrides: tuple[str, ...]     # `--set` arguments, e.g. spec.training.gradientCheckpointing=true
-    estimate: MemoryEstimate
+    estimate: Any                  # what the estimator gave for the fixed spec
 
 
 def with_overrides(spec: TrainingJobSpec, overrides: tuple[str, ...]) -> TrainingJobSpec:
@@ -54,7 +60,7 @@ def _without_fsdp_conflicts(spec: TrainingJobSpec) -> tuple[str, ...]:
     return tuple(fix for fix, applies in zip(replacements, checks) if applies)
 
 
-def _fsdp(planner: Planner, spec: TrainingJobSpec, capacity: int, extra: tuple[str, ...] = ()
+def _fsdp(planner: Estimator, spec: TrainingJobSpec, capacity: int, extra: tuple[str, ...] = ()
           ) -> Suggestion | None:
     """The fewest GPUs (at least two, at least the job's) over which FSDP fits."""
     overrides = extra + ("spec.distributed.strategy=fsdp",) + _without_fsdp_conflicts(spec)
@@ -72,7 +78,7 @@ def _fsdp(planner: Planner, spec: TrainingJobSpec, capacity: int, extra: tuple[s
     return None
 
 
-def suggest(planner: Planner, spec: TrainingJobSpec, capacity: int, strategy: str) -> list[Suggestion]:
+def suggest(planner: Estimator, spec: TrainingJobSpec, capacity: int, strategy: str) -> list[Suggestion]:
     """Fixes that fit `capacity` bytes per GPU, cheapest in speed first; combinations only when
     no single fix is enough."""
     world = world_size(spec)
@@ -81,7 +87,7 @@ def suggest(planner: Planner, spec: TrainingJobSpec, capacity: int, strategy: st
     if not training.gradient_checkpointing:
         single.append(("gradient checkpointing", ("spec.training.gradientCheckpointing=true",)))
     can_quantize = (spec.model.family in QUANTIZABLE and spec.model.quantization != "nf4"
-                    and spec.adapter.type == "lora" and strategy == "ddp")
+                    and spec.adapter.type == "lora" and strategy == "ddp" and spec.resources.gpus_per_node > 0)
     if can_quantize:
         single.append(("nf4 quantized base", ("spec.model.quantization=nf4",)))
     found: list[Suggestion] = []

@@ -355,6 +355,22 @@ Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=64)]
 DnsName = Annotated[str, Field(
     min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
 )]
+GPU_MEMORY_BOUNDS = ("1Gi", "4Ti")
+
+
+def check_gpu_memory(value: str) -> str:
+    from kubetune_api.quantity import parse_quantity
+
+    low, high = (parse_quantity(bound, "bound") for bound in GPU_MEMORY_BOUNDS)
+    if not low <= parse_quantity(value, "spec.resources.gpuMemory") <= high:
+        raise ValueError(f"spec.resources.gpuMemory {value!r} is outside {GPU_MEMORY_BOUNDS[0]}-{GPU_MEMORY_BOUNDS[1]}")
+    return value
+
+
+# A memory size as a Kubernetes quantity: bytes with a decimal or binary suffix (no milli-bytes).
+MemoryQuantity = Annotated[str, Field(
+    pattern=r"^[0-9]+(\.[0-9]+)?(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$", max_length=64,
+), AfterValidator(check_gpu_memory)]
 
 
 class ResourcesSpec(_Model):
@@ -370,6 +386,12 @@ class ResourcesSpec(_Model):
     memory: Optional[Quantity] = Field(default=None, description="Memory per pod (request = limit), e.g. 64Gi.")
     shm_size: Quantity = Field(
         default="1Gi", description="Size of the memory-backed /dev/shm (data loader workers and NCCL use it).",
+    )
+    gpu_memory: Optional[MemoryQuantity] = Field(
+        default=None,
+        description="Memory of one GPU, e.g. 80Gi (1Gi-4Ti), for the fit check: `kubectl apply` warns and the "
+        "FitsGpu condition turns False when the job's estimate exceeds it. Unset = the operator's default "
+        "(Helm value trainer.gpuMemory).",
     )
 
 

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from kubetune_api.manifest import describe_errors
 from kubetune_api.spec import API_GROUP, API_VERSION, TrainingJob
-from kubetune_operator import metrics, naming, status
+from kubetune_operator import fit_check, metrics, naming, status
 from kubetune_operator.backends import PyTorchJobBackend
 from kubetune_operator.settings import Settings
 from kubetune_operator.trainer_config import build_config_map
@@ -128,8 +128,9 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
 
 
 @kopf.on.validate(API_GROUP, API_VERSION, PLURAL, id="validate", operations=["CREATE"], ignore_failures=True)
-def validate_new_job(body: kopf.Body, **_) -> None:
-    """Admission: refuse what the trainer would refuse, and a credentials Secret that is not there.
+def validate_new_job(body: kopf.Body, warnings: list[str], **_) -> None:
+    """Admission: refuse what the trainer would refuse, and a credentials Secret that is not there;
+    warn (not refuse: the estimate is coarse) about a job that will not fit its GPUs.
 
     CREATE only: updates of a started job are governed by spec_changed, and kopf's own metadata
     patches (finalizers) must never be refused, e.g. while a job is deleted after its Secret.
@@ -143,6 +144,9 @@ def validate_new_job(body: kopf.Body, **_) -> None:
     if problem:
         metrics.ADMISSION_REJECTIONS.labels("missing_secret").inc()
         raise kopf.AdmissionError(problem, code=422)
+    too_big = fit_check.fit_warning(job, SETTINGS.default_gpu_memory)
+    if too_big:
+        warnings.append(too_big)
 
 
 @kopf.on.event(API_GROUP, API_VERSION, PLURAL)
@@ -197,6 +201,9 @@ def ensure_children(body: kopf.Body, uid: str, patch: kopf.Patch) -> None:
                      child["metadata"]["name"])["metadata"].get("ownerReferences", [])])
     if created:
         metrics.CHILD_JOBS_CREATED.labels(BACKEND.kind).inc()
+    fits = fit_check.fits_gpu_conditions(body.get("status") or {}, job, SETTINGS.default_gpu_memory, now())
+    if fits is not None:
+        patch.status["conditions"] = fits
     if not (body.get("status") or {}).get("phase"):
         patch.status["phase"] = "Suspended" if job.spec.suspend else "Pending"
         patch.status["observedGeneration"] = body.metadata.get("generation")

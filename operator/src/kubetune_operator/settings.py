@@ -20,6 +20,8 @@ class Settings:
     webhook_address: str | None = None
     webhook_port: int = 9443
     webhook_cert_dir: str = "/tmp/kubetune-webhook"
+    # Memory of one GPU for jobs without spec.resources.gpuMemory (the fit check), a quantity.
+    default_gpu_memory: str = "80Gi"
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "Settings":
@@ -35,4 +37,13 @@ class Settings:
             webhook_address=env.get("KUBETUNE_WEBHOOK_ADDRESS") or None,
             webhook_port=int(env.get("KUBETUNE_WEBHOOK_PORT", cls.webhook_port)),
             webhook_cert_dir=env.get("KUBETUNE_WEBHOOK_CERT_DIR", cls.webhook_cert_dir),
+            default_gpu_memory=_gpu_memory(env.get("KUBETUNE_DEFAULT_GPU_MEMORY") or cls.default_gpu_memory),
         )
+
+
+def _gpu_memory(value: str) -> str:
+    """The default GPU memory, checked at start-up so a typo stops the operator, naming the setting."""
+    from kubetune_api.quantity import parse_quantity
+
+    parse_quantity(value, "KUBETUNE_DEFAULT_GPU_MEMORY (Helm value trainer.gpuMemory)")
+    return value

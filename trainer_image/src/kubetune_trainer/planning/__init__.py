@@ -10,7 +10,8 @@ Importing this package builds nothing; the models are built (without weights) wh
 The modules, one purpose each: models (the job's models from config files), weights (bytes
 per parameter as held), fake_device and attention (a forward pass as on a GPU, without one),
 forwards (each family's training forward), activations (what that forward saves for backward),
-estimate (the per-process sum), sharding (FSDP's units), suggestions (fixes, re-estimated).
+estimate (the per-process sum), sharding (FSDP's units). The fixes offered when a job does not
+fit are kubetune_api.fixes, shared with the operator's coarse check.
 """
 from __future__ import annotations
 
@@ -46,8 +47,8 @@ def resolved_strategy(spec: TrainingJobSpec, world: int, device: str, ddp_fits) 
 def plan_job(spec: TrainingJobSpec, gpu_memory_bytes: int, world_size: int | None = None,
              device: str | None = None, attention: str = "fused", planner=None) -> Plan:
     """The per-GPU estimate of `spec` under its strategy, and fixes when it does not fit."""
+    from kubetune_api.fixes import suggest, world_size as job_world_size
     from kubetune_trainer.planning.estimate import Planner
-    from kubetune_trainer.planning.suggestions import suggest, world_size as job_world_size
 
     device = device or ("cuda" if spec.resources.gpus_per_node > 0 else "cpu")
     world = world_size or job_world_size(spec)

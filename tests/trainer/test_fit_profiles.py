@@ -1,0 +1,47 @@
+"""The operator's torch-free table (kubetune_api.fit.PROFILES) agrees with the meta-device estimator.
+
+The table is calibrated at 512 and 1024 px (the classifier at two batch sizes); it is checked here
+at other sizes, within 10%, for the total per GPU and for the activations with working memory.
+Re-calibrate with `python -m kubetune_trainer.planning.profiles` when an architecture or a recipe changes.
+"""
+from __future__ import annotations
+
+import pytest
+
+from kubetune_api.fit import CoarseEstimator
+from kubetune_api.spec import LAYOUTS_BY_FAMILY, TrainingJobSpec
+from kubetune_trainer.planning.estimate import Planner
+from kubetune_trainer.reference_models import write_config_only
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def configs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("configs")
+    return {family: write_config_only(family, root / family) for family in LAYOUTS_BY_FAMILY}
+
+
+@pytest.fixture(scope="module")
+def planner():
+    return Planner("cuda")
+
+
+CASES = [(family, resolution, 1) for family in ("sd15", "sdxl", "flux-kontext", "qwen-image-edit", "pmg")
+         for resolution in (768, 1280)] + [("classifier", 224, 12), ("classifier", 224, 24)]
+
+
+@pytest.mark.parametrize("family, resolution, batch", CASES)
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_table_agrees_with_the_meta_device_estimate(configs, planner, family, resolution, batch, checkpointing):
+    spec = TrainingJobSpec.model_validate({
+        "model": {"family": family, "pretrained": str(configs[family])},
+        "data": {"layout": LAYOUTS_BY_FAMILY[family][0], "uri": "/data", "resolution": resolution},
+        "training": {"maxSteps": 1, "batchSize": batch, "mixedPrecision": "bf16",
+                     "gradientCheckpointing": checkpointing},
+        "checkpoints": {"uri": "/ck"},
+    })
+    precise = planner.estimate(spec, 1, "ddp")
+    coarse = CoarseEstimator().estimate(spec, 1, "ddp")
+    assert coarse.total == pytest.approx(precise.total, rel=0.10)
+    assert coarse.dynamic == pytest.approx(precise.activations + precise.backward_working, rel=0.10)

@@ -1,0 +1,122 @@
+"""Calibrate kubetune_api.fit's table from the meta-device estimator: `python -m kubetune_trainer.planning.profiles`.
+
+For each family's reference architecture: parameter counts from the models the planner builds,
+and the activations plus backward working memory measured at three points, solved for
+per_step + batch * (per_sample + per_pixel * resolution**2). Prints the PROFILES literal to paste
+into api/src/kubetune_api/fit.py.
+"""
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from kubetune_api.fit import Dynamic, FamilyProfile
+from kubetune_api.spec import LAYOUTS_BY_FAMILY, TrainingJobSpec
+from kubetune_trainer.planning.estimate import Planner
+from kubetune_trainer.planning.models import QUANTIZED, TRAINED, load_models
+from kubetune_trainer.planning.sharding import shard_units
+from kubetune_trainer.reference_models import write_config_only
+
+LOW, HIGH = 512, 1024          # the resolutions the diffusion families are calibrated at
+CLASSIFIER_RESOLUTION = 224    # ViT-B/16's one resolution: its table scales with pixels through batch
+
+
+def spec_for(family: str, folder: Path, resolution: int, batch: int = 1, adapter: str = "lora",
+             checkpointing: bool = False) -> TrainingJobSpec:
+    return TrainingJobSpec.model_validate({
+        "model": {"family": family, "pretrained": str(folder)}, "adapter": {"type": adapter, "rank": 8},
+        "data": {"layout": LAYOUTS_BY_FAMILY[family][0], "uri": "/data", "resolution": resolution},
+        "training": {"maxSteps": 1, "batchSize": batch, "mixedPrecision": "bf16",
+                     "gradientCheckpointing": checkpointing},
+        "checkpoints": {"uri": "/ck"},
+    })
+
+
+def dynamic_bytes(planner: Planner, spec: TrainingJobSpec) -> int:
+    activations = planner.activations(spec)
+    return activations.saved + 2 * activations.largest + activations.recompute
+
+
+def solve(planner: Planner, family: str, folder: Path, adapter: str, checkpointing: bool) -> Dynamic:
+    def measured(resolution: int, batch: int) -> int:
+        return dynamic_bytes(planner, spec_for(family, folder, resolution, batch, adapter, checkpointing))
+
+    if family == "classifier":
+        one, two = measured(CLASSIFIER_RESOLUTION, 8), measured(CLASSIFIER_RESOLUTION, 16)
+        per_sample = (two - one) / 8
+        return Dynamic(per_step=one - 8 * per_sample, per_sample=0.0,
+                       per_pixel=per_sample / CLASSIFIER_RESOLUTION**2)
+    low, high, two = measured(LOW, 1), measured(HIGH, 1), measured(LOW, 2)
+    per_pixel = (high - low) / (HIGH**2 - LOW**2)
+    per_sample = two - low - per_pixel * LOW**2
+    return Dynamic(per_step=low - per_sample - per_pixel * LOW**2, per_sample=per_sample, per_pixel=per_pixel)
+
+
+def parameters(module, trained_only: bool = False) -> int:
+    return sum(p.numel() for p in module.parameters() if p.requires_grad or not trained_only)
+
+
+def profile(family: str, folder: Path, planner: Planner) -> FamilyProfile:
+    full = load_models(spec_for(family, folder, LOW, adapter="full"))
+    lora = load_models(spec_for(family, folder, LOW))
+    base_name = QUANTIZED.get(family, TRAINED[family])
+    base = full.components[base_name]
+    import torch
+
+    linear = sum(m.weight.numel() for m in base.modules() if type(m) is torch.nn.Linear)
+    frozen = sum(parameters(m) for name, m in full.components.items() if name not in (base_name, "adapter"))
+    if family == "pmg":
+        adapter, lora_per_rank = parameters(lora.components["adapter"]), 0
+    elif family == "classifier":
+        head = sum(p.numel() for n, p in base.named_parameters() if n.startswith("classifier."))
+        adapter = head  # PEFT trains a copy of the new head beside the LoRA
+        lora_per_rank = (parameters(lora.trained_module, trained_only=True) - head) // 8
+    else:
+        adapter, lora_per_rank = 0, parameters(lora.trained_module, trained_only=True) // 8
+    units = shard_units(full.trained_module) or [full.trained_module]
+    adapters = ("lora",) if family == "pmg" else ("lora", "full")
+    dynamic = {(kind, checkpointing): solve(planner, family, folder, kind, checkpointing)
+               for kind in adapters for checkpointing in (False, True)}
+    if family == "pmg":  # PMG trains its adapter whatever spec.adapter says
+        dynamic.update({("full", c): dynamic[("lora", c)] for c in (False, True)})
+    return FamilyProfile(
+        trained_module=parameters(base), linear_weights=linear, frozen=frozen, lora_per_rank=lora_per_rank,
+        adapter=adapter, largest_unit=max(parameters(unit) for unit in units),
+        loads_fp32=family == "classifier", dynamic=dynamic,
+    )
+
+
+def literal(profiles: dict[str, FamilyProfile]) -> str:
+    lines = ["PROFILES: dict[str, FamilyProfile] = {"]
+    for family, p in profiles.items():
+        lines.append(f'    "{family}": FamilyProfile(')
+        lines.append(f"        trained_module={p.trained_module:_}, linear_weights={p.linear_weights:_}, "
+                     f"frozen={p.frozen:_}, lora_per_rank={p.lora_per_rank:_},")
+        lines.append(f"        adapter={p.adapter:_}, largest_unit={p.largest_unit:_}, loads_fp32={p.loads_fp32},")
+        lines.append("        dynamic={")
+        for (kind, checkpointing), d in p.dynamic.items():
+            lines.append(f'            ("{kind}", {checkpointing}): Dynamic({d.per_step:.4g}, {d.per_sample:.4g}, '
+                         f"{d.per_pixel:.4g}),")
+        lines.append("        },")
+        lines.append("    ),")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    families = sys.argv[1:] or list(LAYOUTS_BY_FAMILY)
+    planner = Planner("cuda")
+    with tempfile.TemporaryDirectory() as tmp:
+        profiles = {family: profile(family, write_config_only(family, Path(tmp) / family), planner)
+                    for family in families}
+    print(literal(profiles))
+
+
+if __name__ == "__main__":
+    main()
