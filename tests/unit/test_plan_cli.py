@@ -45,3 +45,16 @@ def test_bad_options_are_named(tmp_path, args, expected):
 def test_validate_and_the_cli_start_without_torch():
     code = "import sys, kubetune_cli.main; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+@pytest.mark.parametrize("option, declared, expected_gib", [
+    (None, None, 80), (None, "141Gi", 141), (24.0, "141Gi", 24),
+])
+def test_gpu_memory_comes_from_the_option_then_the_spec_then_80gi(option, declared, expected_gib):
+    from kubetune_api.spec import ResourcesSpec
+    from kubetune_cli.plan import gpu_memory_bytes
+
+    class Spec:
+        resources = ResourcesSpec(gpu_memory=declared)
+
+    assert gpu_memory_bytes(Spec(), option) == expected_gib * 2**30

@@ -137,12 +137,9 @@ def plan(path: str, overrides: tuple[str, ...], gpu_memory_gib: float | None, no
 
 
 def gpu_memory_bytes(spec, gpu_memory_gib: float | None) -> int:
-    """--gpu-memory-gib, else the job's spec.resources.gpuMemory, else 80 GiB."""
+    """--gpu-memory-gib, else the job's spec.resources.gpuMemory, else 80 GiB (the operator's default)."""
+    from kubetune_api.fit import gpu_memory
+
     if gpu_memory_gib is not None:
         return int(gpu_memory_gib * GIB)
-    declared = getattr(spec.resources, "gpu_memory", None)
-    if declared:
-        from kubetune_api.quantity import parse_quantity
-
-        return parse_quantity(declared, "spec.resources.gpuMemory")
-    return int(DEFAULT_GPU_MEMORY_GIB * GIB)
+    return gpu_memory(spec, f"{DEFAULT_GPU_MEMORY_GIB:g}Gi")
