@@ -46,6 +46,8 @@ test: $(STAMP) cluster-bins
 bench: $(STAMP) cluster-bins
 	$(PY) benchmarks/trainer_throughput.py
 	$(PY) benchmarks/checkpoint_io.py
+	$(PY) benchmarks/checkpoint_io.py --size-mib 1024
+	$(PY) benchmarks/distributed_scaling.py
 	$(PY) benchmarks/metrics_overhead.py
 
 clean:
