@@ -49,6 +49,7 @@ bench: $(STAMP) cluster-bins
 	$(PY) benchmarks/checkpoint_io.py --size-mib 1024
 	$(PY) benchmarks/distributed_scaling.py
 	$(PY) benchmarks/metrics_overhead.py
+	$(PY) benchmarks/plan_accuracy.py
 
 clean:
 	rm -rf out build .pytest_cache

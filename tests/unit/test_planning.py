@@ -222,3 +222,34 @@ def test_the_planning_package_imports_without_building_or_importing_model_librar
     code = ("import sys; from kubetune_trainer.planning import choose_strategy, fits_under_ddp, plan_job; "
             "sys.exit(any(m in sys.modules for m in ('diffusers', 'transformers', 'peft')))")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+# --- a forward pass as on a GPU, without one --------------------------------------------------------
+
+def test_fused_attention_saves_q_k_v_output_and_logsumexp_not_the_scores():
+    import torch.nn.functional as F
+
+    from kubetune_trainer.planning.activations import SavedTensorMeter
+    from kubetune_trainer.planning.attention import attention_kernel
+    from kubetune_trainer.planning.fake_device import fake_mode
+
+    mode, meter = fake_mode(), SavedTensorMeter()
+    with mode, meter.recording(), attention_kernel("fused"):
+        q, k, v = (torch.empty(2, 8, 1024, 64, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+                   for _ in range(3))
+        F.scaled_dot_product_attention(q, k, v)
+    tensor = 2 * 8 * 1024 * 64 * 2
+    assert meter.total == 4 * tensor + 2 * 8 * 1024 * 4  # q, k, v, out in bf16; logsumexp in fp32
+
+
+def test_autocast_runs_on_fake_cuda_tensors_and_is_switched_off_after():
+    from kubetune_trainer.planning.fake_device import autocast_on, fake_mode
+
+    with fake_mode():
+        x = torch.empty(4, 16, device="cuda")
+        weight = torch.empty(8, 16, device="cuda")
+        with autocast_on("cuda", torch.bfloat16):
+            assert torch.nn.functional.linear(x, weight).dtype == torch.bfloat16
+            assert torch.nn.functional.layer_norm(x.bfloat16(), (16,)).dtype == torch.float32  # autocast's fp32 list
+        assert torch.nn.functional.linear(x, weight).dtype == torch.float32
+    assert not torch.is_autocast_enabled("cuda")

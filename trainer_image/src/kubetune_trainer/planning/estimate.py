@@ -160,6 +160,9 @@ def estimate_from_parts(spec: TrainingJobSpec, models: JobModels, activations: A
             host = weights_by_model[models.trained] + gradients + int(state) + ema
             weights_by_model[models.trained], gradients, state, ema = 0, 0, 0, 0
             notes.append("cpuOffload: the trained module's shards, gradients and optimizer state are in CPU memory")
+        if spec.training.mixed_precision != "no":
+            notes.append("fsdp computes in the training precision throughout (no autocast); the activations are "
+                         "measured under autocast, as ddp runs, which keeps some in fp32: a little high for fsdp")
     elif world_size > 1:
         gradients *= 2  # DDP all-reduces through buckets: a second copy of the gradients
     if spec.data.cache.enabled and spec.model.family != "classifier":
