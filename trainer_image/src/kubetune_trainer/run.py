@@ -284,6 +284,9 @@ class Run:
         self.store.flush()  # raises if the final weights could not be uploaded
         if self.is_main:
             log.info("final weights: %s", ", ".join(self._store_uri(p) for p in written))
+            if self.accelerator.device.type == "cuda":
+                log.info("peak GPU memory on rank 0: %.2f GiB allocated, %.2f GiB reserved",
+                         torch.cuda.max_memory_allocated() / 2**30, torch.cuda.max_memory_reserved() / 2**30)
         self.reporter.close()
         self.store.close()
         self.accelerator.wait_for_everyone()
