@@ -103,7 +103,7 @@ def measure(name: str, model_dir: Path) -> dict:
     import torch
 
     from kubetune_trainer.optim import build_optimizer
-    from kubetune_trainer.planning.estimate import _enable_gradient_checkpointing
+    from kubetune_trainer.planning.estimate import enable_gradient_checkpointing
     from kubetune_trainer.planning.forwards import RECIPES
     from kubetune_trainer.planning.models import load_models, weight_dtype
 
@@ -117,7 +117,7 @@ def measure(name: str, model_dir: Path) -> dict:
     models = load_models(spec)
     materialise(models)
     if spec.training.gradient_checkpointing:
-        _enable_gradient_checkpointing(spec, models)
+        enable_gradient_checkpointing(spec, models)
     models.trained_module.train()
     built = sampler.now()
     dtype = weight_dtype(spec)

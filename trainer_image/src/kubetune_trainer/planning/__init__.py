@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 
 from kubetune_api.spec import TrainingJobSpec, fsdp_conflicts
 
-GIB = 2**30
-
 
 @dataclass(frozen=True)
 class Plan:

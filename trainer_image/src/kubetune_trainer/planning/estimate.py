@@ -63,7 +63,7 @@ class MemoryEstimate:
         return self.total <= capacity_bytes
 
 
-def _enable_gradient_checkpointing(spec: TrainingJobSpec, models: JobModels) -> None:
+def enable_gradient_checkpointing(spec: TrainingJobSpec, models: JobModels) -> None:
     """As the family does (ModelFamily.enable_gradient_checkpointing; PMG checkpoints its UNet)."""
     module = models.components["unet"] if spec.model.family == "pmg" else models.trained_module
     if hasattr(module, "enable_gradient_checkpointing"):
@@ -76,7 +76,7 @@ def measure_activations(spec: TrainingJobSpec, device: str = "cuda", attention: 
     """Run the family's training forward on fake tensors of `device` and meter what it saves."""
     models = load_models(spec)
     if spec.training.gradient_checkpointing:
-        _enable_gradient_checkpointing(spec, models)
+        enable_gradient_checkpointing(spec, models)
     dtype = weight_dtype(spec)
     mode = fake_mode()
     for model in models.components.values():
@@ -120,7 +120,8 @@ class Planner:
         return self._activations[key]
 
     def models(self, spec: TrainingJobSpec) -> JobModels:
-        key = activation_key(spec, "meta", "")
+        key = repr(spec.model_dump(mode="json", include={  # what the models' parameters depend on
+            "model": {"family", "pretrained"}, "adapter": True, "pmg": True, "training": {"mixed_precision"}}))
         if key not in self._models:
             self._models[key] = load_models(spec)
         return self._models[key]
