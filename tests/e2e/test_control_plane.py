@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 import urllib.parse
 import urllib.request
 
 import boto3
 import pytest
-from kubernetes import client
+from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from kubetune_dev.versions import versions
@@ -155,19 +156,40 @@ def test_kubelet_runs_a_pod_with_its_env_volumes_and_exit_code(control_plane, co
 
 def test_deleting_a_pod_stops_its_process_with_sigterm(control_plane, core, namespace):
     script = ("import signal, sys, time;"
-              "signal.signal(signal.SIGTERM, lambda *_: (print('got SIGTERM', flush=True), sys.exit(0)));"
+              "signal.signal(signal.SIGTERM, lambda *_: (print('got SIGTERM', flush=True), sys.exit(143)));"
               "print('running', flush=True); time.sleep(600)")
     core.create_namespaced_pod(namespace, {"metadata": {"name": "sleeper"}, "spec": {
-        "terminationGracePeriodSeconds": 20,
+        "terminationGracePeriodSeconds": 20, "restartPolicy": "Never",
         "containers": [{"name": "main", "image": "python:3.11", "command": ["python", "-c", script]}]}})
     eventually(lambda: pod_phase(core, "sleeper", namespace) == "Running", message="pod Running")
     eventually(lambda: "running" in control_plane.pod_log("sleeper", namespace, None).read_text(), message="output")
 
+    # Every state the pod passes through until it is gone, as a controller watching it sees them.
+    seen: list[tuple[str, str | None, int | None]] = []
+    watching = threading.Thread(target=_record_until_deleted, args=(core, namespace, "sleeper", seen), daemon=True)
+    watching.start()
+    time.sleep(0.5)  # the watch is open before the deletion
     started = time.monotonic()
     core.delete_namespaced_pod("sleeper", namespace)
     eventually(lambda: pod_phase(core, "sleeper", namespace) == "Gone", timeout=30, message="pod removed")
     assert time.monotonic() - started < 15, "the process should exit on SIGTERM, not wait for SIGKILL"
     assert "got SIGTERM" in control_plane.pod_log("sleeper", namespace, None).read_text()
+    # Before it went, the kubelet reported how the container ended (the training operator decides
+    # from that exit code whether a replica is restarted), as a real kubelet does.
+    watching.join(timeout=10)
+    assert ("MODIFIED", "Failed", 143) in seen, seen
+    assert seen[-1][0] == "DELETED", seen
+
+
+def _record_until_deleted(core, namespace: str, name: str, seen: list) -> None:
+    for event in watch.Watch().stream(core.list_namespaced_pod, namespace, field_selector=f"metadata.name={name}",
+                                      timeout_seconds=60):
+        pod = event["object"]
+        terminated = next((s.state.terminated for s in pod.status.container_statuses or []
+                           if s.state and s.state.terminated), None)
+        seen.append((event["type"], pod.status.phase, terminated.exit_code if terminated else None))
+        if event["type"] == "DELETED":
+            return
 
 
 # ---- the training operator ----------------------------------------------------------------------

@@ -86,8 +86,13 @@ class PodRunner(threading.Thread):
             log.exception("pod %s/%s failed in the kubelet", self.meta["namespace"], self.meta["name"])
             self.phase, self.message = "Failed", f"process kubelet error: {e}"
         finally:
-            self._kill_all()
-            if not self._stopping.is_set():
+            stopped = self._kill_all()
+            if stopped and self._stopping.is_set():
+                # Deleted: say how the containers ended before the kubelet removes the pod, as a real
+                # kubelet does (a controller such as the training operator reads the exit code).
+                codes = [c.state["terminated"]["exitCode"] for c in self.main if "terminated" in (c.state or {})]
+                self.phase = "Succeeded" if codes and not any(codes) else "Failed"
+            if stopped or not self._stopping.is_set():
                 self._publish()
 
     def _prepare(self) -> bool:
@@ -234,8 +239,9 @@ class PodRunner(threading.Thread):
         c.state = {"waiting": {"reason": "CrashLoopBackOff", "message": f"back-off {delay:.0f}s"}}
         self._publish()
 
-    def _kill_all(self) -> None:
-        """SIGTERM every running container's group, SIGKILL after the grace period."""
+    def _kill_all(self) -> bool:
+        """SIGTERM every running container's group, SIGKILL after the grace period; record how each
+        ended. Returns whether any was still running."""
         running = [c for c in self.init + self.main if c.proc is not None and c.proc.poll() is None]
         for c in running:
             processes.Recorded(c.proc.pid, processes.start_time(c.proc.pid) or -1).signal_group(signal.SIGTERM)
@@ -246,6 +252,9 @@ class PodRunner(threading.Thread):
             except subprocess.TimeoutExpired:
                 processes.Recorded(c.proc.pid, processes.start_time(c.proc.pid) or -1).signal_group(signal.SIGKILL)
                 c.proc.wait()
+            self._record_exit(c, c.proc.returncode)
+            c.proc = None
+        return bool(running)
 
     # ---- status -------------------------------------------------------------------------------
     def _publish(self) -> None:
