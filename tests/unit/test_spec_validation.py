@@ -103,6 +103,13 @@ BAD_INPUTS = [
         "spec.distributed.cpuOffload true needs a CUDA GPU", "spec.resources.gpusPerNode 0", "remove cpuOffload"]),
 ]
 
+def test_a_quantized_base_trains_only_an_adapter(example_manifest):
+    quantized = with_change(example_manifest, "spec.model.quantization", "nf4")
+    parse_manifest(quantized)
+    with pytest.raises(ManifestError, match="spec.model.quantization freezes the base model .* use spec.adapter.type lora"):
+        parse_manifest(with_change(quantized, "spec.adapter", {"type": "full"}))
+
+
 FSDP_CONFLICTS = [
     ("spec.model.quantization", "nf4", ["spec.model.quantization cannot be sharded by fsdp", "strategy ddp"]),
     ("spec.training.optimizer", "adamw8bit", ["spec.training.optimizer adamw8bit", "use adamw with fsdp"]),

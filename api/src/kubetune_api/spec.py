@@ -505,6 +505,10 @@ FSDP_CEL_RULES = [
 ]
 
 
+QUANTIZED_FULL_MESSAGE = ("spec.model.quantization freezes the base model in fp8/nf4, so only an adapter can train "
+                          "on it: use spec.adapter.type lora, or drop quantization for a full fine-tune")
+
+
 def fsdp_conflicts(spec: "TrainingJobSpec") -> list[str]:
     """The FSDP_CEL_RULES messages that apply to a spec with strategy fsdp (the same rules in Python)."""
     checks = [spec.model.quantization is not None, spec.training.optimizer == "adamw8bit",
@@ -593,6 +597,10 @@ class TrainingJobSpec(_Model):
                 "|| !has(self.resources.gpusPerNode) || self.resources.gpusPerNode == 0 "
                 "|| self.distributed.processesPerNode == self.resources.gpusPerNode",
         "message": PROCESSES_PER_GPU_MESSAGE,
+    }, {
+        "rule": "!has(self.model.quantization) || !has(self.adapter) || !has(self.adapter.type) "
+                "|| self.adapter.type == 'lora'",
+        "message": QUANTIZED_FULL_MESSAGE,
     }, *[{"rule": rule, "message": message} for rule, message in FSDP_CEL_RULES],
         *[{"rule": option.cel, "message": option.message} for option in CUDA_ONLY_OPTIONS]]})
 
@@ -639,6 +647,8 @@ class TrainingJobSpec(_Model):
         processes = self.distributed.processes_per_node
         if processes is not None and self.resources.gpus_per_node and processes != self.resources.gpus_per_node:
             raise ValueError(PROCESSES_PER_GPU_MESSAGE)
+        if self.model.quantization is not None and self.adapter.type != "lora":
+            raise ValueError(QUANTIZED_FULL_MESSAGE)
         if self.distributed.strategy == "fsdp" and fsdp_conflicts(self):
             raise ValueError("; ".join(fsdp_conflicts(self)))
         if self.validation.monitor != "loss" and self.model.family != "classifier":
