@@ -173,7 +173,7 @@ def test_the_operator_service_account_can_do_its_work_and_nothing_else(control_p
 
     for verb, resource in [("watch", "trainingjobs.kubetune.dev"), ("patch", "trainingjobs.kubetune.dev/status"),
                            ("create", "pytorchjobs.kubeflow.org"), ("patch", "pytorchjobs.kubeflow.org"),
-                           ("create", "configmaps"), ("get", "secrets"), ("list", "pods"), ("create", "events"),
+                           ("create", "configmaps"), ("patch", "configmaps"), ("get", "secrets"), ("list", "pods"), ("create", "events"),
                            ("patch", "validatingwebhookconfigurations/trainingjobs.kubetune.dev")]:
         assert can(verb, resource), f"the operator cannot {verb} {resource}"
     for verb, resource in [("delete", "trainingjobs.kubetune.dev"), ("create", "trainingjobs.kubetune.dev"),
@@ -252,6 +252,14 @@ def test_suspend_maps_to_the_child_and_back(control_plane, api_client, operator_
 
     condition = eventually(refused, timeout=60, message="SpecChangeRefused condition")
     assert "spec.adapter.rank" in condition["message"]
+    # So is a new size while it runs, naming the way to get it: suspend first.
+    kubectl(control_plane, "patch", "tj", "pausable", "-n", job_namespace, "--type=merge",
+            "-p", '{"spec": {"resources": {"nodes": 2}}}')
+    condition = eventually(lambda: "suspend first" in refused()["message"] and refused(), timeout=60,
+                           message="SpecChangeRefused for the size")
+    assert "from 1x1 process to 2x1 processes while it runs" in condition["message"]
+    child = jobs.get_namespaced_custom_object("kubeflow.org", "v1", job_namespace, "pytorchjobs", "pausable")
+    assert set(child["spec"]["pytorchReplicaSpecs"]) == {"Master"}
     kubectl(control_plane, "delete", "tj", "pausable", "-n", job_namespace, "--wait=false")
 
 

@@ -19,10 +19,10 @@ from pydantic import ValidationError
 
 from kubetune_api.manifest import describe_errors
 from kubetune_api.spec import API_GROUP, API_VERSION, TrainingJob
-from kubetune_operator import fit_check, metrics, naming, status
+from kubetune_operator import fit_check, metrics, naming, spec_change, status
 from kubetune_operator.backends import PyTorchJobBackend
 from kubetune_operator.settings import Settings
-from kubetune_operator.trainer_config import build_config_map
+from kubetune_operator.trainer_config import build_config_map, job_from_config_map
 from kubetune_operator.webhook import configure_server as configure_webhook
 
 PLURAL = "trainingjobs"
@@ -210,27 +210,52 @@ def ensure_children(body: kopf.Body, uid: str, patch: kopf.Patch) -> None:
         kopf.event(body, type="Normal", reason="Created", message=f"{BACKEND.kind} {child['metadata']['name']} created")
 
 
-@kopf.on.update(API_GROUP, API_VERSION, PLURAL, field="spec")
-def spec_changed(body: kopf.Body, diff: kopf.Diff, patch: kopf.Patch, **_) -> None:
-    """Suspend/resume is applied; any other change to a started run is refused, visibly."""
-    changed = sorted({".".join(str(p) for p in entry[1]) for entry in diff})
-    if changed == ["suspend"]:
-        suspend = bool(body.spec.get("suspend"))
+def patch_child(job_name: str, namespace: str, body: dict | list) -> None:
+    """A merge patch (dict) or a JSON patch (list) of the child job; a failed JSON patch `test`
+    (the child changed meanwhile, e.g. was resumed) is retried, so that the decision is made again."""
+    try:
         custom_api().patch_namespaced_custom_object(
-            BACKEND.group, BACKEND.version, body.metadata.namespace, BACKEND.plural,
-            naming.child_name(body.metadata.name), BACKEND.suspend_patch(suspend))
-        kopf.event(body, type="Normal", reason="Suspended" if suspend else "Resumed",
-                  message="pods stopped; the run continues from its latest checkpoint when resumed" if suspend
-                  else "resuming from the latest checkpoint")
-        patch.status["observedGeneration"] = body.metadata.get("generation")
+            BACKEND.group, BACKEND.version, namespace, BACKEND.plural, naming.child_name(job_name), body,
+            _content_type="application/json-patch+json" if isinstance(body, list) else "application/merge-patch+json")
+    except ApiException as err:
+        if err.status == 422 and isinstance(body, list):
+            raise kopf.TemporaryError(f"the child job changed while it was patched: {err.reason}", delay=2) from None
+        raise
+
+
+@kopf.on.update(API_GROUP, API_VERSION, PLURAL, field="spec")
+def spec_changed(body: kopf.Body, old: dict, new: dict, patch: kopf.Patch, **_) -> None:
+    """Suspend/resume is applied, and the job's size while no pod runs; any other change to a started
+    run is refused, visibly (spec_change.decide says which is which)."""
+    namespace, name = body.metadata.namespace, body.metadata.name
+    core, custom = core_api(), custom_api()
+    config_map = core.read_namespaced_config_map(naming.config_map_name(name), namespace)
+    child = custom.get_namespaced_custom_object(BACKEND.group, BACKEND.version, namespace, BACKEND.plural,
+                                                naming.child_name(name))
+    change = spec_change.decide(dict(old or {}), dict(new or {}), job_from_config_map(config_map.data),
+                                BACKEND.is_suspended(child))
+    if change.refused:
+        conditions = status.set_condition(list((body.get("status") or {}).get("conditions") or []),
+                                          "SpecChangeRefused", "True", "ImmutableSpec", change.refused, now())
+        patch.status["conditions"] = conditions
+        kopf.warn(body, reason="SpecChangeRefused", message=change.refused)
         return
-    message = (f"spec.{', spec.'.join(changed)} changed after the run started; a running job keeps the "
-               "spec it started with. Delete and re-create the TrainingJob (or create one under a new "
-               "name) to train with the new spec; spec.suspend can be changed at any time.")
-    conditions = status.set_condition(list((body.get("status") or {}).get("conditions") or []),
-                                      "SpecChangeRefused", "True", "ImmutableSpec", message, now())
-    patch.status["conditions"] = conditions
-    kopf.warn(body, reason="SpecChangeRefused", message=message)
+    if change.suspend is True:
+        patch_child(name, namespace, BACKEND.suspend_patch(True))
+    if change.resized:
+        # Child first, config second: a failure in between leaves the config's old size, so the
+        # retry (kopf repeats a failed handler) still sees the gap and resizes again.
+        patch_child(name, namespace, BACKEND.resize_patch(child, change.resized, body.metadata.uid, SETTINGS))
+        core.patch_namespaced_config_map(config_map.metadata.name, namespace,
+                                         {"data": build_config_map(change.resized)["data"]})
+        kopf.event(body, type="Normal", reason="Resized", message=change.resize_message)
+    if change.suspend is False:
+        patch_child(name, namespace, BACKEND.suspend_patch(False))
+    if change.suspend is not None:
+        kopf.event(body, type="Normal", reason="Suspended" if change.suspend else "Resumed",
+                   message="pods stopped; the run continues from its latest checkpoint when resumed"
+                   if change.suspend else "resuming from the latest checkpoint")
+    patch.status["observedGeneration"] = body.metadata.get("generation")
 
 
 @kopf.on.event(BACKEND.group, BACKEND.version, BACKEND.plural, labels={naming.JOB_LABEL: kopf.PRESENT})

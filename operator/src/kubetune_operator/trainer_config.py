@@ -33,3 +33,8 @@ def build_config_map(job: TrainingJob) -> dict:
         },
         "data": {naming.CONFIG_KEY: trainer_manifest(job)},
     }
+
+
+def job_from_config_map(data: dict[str, str]) -> TrainingJob:
+    """The job as the trainer runs it: the manifest in a ConfigMap's data (build_config_map's inverse)."""
+    return TrainingJob.model_validate(yaml.safe_load(data[naming.CONFIG_KEY]))

@@ -33,3 +33,10 @@ class Backend(Protocol):
 
     def suspend_patch(self, suspend: bool) -> dict:
         """A merge patch that suspends or resumes the child."""
+
+    def is_suspended(self, child: dict) -> bool:
+        """Whether the child is told to run no pods now."""
+
+    def resize_patch(self, child: dict, job: TrainingJob, job_uid: str, settings: Settings) -> list[dict]:
+        """A JSON patch giving the child JOB's size; the API server must refuse it (changing
+        nothing) unless the child is suspended then, so pods of two sizes never run together."""

@@ -79,3 +79,30 @@ class PyTorchJobBackend:
 
     def suspend_patch(self, suspend: bool) -> dict:
         return {"spec": {"runPolicy": {"suspend": suspend}}}
+
+    def is_suspended(self, child: dict) -> bool:
+        return bool(((child.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
+
+    def resize_patch(self, child: dict, job: TrainingJob, job_uid: str, settings: Settings) -> list[dict]:
+        """Replica specs and nprocPerNode rebuilt for JOB's size, as one JSON patch.
+
+        The training operator (v1.9) deletes every pod of a suspended PyTorchJob and, on resume,
+        creates pods from the replica specs it then reads, with PET_NNODES, PET_NPROC_PER_NODE and
+        WORLD_SIZE computed at pod creation; its webhook lets replicas and nprocPerNode change (only
+        runPolicy.managedBy is immutable). So the child is patched in place, keeping its UID and
+        status. The replica specs are replaced whole (a merge patch would keep a dropped Worker or a
+        GPU limit), and a `test` of runPolicy.suspend makes the patch fail unless the child is still
+        suspended when the API server applies it. The containers keep the image they run.
+        """
+        built = self.build(job, job_uid, settings)["spec"]
+        running_images = {container["name"]: container["image"]
+                          for replica in (child.get("spec") or {}).get("pytorchReplicaSpecs", {}).values()
+                          for container in replica["template"]["spec"].get("containers", [])
+                          + replica["template"]["spec"].get("initContainers", [])}
+        for replica in built["pytorchReplicaSpecs"].values():
+            pod = replica["template"]["spec"]
+            for container in pod["containers"] + pod.get("initContainers", []):
+                container["image"] = running_images.get(container["name"], container["image"])
+        return [{"op": "test", "path": "/spec/runPolicy/suspend", "value": True},
+                {"op": "add", "path": "/spec/nprocPerNode", "value": built["nprocPerNode"]},
+                {"op": "add", "path": "/spec/pytorchReplicaSpecs", "value": built["pytorchReplicaSpecs"]}]
