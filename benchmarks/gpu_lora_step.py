@@ -1,0 +1,142 @@
+"""LoRA training speed and memory of a real architecture on one GPU: one command per family.
+
+    .venv/bin/python benchmarks/gpu_lora_step.py --family sd15           # SD1.5, 512 px
+    .venv/bin/python benchmarks/gpu_lora_step.py --family sdxl           # SDXL, 1024 px
+    .venv/bin/python benchmarks/gpu_lora_step.py --family flux-kontext   # FLUX.1 Kontext, 1024 px
+    .venv/bin/python benchmarks/gpu_lora_step.py --family qwen-image-edit
+    .venv/bin/python benchmarks/gpu_lora_step.py --family sd15 --tiny --device cpu   # the plumbing, anywhere
+
+Writes the family's real architecture with random weights (reference_models; speed and memory do
+not depend on the values: FLUX takes ~35 GB of disk in bf16, written once into --workdir),
+generated data at the resolution, then runs the real trainer (`python -m kubetune_trainer`, one
+GPU, bf16, LoRA rank 16, batch 1, no embedding cache, so the text encoders and VAE run every
+step) and prints seconds per step after the warm-up, the peak GPU memory the trainer reports,
+and `kubetune plan`'s estimate of that peak. Not a test: nothing is asserted. Results go into
+benchmarks/RESULTS.md with the device (`nvidia-smi -L`).
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+LAYOUTS = {"sd15": "captions", "sdxl": "captions", "flux-kontext": "edit-pairs", "qwen-image-edit": "edit-pairs"}
+RESOLUTIONS = {"sd15": 512, "sdxl": 1024, "flux-kontext": 1024, "qwen-image-edit": 1024}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", required=True, choices=sorted(LAYOUTS))
+    parser.add_argument("--resolution", type=int, help="default: the family's usual (sd15 512, others 1024)")
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--steps", type=int, default=10, help="measured steps after the warm-up")
+    parser.add_argument("--warmup-steps", type=int, default=3)
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--tiny", action="store_true", help="the family's tiny model (a quick check of the command)")
+    parser.add_argument("--workdir", type=Path, help="keep the model and data here (default: a temporary directory)")
+    args = parser.parse_args(argv)
+    args.resolution = args.resolution or (32 if args.tiny else RESOLUTIONS[args.family])
+    return args
+
+
+def require_device(device: str) -> None:
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        sys.exit("gpu_lora_step.py needs a CUDA GPU (this process sees none); "
+                 "--tiny --device cpu checks the command itself")
+
+
+def prepare(args, workdir: Path) -> tuple[Path, Path]:
+    import torch
+
+    from kubetune_trainer.reference_models import write_random_weights
+    from kubetune_trainer.tiny_data import write_tiny_data
+    from kubetune_trainer.tiny_models import write_tiny_model
+
+    model = workdir / f"{args.family}-{'tiny' if args.tiny else 'full'}"
+    if not (model / "model_index.json").exists():
+        if args.tiny:
+            write_tiny_model(args.family, model)
+        else:
+            print(f"writing {args.family}'s architecture with random weights to {model} (once)", flush=True)
+            write_random_weights(args.family, model, device=args.device, dtype=torch.bfloat16)
+    data = workdir / f"{LAYOUTS[args.family]}-{args.resolution}"
+    if not data.exists():
+        write_tiny_data(LAYOUTS[args.family], data, count=4 * args.batch_size, size=args.resolution)
+    return model, data
+
+
+def manifest(args, model: Path, data: Path, out: Path) -> dict:
+    return {
+        "apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "gpu-bench"},
+        "spec": {
+            "model": {"family": args.family, "pretrained": str(model)},
+            "adapter": {"type": "lora", "rank": args.rank, "alpha": args.rank},
+            "data": {"layout": LAYOUTS[args.family], "uri": str(data), "resolution": args.resolution},
+            "training": {"maxSteps": args.warmup_steps + args.steps, "batchSize": args.batch_size,
+                         "learningRate": 1e-4, "mixedPrecision": "bf16",
+                         "gradientCheckpointing": args.gradient_checkpointing},
+            "checkpoints": {"uri": str(out), "everySteps": 10_000_000, "keepLast": 1},
+            "resources": {"gpusPerNode": 1 if args.device == "cuda" else 0},
+        },
+    }
+
+
+def seconds_per_step(log_dir: Path, warmup: int) -> float:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir)).Reload()
+    times = [e.wall_time for e in sorted(events.Scalars("train/loss"), key=lambda e: e.step)][warmup - 1:]
+    return statistics.median(b - a for a, b in zip(times, times[1:]))
+
+
+def planned_peak_gib(job: dict, device: str) -> float | None:
+    """kubetune plan's estimate of the same job (None where it cannot build the architecture)."""
+    from kubetune_api.manifest import parse_manifest
+    from kubetune_trainer.planning import Planner
+
+    try:
+        return Planner(device).estimate(parse_manifest(job).spec, 1, "ddp").total / 2**30
+    except Exception as err:  # noqa: BLE001 - the benchmark's figure matters more than the estimate
+        print(f"(no plan estimate: {err})", file=sys.stderr)
+        return None
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    require_device(args.device)
+    with tempfile.TemporaryDirectory(prefix="kubetune-gpu-bench-") as tmp:
+        workdir = args.workdir or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        model, data = prepare(args, workdir)
+        out = workdir / "runs"
+        job = manifest(args, model, data, out)
+        config = workdir / "job.yaml"
+        config.write_text(yaml.safe_dump(job))
+        result = subprocess.run([sys.executable, "-m", "kubetune_trainer", "--config", str(config)],
+                                capture_output=True, text=True)
+        if result.returncode:
+            sys.exit(f"the trainer failed:\n{result.stderr[-4000:]}")
+        runs = sorted((out / "default" / "gpu-bench").glob("v*"), key=lambda p: int(p.name[1:]))
+        step = seconds_per_step(runs[-1] / "logs", args.warmup_steps)
+        peak = re.search(r"peak GPU memory on rank 0: ([\d.]+) GiB allocated", result.stderr)
+        plan = planned_peak_gib(job, args.device)
+    size = "tiny" if args.tiny else "real architecture, random weights"
+    print(f"{args.family} LoRA r{args.rank}, {size}, {args.resolution} px, batch {args.batch_size}, bf16, "
+          f"gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}, device {args.device}")
+    print(f"  seconds per step        {step:.3f}   ({args.batch_size / step:.2f} samples/s)")
+    print(f"  peak GPU memory         {peak.group(1) + ' GiB' if peak else 'n/a (not a GPU)'}")
+    print(f"  kubetune plan estimate  {f'{plan:.2f} GiB' if plan is not None else 'n/a'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""The GPU benchmark command works end to end (on the tiny model, on the CPU) and refuses clearly
+without a GPU, so a GPU owner's single command is known to run."""
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+COMMAND = [sys.executable, "benchmarks/gpu_lora_step.py", "--family", "sdxl"]
+
+
+def test_the_command_trains_and_prints_its_figures(tmp_path):
+    result = subprocess.run([*COMMAND, "--tiny", "--device", "cpu", "--steps", "2", "--warmup-steps", "2",
+                             "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "sdxl LoRA r16, tiny, 32 px, batch 1, bf16" in result.stdout
+    assert float(result.stdout.split("seconds per step")[1].split()[0]) > 0
+    assert "kubetune plan estimate" in result.stdout
+
+
+def test_without_a_gpu_it_says_so_and_how_to_check_the_command():
+    result = subprocess.run(COMMAND, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert "needs a CUDA GPU (this process sees none); --tiny --device cpu checks the command itself" in result.stderr
