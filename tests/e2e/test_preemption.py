@@ -123,7 +123,7 @@ def assert_one_run_to_the_end(s3, namespace: str, name: str) -> None:
 
 def stopped_and_resumed(first_log: str, resumed_log: str) -> tuple[int, int]:
     """The step a trainer checkpointed after SIGTERM and the step the run's main process resumed at."""
-    stopped = re.search(r"stopped by SIGTERM after step (\d+)", first_log)
+    stopped = re.search(r"stopped by (?:SIGTERM|another process.s stop request \(SIGTERM\)) after step (\d+)", first_log)
     resumed = re.search(r"resumed from \S+ at step (\d+)", resumed_log)
     assert stopped, first_log[-3000:]
     assert resumed, resumed_log[-3000:]

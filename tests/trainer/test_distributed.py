@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from kubetune_trainer.launch import free_port
 from tests.trainer.conftest import family_job, run_dir, trained_weights, trainer_env, write_manifest
@@ -83,6 +84,12 @@ def test_two_processes_ddp_or_fsdp_and_accumulation_train_the_weights_one_proces
     assert trained > 0, "training changed the weights"
     for name in ("ddp", "fsdp", "accumulated"):
         assert max_difference(weights["one"], weights[name]) < RELATIVE_TOLERANCE * trained, name
+    published = {name: {f.name: load_file(f) for f in run_dir(tmp_path / name).glob("*.safetensors")}
+                 for name in ("one", "fsdp")}
+    assert published["one"] and published["one"].keys() == published["fsdp"].keys()
+    for file, tensors in published["one"].items():
+        assert max_difference(tensors, published["fsdp"][file]) < RELATIVE_TOLERANCE * trained, \
+            f"{file}: the adapter gathered from two shards is the one-process adapter"
 
 
 def test_sigterm_to_the_launcher_checkpoints_every_rank_exits_143_and_resumes_to_the_same_weights(tiny_job, tmp_path):
@@ -132,7 +139,10 @@ def test_a_worker_node_stopped_alone_stops_the_other_node_too_both_retryably(tin
     log = stop_after(nodes[0], "step 6/", target_pid=nodes[1].pid)
     _, worker_log = nodes[1].communicate(timeout=300)
     assert [n.returncode for n in nodes] == [143, 143], log[-2000:] + worker_log[-2000:]
-    stopped_at = int(log.split("stopped by SIGTERM after step ")[1].split(";")[0])
+    assert log.count("stopped by another process's stop request (SIGTERM) after step") == 2, \
+        "node 0's processes got no signal: they stopped because node 1 asked"
+    assert worker_log.count("stopped by SIGTERM after step") == 2
+    stopped_at = int(log.split("stop request (SIGTERM) after step ")[1].split(";")[0])
     last = run_dir(tmp_path / "out") / f"checkpoint-{stopped_at}"
     files = json.loads((last / "manifest.json").read_text())["files"]
     assert {f"state/__{rank}_0.distcp" for rank in range(4)} <= set(files), "every rank of both nodes saved"
@@ -200,3 +210,54 @@ def test_full_fine_tuning_sharded_over_two_processes_publishes_a_whole_loadable_
     saved = trained_weights(run_dir(tmp_path / "out") / "checkpoint-2")
     assert all(torch.equal(saved[name], p) for name, p in trained.named_parameters()), \
         "the published UNet is the checkpoint's"
+
+
+def test_fsdp_with_checkpointing_ema_and_best_k_resumes_on_one_process(tiny_job, tmp_path):
+    """Every collective path under FSDP (activation checkpointing, the EMA's shards, validation's
+    gather of the best weights), then the sharded EMA and optimizer resharded onto one process."""
+    manifest = tiny_job(maxSteps=6, gradientCheckpointing=True, emaDecay=0.9)
+    manifest["spec"]["distributed"] = {"strategy": "fsdp"}
+    manifest["spec"]["validation"] = {"everySteps": 2, "heldOutFraction": 0.25, "keepBest": 1}
+    manifest["spec"]["checkpoints"]["everySteps"] = 100
+    pod = {"KUBETUNE_RUN_ID": "uid-4"}
+    process = kubetune_train(manifest, tmp_path, 2, pod, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = stop_after(process, "step 3/")
+    assert process.returncode == 143, log[-3000:]
+    assert "2 process(es) (fsdp)" in log
+    log = train(manifest, tmp_path, 1, pod)
+    assert "the checkpoint was written by 2 process(es), this run has 1" in log
+    out = run_dir(tmp_path / "out")
+    assert any(key.startswith("ema.") for key in trained_weights_keys(out / "checkpoint-6"))
+    assert list((out / "best").glob("step-*/pytorch_lora_weights.safetensors")), "the best weights, gathered"
+
+
+def trained_weights_keys(checkpoint: Path) -> list[str]:
+    from tests.trainer.conftest import saved_keys
+
+    return saved_keys(checkpoint)
+
+
+def test_a_gpu_job_on_a_node_without_a_gpu_fails_at_start_naming_the_field(tiny_job, tmp_path):
+    manifest = tiny_job()
+    manifest["spec"]["resources"]["gpusPerNode"] = 1
+    manifest["spec"]["training"]["mixedPrecision"] = "bf16"
+    result = subprocess.run([sys.executable, "-m", "kubetune_trainer", "--config", str(write_manifest(manifest, tmp_path))],
+                            env=trainer_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "spec.resources.gpusPerNode is 1 but this process sees no GPU" in result.stderr
+    assert "set spec.resources.gpusPerNode: 0 to train on the CPU" in result.stderr
+
+
+def test_sigterm_during_the_cache_stage_ends_it_at_once_with_143(tiny_sd15, tmp_path):
+    from kubetune_trainer.tiny_data import write_tiny_data
+
+    data = write_tiny_data("captions", tmp_path / "many", count=400, size=32, seed=1)
+    manifest = family_job("sd15", "captions", tiny_sd15, data, tmp_path / "out", data={"cache": {"enabled": True}})
+    process = subprocess.Popen([sys.executable, "-m", "kubetune_trainer", "--config",
+                                str(write_manifest(manifest, tmp_path)), "--cache-only"],
+                               env=trainer_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    started = time.monotonic()
+    log = stop_after(process, "loading sd15 from")
+    assert process.returncode == 143, log[-2000:]
+    assert "stopped by SIGTERM before training started" in log
+    assert time.monotonic() - started < 60

@@ -27,10 +27,10 @@ _LOST_PEER_SIGNS = ("Connection closed by peer", "Connection reset by peer", "Br
 class Preempted(Exception):
     """Raised when a stop request ends the run; the process should exit with RETRYABLE_EXIT_CODE."""
 
-    def __init__(self, step: int | None, signal_name: str = "SIGTERM"):
+    def __init__(self, step: int | None, cause: str = "SIGTERM"):
         where = (f"after step {step}; the last checkpoint holds it" if step is not None
                  else "before training started; nothing to save yet")
-        super().__init__(f"stopped by {signal_name} {where}")
+        super().__init__(f"stopped by {cause} {where}")
         self.step = step
 
 
@@ -57,12 +57,22 @@ class StopRequest:
         if not self._deferred:
             raise Preempted(None, self.signal_name)
 
+    def check(self) -> None:
+        """Raise Preempted if a stop was requested: the handler's own raise can be swallowed (e.g.
+        by logging, which catches whatever happens while it writes), so phases check too."""
+        if self._event.is_set():
+            raise Preempted(None, self.signal_name)
+
     def defer(self) -> None:
         """From now on a stop waits for the step boundary; a request that came already still counts."""
         self._deferred = True
 
     def requested(self) -> bool:
         return self._event.is_set()
+
+    def cause(self) -> str:
+        """Why this process stops at an agreed step: its own signal, or another process's."""
+        return self.signal_name if self.requested() else "another process's stop request (SIGTERM)"
 
 
 def is_lost_peer(error: BaseException) -> bool:

@@ -107,11 +107,14 @@ class Run:
     def execute(self, cache_only: bool = False) -> Path | None:
         """The whole run; returns its local directory (None for --cache-only)."""
         self.set_up()
+        self.stop.check()
         if cache_only:
             self.fill_cache()
             return None
         self.place()
+        self.stop.check()
         self.resume()
+        self.stop.check()
         try:
             self.train()
         except EarlyStop:
@@ -152,6 +155,7 @@ class Run:
         for dataset in (d for d in (self.dataset, self.held_out) if d is not None):
             batches = shard_for_encoding(len(dataset), self.spec.training.batch_size, self.world_size, self.rank)
             for batch in DataLoader(dataset, batch_sampler=batches, collate_fn=self.family.collate):
+                self.stop.check()
                 self.family.encode_batch(batch)
         log.info("embedding cache filled: %d encoded, %d already there", self.family.cache.misses,
                  self.family.cache.hits)
@@ -376,7 +380,7 @@ class Run:
         if self._stop_agreed():
             with self.reporter.timed("checkpoint"):
                 self.save_checkpoint(force=True)
-            raise Preempted(pos.step, self.stop.signal_name)
+            raise Preempted(pos.step, self.stop.cause())
         if pos.step == runs.MIN_STEPS:
             self._record_run(pos.step)  # from now on the run is worth keeping
         if isinstance(self.scheduler, PlateauScheduler) and self.held_out is None:
