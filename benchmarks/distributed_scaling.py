@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -91,6 +92,7 @@ class PeakMemory:
 def train(manifest: dict, workdir: Path, name: str, nproc: int) -> tuple[list[float], list[int]]:
     """Run `kubetune train --nproc N`; (step end times, peak memory of each trainer process)."""
     out = workdir / f"run-{name}"
+    shutil.rmtree(out, ignore_errors=True)  # a kept --workdir must not hand back an older run's events
     manifest["spec"]["checkpoints"]["uri"] = str(out)
     config = workdir / f"{name}.yaml"
     config.write_text(yaml.safe_dump(manifest))
