@@ -140,3 +140,21 @@ def trained_weights(checkpoint: Path) -> dict:
                        for name, item in metadata.items() if name.startswith("model.")}}
     dcp.load(state, storage_reader=dcp.FileSystemReader(checkpoint / "state"))
     return state["model"]
+
+
+@pytest.fixture(scope="session")
+def configs(tmp_path_factory):
+    """Config-only folders (no weights) of every family's real architecture."""
+    from kubetune_api.spec import LAYOUTS_BY_FAMILY
+    from kubetune_trainer.reference_models import write_config_only
+
+    root = tmp_path_factory.mktemp("configs")
+    return {family: write_config_only(family, root / family) for family in LAYOUTS_BY_FAMILY}
+
+
+@pytest.fixture(scope="session")
+def planner():
+    """`kubetune plan`'s estimator, for a CUDA GPU."""
+    from kubetune_trainer.planning.estimate import Planner
+
+    return Planner("cuda")

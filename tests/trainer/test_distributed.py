@@ -261,3 +261,39 @@ def test_sigterm_during_the_cache_stage_ends_it_at_once_with_143(tiny_sd15, tmp_
     assert process.returncode == 143, log[-2000:]
     assert "stopped by SIGTERM before training started" in log
     assert time.monotonic() - started < 60
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid` (from /proc)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError):
+                continue
+    found, frontier = set(), [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent == frontier.pop()]
+        found.update(children)
+        frontier += children
+    return found
+
+
+def test_ctrl_c_stops_kubetune_train_like_sigterm_and_leaves_no_process_behind(tiny_job, tmp_path):
+    process = kubetune_train(tiny_job(maxSteps=1000, logEverySteps=1), tmp_path, 2,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    seen = []
+    for line in process.stderr:
+        seen.append(line)
+        if "step 3/" in line:
+            break
+    workers = descendants(process.pid)
+    assert len(workers) >= 2, "the launcher's trainer processes"
+    process.send_signal(signal.SIGINT)
+    _, rest = process.communicate(timeout=300)
+    log = "".join(seen) + rest
+    assert process.returncode == 143, log[-3000:]
+    assert log.count("stopped by SIGINT after step") == 2
+    assert list(run_dir(tmp_path / "out").glob("checkpoint-*/manifest.json")), "the last checkpoint, complete"
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()], "no trainer outlives kubetune train"

@@ -10,21 +10,8 @@ import pytest
 
 from kubetune_api.fit import CoarseEstimator
 from kubetune_api.spec import LAYOUTS_BY_FAMILY, TrainingJobSpec
-from kubetune_trainer.planning.estimate import Planner
-from kubetune_trainer.reference_models import write_config_only
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def configs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("configs")
-    return {family: write_config_only(family, root / family) for family in LAYOUTS_BY_FAMILY}
-
-
-@pytest.fixture(scope="module")
-def planner():
-    return Planner("cuda")
 
 
 CASES = [(family, resolution, 1) for family in ("sd15", "sdxl", "flux-kontext", "qwen-image-edit", "pmg")

@@ -10,21 +10,9 @@ from click.testing import CliRunner
 from kubetune_api.spec import LAYOUTS_BY_FAMILY, TrainingJobSpec
 from kubetune_trainer.planning import choose_strategy
 from kubetune_trainer.planning.estimate import Planner
-from kubetune_trainer.reference_models import write_config_only
 
 pytestmark = pytest.mark.slow
 GIB = 2**30
-
-
-@pytest.fixture(scope="module")
-def configs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("configs")
-    return {family: write_config_only(family, root / family) for family in LAYOUTS_BY_FAMILY}
-
-
-@pytest.fixture(scope="module")
-def planner():
-    return Planner("cuda")
 
 
 def spec_for(configs, family, resolution=512, batch=1, **training) -> TrainingJobSpec:

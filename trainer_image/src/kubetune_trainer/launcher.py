@@ -9,7 +9,7 @@ that the pod's grace period leaves room for. Here:
   * every worker gets the rendezvous environment torchrun would give it (static: MASTER_ADDR,
     MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK...), so torch.distributed and Accelerate start
     as usual;
-  * SIGTERM or SIGINT is passed on to every worker, which take one last checkpoint together
+  * SIGTERM or SIGINT (Ctrl-C) is passed on to every worker, which take one last checkpoint together
     and exit 143; the launcher waits for them as long as they need (the kubelet's grace period
     is the limit, not ours);
   * when a worker fails on its own, the others are asked to stop (SIGTERM, then SIGKILL after
@@ -119,7 +119,7 @@ class Launcher:
             log.warning("%s: asking %d trainer process(es) to take a last checkpoint and stop",
                         signal.Signals(signum).name, len(self.workers))
             self.stopped_from_outside = True
-        self._signal_running(signal.SIGTERM)
+        self._signal_running(signum)  # the trainers treat SIGINT (Ctrl-C) as SIGTERM
 
     def _supervise(self) -> None:
         running = set(range(len(self.workers)))

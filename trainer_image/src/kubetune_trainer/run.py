@@ -36,7 +36,7 @@ from kubetune_trainer.parallel import build_parallel, resolve_strategy
 from kubetune_trainer.preemption import PREEMPTION_UPLOAD_SECONDS, Preempted, StopRequest
 from kubetune_trainer.profiling import maybe_profile
 from kubetune_trainer.reporting import Reporter
-from kubetune_trainer.run_directory import RunPlace, claim_run, local_start_checkpoint, place_run, run_id_from_env
+from kubetune_trainer.run_directory import claim_run, local_start_checkpoint, place_run, run_id_from_env
 from kubetune_trainer.storage import runs
 from kubetune_trainer.storage.checkpoint_store import CheckpointStore, local_path_for
 from kubetune_trainer.storage.inputs import local_copy
