@@ -274,7 +274,8 @@ def descendants(pid: int) -> set[int]:
                 continue
     found, frontier = set(), [pid]
     while frontier:
-        children = [child for child, parent in parents.items() if parent == frontier.pop()]
+        current = frontier.pop()
+        children = [child for child, parent in parents.items() if parent == current]
         found.update(children)
         frontier += children
     return found
