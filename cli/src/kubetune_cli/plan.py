@@ -7,8 +7,12 @@ the command, so `kubetune validate` stays light.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import sys
+import warnings
 from pathlib import Path
 
 import click
@@ -81,20 +85,23 @@ def render_json(name: str, plan) -> dict:
                              "estimate": estimate(s.estimate)} for s in plan.suggestions]}
 
 
-def _quiet_libraries() -> None:
-    """Import the model libraries with their start-up notices silenced: they concern optional kernels
-    and loading real weights, none of which a plan uses."""
-    import contextlib
-    import io
-    import logging
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    logging.disable(logging.WARNING)  # torch, diffusers and transformers log through logging
-    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-        import diffusers  # noqa: F401  (prints notices about optional kernels on import)
-        import peft  # noqa: F401
-        import transformers  # noqa: F401
+@contextlib.contextmanager
+def _quiet_libraries():
+    """Silence the model libraries' notices (optional kernels, loading real weights: none of which
+    a plan uses) while planning, and give logging and warnings back afterwards (a plan may run
+    inside a longer-lived process, e.g. a test session)."""
+    previous_disable = logging.root.manager.disable
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.disable(logging.WARNING)  # torch, diffusers and transformers log through logging
+        try:
+            with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+                import diffusers  # noqa: F401  (prints notices about optional kernels on import)
+                import peft  # noqa: F401
+                import transformers  # noqa: F401
+            yield
+        finally:
+            logging.disable(previous_disable)
 
 
 @click.command()
@@ -121,12 +128,12 @@ def plan(path: str, overrides: tuple[str, ...], gpu_memory_gib: float | None, no
         click.echo(f"{path}: invalid\n{err}", err=True)
         sys.exit(1)
     capacity = gpu_memory_bytes(job.spec, gpu_memory_gib)
-    _quiet_libraries()
     from kubetune_trainer.errors import ConfigError
     from kubetune_trainer.planning import plan_job
 
     try:
-        result = plan_job(job.spec, capacity, device=device)
+        with _quiet_libraries():
+            result = plan_job(job.spec, capacity, device=device)
     except ConfigError as err:
         click.echo(f"{path}: cannot plan: {err}", err=True)
         sys.exit(2)
