@@ -99,14 +99,17 @@ class Launcher:
         self.stop_seconds = stop_seconds
         self.workers: list[subprocess.Popen] = []
         self.stopped_from_outside = False
+        self._stop_signal: int | None = None
         self.first_failure: int | None = None
         self._kill_at: float | None = None
 
     def run(self) -> int:
         previous = {sig: signal.signal(sig, self._on_stop_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
-            self.workers = [subprocess.Popen(self.command, env=worker_env(self.env, self.place, local_rank))
-                            for local_rank in range(self.place.processes)]
+            for local_rank in range(self.place.processes):
+                self.workers.append(subprocess.Popen(self.command, env=worker_env(self.env, self.place, local_rank)))
+            if self._stop_signal is not None:  # it came while the workers started: tell the late ones too
+                self._signal_running(self._stop_signal)
             self._supervise()
         finally:
             for sig, handler in previous.items():
@@ -119,6 +122,7 @@ class Launcher:
             log.warning("%s: asking %d trainer process(es) to take a last checkpoint and stop",
                         signal.Signals(signum).name, len(self.workers))
             self.stopped_from_outside = True
+        self._stop_signal = signum
         self._signal_running(signum)  # the trainers treat SIGINT (Ctrl-C) as SIGTERM
 
     def _supervise(self) -> None:
