@@ -12,6 +12,7 @@ from kubetune_trainer.data.buckets import bucket_sizes, nearest_bucket
 from kubetune_trainer.data.cache import EmbeddingCache, Encoder, LocalStore
 from kubetune_trainer.data.captions import CaptionedImage, CaptionsDataset, collate
 from kubetune_trainer.data.edit_pairs import EditPairsDataset, read_edit_pairs
+from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.data.sampler import Batching, epoch_steps, steps_per_epoch
 from kubetune_trainer.errors import ConfigError
@@ -185,7 +186,7 @@ def test_cached_token_sequences_of_other_lengths_are_zero_padded_to_the_batch(tm
 
 def test_edit_pairs_flip_together_and_control_dropout_blanks_the_control(tmp_path):
     root = write_tiny_data("edit-pairs", tmp_path, count=4, size=32)
-    pairs = read_edit_pairs(root)
+    pairs = read_edit_pairs(root, Screen(skip_bad=False))
     assert len(pairs) == 4 and pairs[0].instruction.startswith("make the")
     flipping = EditPairsDataset(pairs, ImageTransform(32, random_flip=True), 0.0, 0.0, seed=0)
     unflipped = EditPairsDataset(pairs, ImageTransform(32), 0.0, 0.0, seed=0)
@@ -201,5 +202,5 @@ def test_edit_pairs_flip_together_and_control_dropout_blanks_the_control(tmp_pat
 def test_missing_instruction_is_named(tmp_path):
     root = write_tiny_data("edit-pairs", tmp_path, count=2, size=32)
     (root / "training_images" / "0001.txt").unlink()
-    with pytest.raises(FileNotFoundError, match="no instruction 0001.txt"):
-        read_edit_pairs(root)
+    with pytest.raises(ValueError, match="0001.png: no instruction 0001.txt next to it; fix or remove it"):
+        read_edit_pairs(root, Screen(skip_bad=False))

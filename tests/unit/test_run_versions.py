@@ -21,8 +21,9 @@ FINISHED = dict(steps=100, finished=True)
     ([RunRecord(0, "a", **FINISHED), RunRecord(1, "b", steps=3)], "c", (2, False, (1,), (0,))),
     ([RunRecord(0, "a", steps=3)], "a", (0, True, (), ())),  # its own run is never abandoned
     ([RunRecord(0, "a", steps=2, finished=True)], None, (1, False, (), (0,))),  # short but finished: kept
-    ([RunRecord(0), RunRecord(4, "x", steps=9)], None, (5, False, (0,), (4,))),  # no run.json: never started
-], ids=["first", "next", "restart", "cleanup", "own-short", "short-finished", "gap"])
+    # No readable run.json: kept (it may hold intact checkpoints), and its number is never reused.
+    ([RunRecord(0, readable=False), RunRecord(4, "x", steps=9)], None, (5, False, (), (4, 0))),
+], ids=["first", "next", "restart", "cleanup", "own-short", "short-finished", "unreadable-kept"])
 def test_choosing_a_version(existing, run_id, expected):
     choice = choose_version(existing, run_id)
     assert (choice.version, choice.continuing, choice.abandoned, choice.earlier) == expected
@@ -34,7 +35,11 @@ def test_versions_are_read_from_run_json_and_strays_are_ignored(tmp_path):
     job.child("v3").write_text(layout.RUN_FILE, "{not json")
     (tmp_path / "notes").mkdir()
     (tmp_path / "v2x").mkdir()
-    assert runs.read_runs(job) == [RunRecord(0, "a", 9, True), RunRecord(3)]
+    job.child("v4").write_text(layout.RUN_FILE, '{"runId": 7, "steps": "many", "finished": "yes"}')
+    (tmp_path / "v5").mkdir()  # no run.json at all
+    assert runs.read_runs(job) == [RunRecord(0, "a", 9, True), RunRecord(3, readable=False),
+                                   RunRecord(4, readable=False), RunRecord(5, readable=False)]
+    assert not any(r.abandoned for r in runs.read_runs(job)), "an unreadable record never marks a run abandoned"
 
 
 def test_layout_parses_only_what_it_writes():

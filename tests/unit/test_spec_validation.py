@@ -86,6 +86,8 @@ BAD_INPUTS = [
     ("spec.validation", {"keepBest": 0}, ["spec.validation.keepBest", "greater than or equal to 1"]),
     ("spec.pmg", {"numImagePrompt": 2}, ["spec.pmg applies to family pmg only"]),
     ("spec.pmg", {"maxSequenceLength": 4}, ["spec.pmg.maxSequenceLength", "greater than or equal to 8"]),
+    ("spec.data.uri", "s3:/bucket/data", ["spec.data.uri", "without its two slashes"]),
+    ("spec.s3", {"endpointUrl": "http://key:secret@minio:9000"}, ["spec.s3.endpointUrl must not carry credentials"]),
     ("spec.distributed", {"strategy": "zero3"}, ["spec.distributed.strategy", "'auto'", "'ddp'", "'fsdp'"]),
     ("spec.distributed", {"cpuOffload": True}, ["spec.distributed.cpuOffload", "needs strategy fsdp"]),
     ("spec.distributed", {"processesPerNode": 2}, ["spec.distributed.processesPerNode", "one process per GPU"]),

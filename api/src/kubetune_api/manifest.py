@@ -17,8 +17,23 @@ from pydantic import BaseModel, ValidationError
 from kubetune_api.spec import TrainingJob
 
 
+MAX_MANIFEST_BYTES = 1024 * 1024  # the API server refuses objects over 1.5 MiB; a manifest is far smaller
+
+
 class ManifestLoader(yaml.SafeLoader):
-    """YAML as the API server reads it: `1e-4` is a number (PyYAML's YAML 1.1 makes it a string)."""
+    """YAML as the API server reads it: `1e-4` is a number (PyYAML's YAML 1.1 makes it a string).
+
+    Aliases (`*name`) are refused: a few lines of nested aliases expand to billions of nodes (a
+    "billion laughs" document), and a TrainingJob never needs them.
+    """
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.composer.ComposerError(
+                None, None, "YAML aliases (*name) are not accepted in a TrainingJob manifest: write the value out",
+                mark)
+        return super().compose_node(parent, index)
 
 
 ManifestLoader.add_implicit_resolver(
@@ -32,6 +47,17 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=ManifestLoader)
 
 
+def read_manifest_text(path: Path) -> str:
+    """The manifest file as text: bounded in size and UTF-8, or a ManifestError saying which."""
+    size = path.stat().st_size
+    if size > MAX_MANIFEST_BYTES:
+        raise ManifestError([f"{path} is {size} bytes; a TrainingJob manifest is at most {MAX_MANIFEST_BYTES}"])
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ManifestError([f"{path} is not UTF-8 text (byte {err.start}): save it as UTF-8"]) from None
+
+
 class ManifestError(ValueError):
     """A manifest that cannot become a TrainingJob; str() lists one problem per line."""
 
@@ -42,10 +68,11 @@ class ManifestError(ValueError):
 
 def load_manifest(path: Path, overrides: Iterable[str] = ()) -> TrainingJob:
     """Read a manifest file, apply `PATH=VALUE` overrides, and validate it."""
+    text = read_manifest_text(path)
     try:
-        documents = [d for d in yaml.load_all(path.read_text(), Loader=ManifestLoader) if d is not None]
+        documents = [d for d in yaml.load_all(text, Loader=ManifestLoader) if d is not None]
     except yaml.YAMLError as err:
-        raise ManifestError([f"not valid YAML: {err}"]) from err
+        raise ManifestError([f"not valid YAML: {err}"]) from None
     jobs = [d for d in documents if isinstance(d, dict) and d.get("kind") == "TrainingJob"]
     if len(jobs) != 1:
         raise ManifestError([f"expected exactly one TrainingJob document in {path}, found {len(jobs)}"])
@@ -74,7 +101,12 @@ def apply_overrides(document: Mapping[str, Any], overrides: Iterable[str]) -> di
             if not isinstance(child, dict):
                 raise ManifestError([f"--set {override!r}: {key} is not a mapping"])
             node = child
-        node[keys[-1]] = load_yaml(raw) if raw else ""
+        try:
+            node[keys[-1]] = load_yaml(raw) if raw else ""
+        except yaml.YAMLError as err:
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise ManifestError([f"--set {path}=...: the value is not valid YAML ({problem}); quote a string, "
+                                 "e.g. --set 'spec.data.uri=\"a: b\"'"]) from None
     return result
 
 
@@ -87,7 +119,7 @@ def describe_errors(err: ValidationError) -> list[str]:
         if error["type"] == "extra_forbidden":
             message = _unknown_field_message(error["loc"])
         elif "input" in error and not isinstance(error["input"], (dict, list)) and error["type"] != "missing":
-            message = f"{message} (got {error['input']!r})"
+            message = f"{message} (got {redacted(error['input'])!r})"
             if error["input"] is False and "'no'" in message:
                 message += '; YAML reads an unquoted no as false: write "no"'
         if message.startswith(("spec.", "metadata.")):
@@ -95,6 +127,14 @@ def describe_errors(err: ValidationError) -> list[str]:
         else:
             problems.append(f"{location}: {message}" if location else message)
     return problems
+
+
+_URL_CREDENTIALS = re.compile(r"(?<=://)[^/@\s]+@")
+
+
+def redacted(value: Any) -> Any:
+    """A rejected value as an error may repeat it: credentials inside a URL (user:password@) hidden."""
+    return _URL_CREDENTIALS.sub("***@", value) if isinstance(value, str) else value
 
 
 def _unknown_field_message(loc: tuple[Any, ...]) -> str:

@@ -7,6 +7,7 @@ Every field carries a description (it becomes `kubectl explain` text) and its bo
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Literal, Optional
 
@@ -34,9 +35,16 @@ class _Model(BaseModel):
     )
 
 
+_SCHEME_WITHOUT_SLASHES = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:(?!//)")
+
+
 def check_storage_uri(value: str) -> str:
     """Accept a local path or s3://bucket[/prefix]; name the supported forms otherwise."""
     if "://" not in value:
+        if _SCHEME_WITHOUT_SLASHES.match(value):  # s3:/bucket/x would silently be a local directory
+            scheme = value.split(":", 1)[0]
+            raise ValueError(f"{value!r} looks like a {scheme}: URI without its two slashes; write "
+                             f"{scheme}://bucket/prefix, or ./{value} for a local path")
         return value
     scheme, rest = value.split("://", 1)
     if scheme not in SUPPORTED_URI_SCHEMES:
@@ -52,8 +60,8 @@ StorageUri = Annotated[str, AfterValidator(check_storage_uri), Field(
     min_length=1, max_length=2048,
     # The same rule for the API server, in CEL (check_storage_uri is the Python side).
     json_schema_extra={"x-kubernetes-validations": [{
-        "rule": "!self.contains('://') || self.matches('^s3://[^/]+')",
-        "message": "unsupported URI; use a local path or s3://bucket/prefix",
+        "rule": "self.contains('://') ? self.matches('^s3://[^/]+') : !self.matches('^[A-Za-z][A-Za-z0-9+.-]*:')",
+        "message": "unsupported URI; use a local path or s3://bucket/prefix (two slashes)",
     }]},
 )]
 
@@ -70,7 +78,8 @@ def check_resume_source(value: str) -> str:
 ResumeSource = Annotated[str, AfterValidator(check_resume_source), Field(
     min_length=1, max_length=2048,
     json_schema_extra={"x-kubernetes-validations": [{
-        "rule": "self == 'latest' || !self.contains('://') || self.matches('^s3://[^/]+')",
+        "rule": "self == 'latest' || (self.contains('://') ? self.matches('^s3://[^/]+') "
+                ": !self.matches('^[A-Za-z][A-Za-z0-9+.-]*:'))",
         "message": "use latest or a checkpoint URI (a local path or s3://bucket/prefix/ns/job/v0/checkpoint-500)",
     }]},
 )]
@@ -177,6 +186,12 @@ class DataSpec(_Model):
         "pixels) nearest its aspect ratio, and batch only images of one bucket, instead of square crops.",
     )
     num_workers: int = Field(default=0, ge=0, le=64, description="Data-loading worker processes per rank.")
+    skip_bad: bool = Field(
+        default=False,
+        description="Skip samples that cannot be used (an unreadable, truncated or oversized image, a caption "
+        "that is not UTF-8 text, a broken metadata record), counting them in the log and the "
+        "kubetune_trainer_samples_skipped metric; by default the job is refused before training, naming the file.",
+    )
     cache: CacheSpec = Field(
         default_factory=CacheSpec, description="Cache of VAE latents and text embeddings.",
     )
@@ -428,6 +443,22 @@ class DistributedSpec(_Model):
         return self
 
 
+ENDPOINT_CREDENTIALS_MESSAGE = ("spec.s3.endpointUrl must not carry credentials (user:password@host): they would "
+                                "be stored in plain text in the ConfigMap and the pods' environment; put them in "
+                                "the Secret named by spec.s3.credentialsSecret")
+
+
+def check_endpoint_url(value: str) -> str:
+    if "@" in value.split("://", 1)[-1].split("/", 1)[0]:
+        raise ValueError(ENDPOINT_CREDENTIALS_MESSAGE)
+    return value
+
+
+EndpointUrl = Annotated[str, Field(max_length=2048, pattern=r"^https?://[^\s]+$", json_schema_extra={
+    "x-kubernetes-validations": [{"rule": "!self.matches('^https?://[^/]*@')", "message": ENDPOINT_CREDENTIALS_MESSAGE}],
+}), AfterValidator(check_endpoint_url)]
+
+
 class S3Spec(_Model):
     """How the trainer reaches S3 for s3:// URIs. Without a Secret the default AWS chain is used (IRSA)."""
 
@@ -436,7 +467,7 @@ class S3Spec(_Model):
         description="Name of a Secret in the job's namespace with keys AWS_ACCESS_KEY_ID and "
         "AWS_SECRET_ACCESS_KEY; passed to pods only as secretKeyRef.",
     )
-    endpoint_url: Optional[Annotated[str, Field(max_length=2048, pattern=r"^https?://[^\s]+$")]] = Field(
+    endpoint_url: Optional[EndpointUrl] = Field(
         default=None, description="S3 endpoint for MinIO or other S3-compatible stores; unset = AWS.",
     )
     region: Optional[Annotated[str, Field(max_length=64, pattern=r"^[a-z0-9-]+$")]] = Field(
@@ -702,18 +733,66 @@ class TrainingJobStatus(_Model):
     observed_generation: Optional[int] = Field(default=None, description="The spec generation last acted on.")
 
 
-class ObjectMeta(_Model):
-    """The parts of Kubernetes object metadata a manifest carries."""
+_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+ANNOTATIONS_MAX_BYTES = 256 * 1024  # Kubernetes' limit on all of an object's annotations together
 
-    model_config = ConfigDict(extra="allow")  # the API server owns the rest (uid, resourceVersion, ...)
+
+def check_metadata_key(key: str) -> str:
+    """A label or annotation key as Kubernetes accepts it: [prefix/]name."""
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        raise ValueError(f"key {key!r}: its prefix must be a DNS subdomain of at most 253 characters")
+    if len(name) > 63 or not _QUALIFIED_NAME.match(name):
+        raise ValueError(f"key {key!r}: the name must be 1-63 characters [A-Za-z0-9._-], starting and "
+                         "ending alphanumeric")
+    return key
+
+
+def check_labels(labels: dict[str, str]) -> dict[str, str]:
+    for key, value in labels.items():
+        check_metadata_key(key)
+        if len(value) > 63 or (value and not _QUALIFIED_NAME.match(value)):
+            raise ValueError(f"label {key}: value {value[:70]!r} must be at most 63 characters [A-Za-z0-9._-], "
+                             "starting and ending alphanumeric")
+    return labels
+
+
+def check_annotations(annotations: dict[str, str]) -> dict[str, str]:
+    for key in annotations:
+        check_metadata_key(key)
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())
+    if size > ANNOTATIONS_MAX_BYTES:
+        raise ValueError(f"annotations hold {size} bytes; Kubernetes allows {ANNOTATIONS_MAX_BYTES} in all")
+    return annotations
+
+
+class ObjectMeta(_Model):
+    """Kubernetes object metadata, as the API server would accept it (fields it sets itself are
+    allowed, so `kubectl get -o yaml` output reads back; anything else is refused, e.g. `namspace`)."""
 
     name: str = Field(
-        min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        min_length=1, max_length=253, pattern=_DNS_SUBDOMAIN.pattern,
         description="DNS-1123 name of the job.",
     )
-    namespace: Optional[str] = Field(default=None, max_length=63)
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
+    namespace: Optional[str] = Field(
+        default=None, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="DNS-1123 label: the namespace (it also names the run's directory).",
+    )
+    labels: Annotated[dict[str, str], AfterValidator(check_labels)] = Field(default_factory=dict)
+    annotations: Annotated[dict[str, str], AfterValidator(check_annotations)] = Field(default_factory=dict)
+    # Set by the API server; read back from `kubectl get -o yaml`, never used.
+    uid: Optional[str] = None
+    resource_version: Optional[str] = None
+    generation: Optional[int] = None
+    creation_timestamp: Optional[str] = None
+    deletion_timestamp: Optional[str] = None
+    deletion_grace_period_seconds: Optional[int] = None
+    generate_name: Optional[str] = None
+    finalizers: Optional[list[str]] = None
+    owner_references: Optional[list[dict[str, Any]]] = None
+    managed_fields: Optional[list[dict[str, Any]]] = None
+    self_link: Optional[str] = None
 
 
 class TrainingJob(_Model):

@@ -77,13 +77,19 @@ def when(timestamp: float | None) -> str:
 
 @contextmanager
 def storage_errors(uri: str):
-    """S3 trouble (no credentials, no bucket, endpoint down) as one line naming the URI."""
+    """S3 trouble (no credentials, no bucket, endpoint down) or a download that cannot be trusted, as
+    one line naming the URI."""
     from botocore.exceptions import BotoCoreError, ClientError
+
+    from kubetune_trainer.storage.catalog import PullFailed
+    from kubetune_trainer.storage.confine import UnsafePath
 
     try:
         yield
     except (BotoCoreError, ClientError) as err:
         fail(f"cannot read {uri}: {err} (check AWS_ENDPOINT_URL and the AWS credentials of this shell)")
+    except (PullFailed, UnsafePath) as err:
+        fail(str(err))
 
 
 def load_runs(target: Target):

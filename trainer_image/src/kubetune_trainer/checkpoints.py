@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from kubetune_api import layout
+from kubetune_trainer.storage.confine import UnsafePath, confined
 
 MANIFEST = "manifest.json"
 
@@ -52,17 +53,24 @@ def verify(path: Path) -> tuple[dict | None, str]:
     """The manifest if the checkpoint is complete and intact, else None and the reason."""
     try:
         manifest = json.loads((path / MANIFEST).read_text())
+        files = manifest["files"]
+        entries = [(name, int(expected["size"]), str(expected["sha256"])) for name, expected in files.items()]
     except FileNotFoundError:
         return None, "no manifest (save did not finish)"
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, AttributeError):
         return None, "unreadable manifest"
-    for name, expected in manifest.get("files", {}).items():
-        file = path / name
+    for name, size, digest in entries:
+        try:
+            file = confined(path, name, "manifest entry")
+        except UnsafePath as err:
+            return None, str(err)
+        if file.is_symlink():
+            return None, f"{name} is a symbolic link (a checkpoint holds files only)"
         if not file.is_file():
             return None, f"{name} is missing"
-        if file.stat().st_size != expected["size"]:
-            return None, f"{name} has {file.stat().st_size} bytes, manifest says {expected['size']}"
-        if sha256_of(file) != expected["sha256"]:
+        if file.stat().st_size != size:
+            return None, f"{name} has {file.stat().st_size} bytes, manifest says {size}"
+        if sha256_of(file) != digest:
             return None, f"{name} does not match its checksum"
     return manifest, ""
 

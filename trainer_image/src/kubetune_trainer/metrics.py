@@ -55,6 +55,7 @@ class TrainerMetrics:
         self.last_checkpoint_step = gauge("last_checkpoint_step", "Step of the newest complete checkpoint "
                                           "(uploaded, when checkpoints go to S3).")
         self.checkpoint_size = gauge("checkpoint_size_bytes", "Size of the newest complete checkpoint.")
+        self.samples_skipped = gauge("samples_skipped", "Bad samples left out of the run (spec.data.skipBad).")
         self.checkpoint_save = histogram("checkpoint_save_duration_seconds", "Time training waits while a "
                                          "checkpoint is staged (copied to CPU memory; written and uploaded behind).",
                                          CHECKPOINT_BUCKETS)

@@ -90,6 +90,13 @@ class Reporter:
         if self.enabled:
             self.metrics.pods(pods)
 
+    def samples_skipped(self, count: int) -> None:
+        """Bad samples left out of the run (spec.data.skipBad)."""
+        if self.enabled:
+            self.metrics.samples_skipped.set(count)
+            if count:
+                log.warning("%d bad sample(s) skipped (spec.data.skipBad)", count)
+
     def gpu_memory(self, per_rank: list[tuple[int, int]]) -> None:
         if self.enabled:
             self.metrics.gpu_memory(per_rank)

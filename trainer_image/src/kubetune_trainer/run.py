@@ -89,6 +89,21 @@ def with_local_inputs(spec: TrainingJobSpec) -> TrainingJobSpec:
     })
 
 
+def looks_local(uri: str) -> bool:
+    """A local path rather than a model-hub id (org/name): absolute, ./ ../ ~ relative."""
+    return uri.startswith(("/", "./", "../", "~")) or uri in (".", "..")
+
+
+def check_local_inputs(spec: TrainingJobSpec) -> None:
+    """A local model path that is not there is named as such (from_pretrained would try the hub
+    and report a network or repository-id error instead)."""
+    named = {"spec.model.pretrained": spec.model.pretrained, "spec.adapter.initFrom": spec.adapter.init_from,
+             "spec.pmg.languageModel": spec.pmg and spec.pmg.language_model}
+    for field, uri in named.items():
+        if uri and looks_local(uri) and not Path(uri).expanduser().exists():
+            raise ConfigError(f"{field}: {uri} does not exist (a local path; a hub id reads org/name)")
+
+
 def open_cache(spec: TrainingJobSpec) -> EmbeddingCache | None:
     if not spec.data.cache.enabled:
         return None
@@ -139,12 +154,18 @@ class Run:
         # s3:// models and data are mirrored once per node; the node's other processes then find them.
         with self.accelerator.local_main_process_first():
             self.spec = with_local_inputs(self.spec)
+        check_local_inputs(self.spec)
         dtype = WEIGHT_DTYPES[self.spec.training.mixed_precision]
         log.info("loading %s from %s (%d process(es))", self.spec.model.family, self.spec.model.pretrained,
                  self.world_size)
         self.family = family_for(self.spec.model.family)(self.spec, self.accelerator.device, dtype)
         self.family.cache = open_cache(self.spec)
-        self.dataset, self.held_out = self.family.build_datasets()
+        # Every image is checked before the first step; the processes share the work.
+        samples = self.family.screen.images(self.family.read_samples(), self.rank, self.world_size,
+                                            self._gather_objects)
+        for problem in self.family.screen.skipped[:20]:
+            log.warning("skipped %s", problem)
+        self.dataset, self.held_out = self.family.build_datasets(samples)
 
     def fill_cache(self) -> None:
         """--cache-only: encode this process's share of every sample once (epoch 0's augmentations)."""
@@ -200,6 +221,7 @@ class Run:
                                  self.spec.training.log_every_steps, self.batching.global_batch, self.namespace,
                                  self.job.metadata.name)
         self.reporter.pods(list(dict.fromkeys(self._gather_objects(socket.gethostname()))))
+        self.reporter.samples_skipped(len(self.family.screen.skipped))
         self.reporter.run_version(self.run_place.version)
         if self.is_main:
             self.store.fetch_folder("best")  # a restarted pod on another node ranks against the same best K
@@ -437,9 +459,10 @@ class Run:
         return value
 
     def _gather_objects(self, value) -> list:
+        """One value from every process, in rank order (a collective)."""
         from accelerate.utils import gather_object
 
-        return gather_object([value])
+        return gather_object([value]) if self.world_size > 1 else [value]
 
     def _gather_tensors(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         if self.world_size == 1:

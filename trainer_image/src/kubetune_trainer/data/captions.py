@@ -9,7 +9,9 @@ import torch
 
 from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.data.keyed import KeyedDataset
+from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.errors import ConfigError
+from kubetune_trainer.storage.confine import UnsafePath, confined
 
 
 @dataclass(frozen=True)
@@ -18,8 +20,8 @@ class CaptionedImage:
     caption: str
 
 
-def read_captions(root: Path) -> list[CaptionedImage]:
-    """Read metadata.jsonl; name the file and line of anything wrong."""
+def read_captions(root: Path, screen: Screen) -> list[CaptionedImage]:
+    """Read metadata.jsonl; name the file and line of anything wrong (or skip it: screen)."""
     metadata = root / "metadata.jsonl"
     if not metadata.is_file():
         raise FileNotFoundError(
@@ -27,19 +29,36 @@ def read_captions(root: Path) -> list[CaptionedImage]:
             'metadata.jsonl lines of {"file_name": ..., "text": ...}'
         )
     samples = []
-    for number, line in enumerate(metadata.read_text().splitlines(), start=1):
-        if not line.strip():
+    for number, line in enumerate(metadata.read_bytes().splitlines(), start=1):
+        where = f"{metadata}:{number}"
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as err:
+            screen.reject(where, f"not UTF-8 text (byte {err.start}); save metadata.jsonl as UTF-8")
+            continue
+        if not text.strip():
             continue
         try:
-            record = json.loads(line)
-            sample = CaptionedImage(root / record["file_name"], str(record["text"]))
+            record = json.loads(text)
+            file_name, caption = record["file_name"], record["text"]
         except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise ConfigError(f"{metadata}:{number}: expected {{\"file_name\": ..., \"text\": ...}} ({err})") from None
-        if not sample.path.is_file():
-            raise FileNotFoundError(f"{metadata}:{number}: {sample.path.name} does not exist in {root}")
-        samples.append(sample)
+            screen.reject(where, f'expected {{"file_name": ..., "text": ...}} ({err})')
+            continue
+        if not isinstance(file_name, str) or not isinstance(caption, str):
+            screen.reject(where, f"file_name and text must be strings (got {type(file_name).__name__}, "
+                                 f"{type(caption).__name__})")
+            continue
+        try:
+            path = confined(root, file_name, "file_name")
+        except UnsafePath as err:
+            screen.reject(where, str(err))
+            continue
+        if not path.is_file():
+            screen.reject(where, f"{file_name} does not exist in {root}")
+            continue
+        samples.append(CaptionedImage(path, caption))
     if not samples:
-        raise ConfigError(f"{metadata} lists no images")
+        raise ConfigError(f"{metadata} lists no usable images")
     return samples
 
 

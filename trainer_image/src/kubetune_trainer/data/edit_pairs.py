@@ -9,7 +9,9 @@ import torch
 
 from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.data.keyed import KeyedDataset
+from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.errors import ConfigError
+from kubetune_trainer.storage.confine import UnsafePath, inside
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 
@@ -21,7 +23,7 @@ class EditPair:
     instruction: str
 
 
-def read_edit_pairs(root: Path) -> list[EditPair]:
+def read_edit_pairs(root: Path, screen: Screen) -> list[EditPair]:
     """Pair every training image with its control image and instruction; name what is missing."""
     controls_dir, targets_dir = root / "control_images", root / "training_images"
     for folder in (controls_dir, targets_dir):
@@ -32,13 +34,28 @@ def read_edit_pairs(root: Path) -> list[EditPair]:
     pairs = []
     for target in sorted(p for p in targets_dir.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES):
         prompt = target.with_suffix(".txt")
-        if not prompt.is_file():
-            raise FileNotFoundError(f"{target}: no instruction {prompt.name} next to it")
         if target.stem not in controls:
-            raise FileNotFoundError(f"{target}: no control image control_images/{target.stem}.* for it")
-        pairs.append(EditPair(controls[target.stem], target, prompt.read_text().strip()))
+            screen.reject(str(target), f"no control image control_images/{target.stem}.* for it")
+            continue
+        try:
+            for path in (target, prompt, controls[target.stem]):
+                inside(root, path, "data file")
+            instruction = prompt.read_bytes().decode("utf-8").strip()
+        except FileNotFoundError:
+            screen.reject(str(target), f"no instruction {prompt.name} next to it")
+            continue
+        except UnicodeDecodeError as err:
+            screen.reject(str(prompt), f"not UTF-8 text (byte {err.start})")
+            continue
+        except UnsafePath as err:
+            screen.reject(str(target), str(err))
+            continue
+        if not instruction:
+            screen.reject(str(prompt), "is empty: an edit pair needs its instruction")
+            continue
+        pairs.append(EditPair(controls[target.stem], target, instruction))
     if not pairs:
-        raise ConfigError(f"spec.data.uri: {targets_dir} holds no images")
+        raise ConfigError(f"spec.data.uri: {targets_dir} holds no usable pairs")
     return pairs
 
 

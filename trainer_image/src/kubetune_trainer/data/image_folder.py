@@ -9,7 +9,9 @@ import torch
 from kubetune_trainer.data.edit_pairs import IMAGE_SUFFIXES
 from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.data.keyed import KeyedDataset
+from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.errors import ConfigError
+from kubetune_trainer.storage.confine import UnsafePath, inside
 
 
 @dataclass(frozen=True)
@@ -18,7 +20,7 @@ class LabelledImage:
     label: int
 
 
-def read_image_folder(root: Path) -> tuple[list[LabelledImage], list[str]]:
+def read_image_folder(root: Path, screen: Screen) -> tuple[list[LabelledImage], list[str]]:
     """Samples and class names (sorted folder names: label i is classes[i])."""
     if not root.is_dir():
         raise FileNotFoundError(f"spec.data.uri: {root} is not a directory")
@@ -26,11 +28,15 @@ def read_image_folder(root: Path) -> tuple[list[LabelledImage], list[str]]:
     if len(classes) < 2:
         raise ConfigError(f"spec.data.uri: the image-folder layout needs at least two class folders "
                           f"CLASS/NAME.png in {root}; found {classes}")
-    samples = [
-        LabelledImage(path, label)
-        for label, name in enumerate(classes)
-        for path in sorted((root / name).iterdir()) if path.suffix.lower() in IMAGE_SUFFIXES
-    ]
+    samples = []
+    for label, name in enumerate(classes):
+        for path in sorted((root / name).iterdir()):
+            if path.suffix.lower() not in IMAGE_SUFFIXES:
+                continue
+            try:
+                samples.append(LabelledImage(inside(root, path, "image"), label))
+            except UnsafePath as err:
+                screen.reject(str(path), str(err))
     return samples, classes
 
 

@@ -9,7 +9,9 @@ import torch
 
 from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.data.keyed import KeyedDataset
+from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.errors import ConfigError
+from kubetune_trainer.storage.confine import UnsafePath, confined
 
 
 @dataclass(frozen=True)
@@ -20,23 +22,39 @@ class UserSample:
     caption: str
 
 
-def read_pmg(root: Path) -> list[UserSample]:
+def read_pmg(root: Path, screen: Screen) -> list[UserSample]:
     path = root / "data.json"
     if not path.is_file():
         raise FileNotFoundError(f"spec.data.uri: {root} has no data.json; the pmg layout needs a list of "
                                 '{"user_id", "history": [...], "target_image", "target_caption"}')
     try:
-        records = json.loads(path.read_text())
-        samples = [UserSample(str(r["user_id"]), tuple(str(h) for h in r["history"]), root / r["target_image"],
-                              str(r["target_caption"])) for r in records]
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise ConfigError(f"{path}: expected a list of {{user_id, history, target_image, target_caption}} "
-                          f"({err!r})") from None
-    for number, sample in enumerate(samples):
+        records = json.loads(path.read_bytes().decode("utf-8"))
+        if not isinstance(records, list):
+            raise TypeError(f"the top level is a {type(records).__name__}")
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as err:
+        raise ConfigError(f"{path}: expected a UTF-8 JSON list of {{user_id, history, target_image, "
+                          f"target_caption}} ({err})") from None
+    samples = []
+    for number, record in enumerate(records):
+        where = f"{path}[{number}]"
+        try:
+            history, image, caption = record["history"], record["target_image"], record["target_caption"]
+            if not (isinstance(history, list) and all(isinstance(h, str) for h in history)
+                    and isinstance(image, str) and isinstance(caption, str)):
+                raise TypeError("history must be a list of strings, target_image and target_caption strings")
+            sample = UserSample(str(record["user_id"]), tuple(history), confined(root, image, "target_image"), caption)
+        except (KeyError, TypeError) as err:
+            screen.reject(where, f"expected {{user_id, history, target_image, target_caption}} ({err})")
+            continue
+        except UnsafePath as err:
+            screen.reject(where, str(err))
+            continue
         if not sample.image.is_file():
-            raise FileNotFoundError(f"{path}[{number}]: target_image {sample.image} does not exist")
+            screen.reject(where, f"target_image {sample.image} does not exist")
+            continue
+        samples.append(sample)
     if not samples:
-        raise ConfigError(f"{path} lists no samples")
+        raise ConfigError(f"{path} lists no usable samples")
     return samples
 
 

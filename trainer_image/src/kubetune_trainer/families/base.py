@@ -10,6 +10,7 @@ import torch
 from kubetune_api.spec import TrainingJobSpec
 from kubetune_trainer.data.cache import EmbeddingCache, Encoded, Encoder
 from kubetune_trainer.data.keyed import split_held_out
+from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.randomness import SampleRandom
 
@@ -25,13 +26,15 @@ class ModelFamily(ABC):
         self.spec = spec
         self.device = device
         self.weight_dtype = weight_dtype
-        self.cache: EmbeddingCache | None = None  # set by main when spec.data.cache is enabled
+        self.cache: EmbeddingCache | None = None  # set by the run when spec.data.cache is enabled
+        self.screen = Screen(spec.data.skip_bad)  # the readers report bad samples to it
 
     # --- data ---------------------------------------------------------------------------------
 
     @abstractmethod
     def read_samples(self) -> list:
-        """Every sample of the layout under spec.data.uri (paths and texts, nothing decoded)."""
+        """Every sample of the layout under spec.data.uri (paths and texts, nothing decoded); a bad
+        record goes to self.screen.reject, which refuses the job or skips it (spec.data.skipBad)."""
 
     @abstractmethod
     def make_dataset(self, samples: list, training: bool) -> torch.utils.data.Dataset:
@@ -44,10 +47,12 @@ class ModelFamily(ABC):
         """What the held-out split hashes: the sample's file name by default."""
         return str(getattr(sample, "path", None) or getattr(sample, "target", None) or getattr(sample, "image"))
 
-    def build_datasets(self) -> tuple[torch.utils.data.Dataset, torch.utils.data.Dataset | None]:
-        """(training, held out or None), split by spec.validation.heldOutFraction."""
-        training, held_out = split_held_out(self.read_samples(), self.spec.validation.held_out_fraction,
-                                            self.sample_name)
+    def build_datasets(self, samples: list | None = None
+                       ) -> tuple[torch.utils.data.Dataset, torch.utils.data.Dataset | None]:
+        """(training, held out or None) from `samples` (default: read_samples()), split by
+        spec.validation.heldOutFraction."""
+        samples = self.read_samples() if samples is None else samples
+        training, held_out = split_held_out(samples, self.spec.validation.held_out_fraction, self.sample_name)
         return self.make_dataset(training, True), (self.make_dataset(held_out, False) if held_out else None)
 
     @abstractmethod

@@ -30,7 +30,7 @@ class ImageClassifier(ModelFamily):
         super().__init__(spec, device, weight_dtype)
         from transformers import AutoModelForImageClassification
 
-        self.samples, self.classes = read_image_folder(Path(spec.data.uri))
+        self.samples, self.classes = read_image_folder(Path(spec.data.uri), self.screen)
         model = AutoModelForImageClassification.from_pretrained(
             spec.model.pretrained, num_labels=len(self.classes), ignore_mismatched_sizes=True,
             id2label=dict(enumerate(self.classes)), label2id={c: i for i, c in enumerate(self.classes)},

@@ -53,7 +53,7 @@ class EditingFamily(ModelFamily):
     # --- data ---------------------------------------------------------------------------------
 
     def read_samples(self):
-        return read_edit_pairs(Path(self.spec.data.uri))
+        return read_edit_pairs(Path(self.spec.data.uri), self.screen)
 
     def make_dataset(self, samples, training):
         data = self.spec.data

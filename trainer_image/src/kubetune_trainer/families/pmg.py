@@ -118,7 +118,7 @@ class PersonalizedGeneration(StableDiffusion15):
         self.unet.enable_gradient_checkpointing()
 
     def read_samples(self):
-        return read_pmg(Path(self.spec.data.uri))
+        return read_pmg(Path(self.spec.data.uri), self.screen)
 
     def make_dataset(self, samples, training):
         data = self.spec.data

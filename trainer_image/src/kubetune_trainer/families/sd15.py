@@ -66,7 +66,7 @@ class StableDiffusion15(ModelFamily):
     # --- data ---------------------------------------------------------------------------------
 
     def read_samples(self):
-        return read_captions(Path(self.spec.data.uri))
+        return read_captions(Path(self.spec.data.uri), self.screen)
 
     def make_dataset(self, samples, training):
         data = self.spec.data

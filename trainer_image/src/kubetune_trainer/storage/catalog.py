@@ -6,6 +6,9 @@ whose manifest is there are listed — an upload in progress is invisible until 
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,14 +41,28 @@ class RunEntry:
         return next((c for c in self.checkpoints if c.step == step), None)
 
 
+def readable_manifest(text: str | None) -> dict | None:
+    """A manifest's content when it has the shape the trainer writes, else None."""
+    try:
+        manifest = json.loads(text or "")
+        if isinstance(manifest, dict) and all(isinstance(f, dict) and isinstance(f.get("size"), int)
+                                              for f in manifest["files"].values()):
+            return manifest
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+        pass
+    return None
+
+
 def describe_run(uri: str, version: int | None) -> RunEntry:
     tree = open_tree(uri)
     files = tree.files()
     entries = []
     for step in complete_steps(files):
         name = layout.checkpoint_name(step)
-        manifest = json.loads(tree.child(name).read_text(checkpoints.MANIFEST) or "{}")
-        size = sum(f["size"] for f in manifest.get("files", {}).values())
+        manifest = readable_manifest(tree.child(name).read_text(checkpoints.MANIFEST))
+        if manifest is None:
+            continue  # a damaged manifest: not a checkpoint anyone can resume or pull
+        size = sum(f["size"] for f in manifest["files"].values())
         entries.append(CheckpointEntry(step, manifest.get("epoch"), manifest.get("loss"), manifest.get("time"),
                                        size, layout.join(uri, name)))
     record = runs.parse_record(version if version is not None else -1, tree.read_text(layout.RUN_FILE))
@@ -64,16 +81,45 @@ def describe(uri: str) -> list[RunEntry]:
     return [run] if run.checkpoints or run.final_files or tree.read_text(layout.RUN_FILE) else []
 
 
+class PullFailed(RuntimeError):
+    """A download that could not be verified (nothing of it is left in the target)."""
+
+
 def pull_checkpoint(entry: CheckpointEntry, target: Path) -> list[Path]:
-    """Download one checkpoint and check every file against its manifest."""
+    """Download one checkpoint, check every file against its manifest, then move it into target:
+    a pull that fails leaves nothing unverified behind."""
     tree = open_tree(entry.uri)
-    written = tree.fetch(sorted(tree.files()), target)
-    manifest, problem = checkpoints.verify(target)
-    if manifest is None:
-        raise RuntimeError(f"{entry.uri} did not arrive intact: {problem}")
-    return written
+    with _staging_beside(target) as staging:
+        tree.fetch(sorted(tree.files()), staging)
+        manifest, problem = checkpoints.verify(staging)
+        if manifest is None:
+            raise PullFailed(f"{entry.uri} did not arrive intact: {problem}")
+        return _move_into(staging, target)
 
 
 def pull_final(run: RunEntry, target: Path) -> list[Path]:
     """Download the final weights (the files at the run's root)."""
-    return open_tree(run.uri).fetch(sorted(run.final_files), target)
+    with _staging_beside(target) as staging:
+        open_tree(run.uri).fetch(sorted(run.final_files), staging)
+        return _move_into(staging, target)
+
+
+@contextmanager
+def _staging_beside(target: Path):
+    """A temporary directory on target's file system (moves are renames), always removed."""
+    target.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".kubetune-pull-", dir=target))
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _move_into(staging: Path, target: Path) -> list[Path]:
+    moved = []
+    for file in sorted(p for p in staging.rglob("*") if p.is_file()):
+        destination = target / file.relative_to(staging)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        file.replace(destination)
+        moved.append(destination)
+    return moved

@@ -27,16 +27,19 @@ MIN_STEPS = 5
 
 @dataclass(frozen=True)
 class RunRecord:
-    """What run.json says about one version (a version without it never got going)."""
+    """What run.json says about one version; `readable` False when it is missing or damaged."""
 
     version: int
     run_id: str | None = None
     steps: int = 0
     finished: bool = False
+    readable: bool = True
 
     @property
     def abandoned(self) -> bool:
-        return not self.finished and self.steps < MIN_STEPS
+        """Positively known to have stopped early: a version whose record cannot be read is kept
+        (it may hold intact checkpoints; deleting on a guess would lose them)."""
+        return self.readable and not self.finished and self.steps < MIN_STEPS
 
 
 @dataclass(frozen=True)
@@ -59,13 +62,15 @@ def choose_version(runs: list[RunRecord], run_id: str | None) -> VersionChoice:
 
 
 def parse_record(version: int, text: str | None) -> RunRecord:
-    if text is None:
-        return RunRecord(version)
+    """run.json's record; an unreadable one (missing, not JSON, wrong types) says so instead of failing."""
     try:
         data = json.loads(text)
-    except json.JSONDecodeError:
-        return RunRecord(version)
-    return RunRecord(version, data.get("runId"), int(data.get("steps", 0)), bool(data.get("finished", False)))
+        run_id, steps, finished = data.get("runId"), data.get("steps", 0), data.get("finished", False)
+        if (run_id is None or isinstance(run_id, str)) and type(steps) is int and isinstance(finished, bool):
+            return RunRecord(version, run_id, steps, finished)
+    except (TypeError, ValueError, AttributeError):  # None, not JSON, not an object
+        pass
+    return RunRecord(version, readable=False)
 
 
 def read_runs(job_tree) -> list[RunRecord]:
@@ -80,7 +85,12 @@ def read_runs(job_tree) -> list[RunRecord]:
 
 def look_up_version(job_tree, run_id: str | None) -> VersionChoice:
     """Which version this run takes, from what is there (reads only)."""
-    return choose_version(read_runs(job_tree), run_id)
+    found = read_runs(job_tree)
+    for record in found:
+        if not record.readable:
+            log.warning("%s has no readable %s: kept, and never written into (delete it yourself if it is junk)",
+                        job_tree.child(layout.version_name(record.version)).uri, layout.RUN_FILE)
+    return choose_version(found, run_id)
 
 
 def claim_version(job_tree, choice: VersionChoice, run_id: str | None) -> None:

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
+from kubetune_trainer.storage.confine import confined
 from kubetune_trainer.storage.uri import S3Location
 
 log = logging.getLogger(__name__)
@@ -87,12 +88,15 @@ def download_prefix(location: S3Location, target: Path) -> list[Path]:
     objects = list_objects(location)
     if not objects:
         raise FileNotFoundError(f"{location.uri} is empty or does not exist")
-    wanted = [(name, size) for name, size in objects.items()
-              if not name.endswith("/") and not ((target / name).is_file() and (target / name).stat().st_size == size)]
+    # Keys are chosen by whoever writes to the bucket: each must land inside target.
+    files = {name: confined(target, name, f"object key under {location.uri}")
+             for name in objects if not name.endswith("/")}
+    wanted = [name for name, path in files.items()
+              if not (path.is_file() and path.stat().st_size == objects[name])]
     with ThreadPoolExecutor(PARALLEL_FILES) as pool:
-        list(pool.map(lambda item: download_file(location.child(item[0]), target / item[0]), wanted))
+        list(pool.map(lambda name: download_file(location.child(name), files[name]), wanted))
     log.info("fetched %d of %d files from %s", len(wanted), len(objects), location.uri)
-    return [target / name for name in objects]
+    return list(files.values())
 
 
 def upload_files(files: list[Path], root: Path, location: S3Location) -> None:

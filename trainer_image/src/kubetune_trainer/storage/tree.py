@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 from kubetune_trainer.storage import s3
+from kubetune_trainer.storage.confine import confined
 from kubetune_trainer.storage.uri import S3Location, is_s3, parse_s3
 
 
@@ -49,11 +50,15 @@ class LocalTree:
         return self.root
 
     def fetch(self, names: list[str], target: Path) -> list[Path]:
-        """Copies of some files (relative paths) under target."""
+        """Copies of some files (relative paths) under target; a name may not leave either root."""
+        copies = []
         for name in names:
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(self.root / name, target / name)
-        return [target / name for name in names]
+            source = confined(self.root, name, f"file in {self.root}")
+            copy = confined(target, name, "file name")
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, copy)
+            copies.append(copy)
+        return copies
 
 
 class S3Tree:
@@ -84,9 +89,10 @@ class S3Tree:
         return target
 
     def fetch(self, names: list[str], target: Path) -> list[Path]:
-        for name in names:
-            s3.download_file(self.location.child(name), target / name)
-        return [target / name for name in names]
+        copies = [confined(target, name, f"object key under {self.uri}") for name in names]
+        for name, copy in zip(names, copies):
+            s3.download_file(self.location.child(name), copy)
+        return copies
 
 
 def open_tree(uri: str) -> LocalTree | S3Tree:

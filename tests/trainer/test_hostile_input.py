@@ -1,0 +1,266 @@
+"""Hostile and broken input gets one clear line naming the file or field, no traceback, nothing
+written outside the run's place and nothing already saved lost. Each row of README's "Hostile
+input" table is a test here (issue 16)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from kubetune_cli.main import cli
+from kubetune_trainer.tiny_data import write_tiny_data
+from tests.trainer.conftest import (family_job, run_dir, run_trainer, tiny_manifest, trainer_command, trainer_env,
+                                    write_manifest)
+
+pytestmark = pytest.mark.slow
+
+
+def kubetune(*args: str):
+    return CliRunner().invoke(cli, list(args))
+
+
+def no_traceback(text: str) -> bool:
+    return "Traceback (most recent call last)" not in text
+
+
+# --- data sets: every bad sample named before training, or skipped and counted ------------------
+
+def truncated_png(path: Path) -> None:
+    Image.new("RGB", (32, 32), (200, 10, 10)).save(path)
+    path.write_bytes(path.read_bytes()[:60])
+
+
+def not_an_image(path: Path) -> None:
+    path.write_bytes(b"GIF89a but not really" * 10)
+
+
+def decompression_bomb(path: Path) -> None:
+    Image.new("1", (12_000, 12_000)).save(path)  # 144 million pixels in a few kilobytes
+
+
+BAD_CAPTIONS = [
+    # (what, how the data set is spoiled, words the refusal must hold)
+    ("a truncated image", lambda root: truncated_png(root / "0003.png"), ["0003.png", "cannot be read as an image"]),
+    ("a file that is not an image", lambda root: not_an_image(root / "0002.png"),
+     ["0002.png", "cannot be read as an image"]),
+    ("a decompression bomb", lambda root: decompression_bomb(root / "0001.png"),
+     ["0001.png", "larger than", "decompression bomb"]),
+    ("a caption line that is not UTF-8", lambda root: rewrite_line(root, 2, b'{"file_name": "0001.png", "text": "caf\xe9"}'),
+     ["metadata.jsonl:2", "not UTF-8"]),
+    ("a null caption", lambda root: rewrite_line(root, 3, b'{"file_name": "0002.png", "text": null}'),
+     ["metadata.jsonl:3", "must be strings", "NoneType"]),
+    ("a file name that climbs out of the data set",
+     lambda root: rewrite_line(root, 1, b'{"file_name": "../../../etc/hostname", "text": "x"}'),
+     ["metadata.jsonl:1", "'../../../etc/hostname' leaves"]),
+    ("a symbolic link out of the data set", lambda root: symlink_out(root / "0004.png"),
+     ["0004.png", "through a symbolic link"]),
+    ("a broken metadata line", lambda root: rewrite_line(root, 5, b'{"file_name": "0004.png", '),
+     ["metadata.jsonl:5", 'expected {"file_name": ..., "text": ...}']),
+]
+
+
+def rewrite_line(root: Path, number: int, content: bytes) -> None:
+    lines = (root / "metadata.jsonl").read_bytes().splitlines()
+    lines[number - 1] = content
+    (root / "metadata.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+
+
+def symlink_out(path: Path) -> None:
+    path.unlink()
+    outside = path.parent.parent / "outside.png"
+    Image.new("RGB", (32, 32)).save(outside)
+    os.symlink(outside, path)
+    rewrite = (path.parent / "metadata.jsonl").read_text()
+    assert path.name in rewrite
+
+
+@pytest.fixture
+def spoiled(tmp_path):
+    """spoiled(spoil): a fresh 12-sample captions set, spoiled in one way."""
+    def make(spoil) -> Path:
+        root = write_tiny_data("captions", tmp_path / "data", count=12, size=32, seed=0)
+        spoil(root)
+        return root
+    return make
+
+
+@pytest.mark.parametrize("what,spoil,words", BAD_CAPTIONS, ids=[w for w, _, _ in BAD_CAPTIONS])
+def test_a_bad_sample_is_refused_before_training_naming_the_file(what, spoil, words, spoiled, tiny_sd15, tmp_path):
+    manifest = family_job("sd15", "captions", tiny_sd15, spoiled(spoil), tmp_path / "out")
+    result = subprocess.run(trainer_command(write_manifest(manifest, tmp_path)), env=trainer_env(),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    for word in words:
+        assert word in result.stderr, result.stderr[-3000:]
+    assert "spec.data.skipBad: true" in result.stderr, "the refusal names the way to skip instead"
+    assert no_traceback(result.stderr)
+    assert not (tmp_path / "out").exists(), "refused before the run wrote anything"
+
+
+def test_with_skip_bad_the_bad_samples_are_left_out_counted_and_the_run_trains(spoiled, tiny_sd15, tmp_path):
+    def spoil(root: Path) -> None:
+        truncated_png(root / "0003.png")
+        rewrite_line(root, 2, b'{"file_name": "0001.png", "text": null}')
+    manifest = family_job("sd15", "captions", tiny_sd15, spoiled(spoil), tmp_path / "out",
+                          data={"skipBad": True}, training={"maxSteps": 2})
+    result = run_trainer(manifest, tmp_path)
+    assert "2 bad sample(s) skipped" in result.stderr
+    assert "skipped " in result.stderr and "0003.png" in result.stderr
+    assert (run_dir(tmp_path / "out") / "pytorch_lora_weights.safetensors").is_file()
+
+
+def test_an_empty_or_undecodable_instruction_of_an_edit_pair_is_named(tiny_model, tmp_path):
+    data = write_tiny_data("edit-pairs", tmp_path / "pairs", count=6, size=32, seed=0)
+    (data / "training_images" / "0002.txt").write_text("   \n")
+    (data / "training_images" / "0004.txt").write_bytes(b"make it \xff red")
+    manifest = family_job("flux-kontext", "edit-pairs", tiny_model("flux-kontext"), data, tmp_path / "out")
+    result = subprocess.run(trainer_command(write_manifest(manifest, tmp_path)), env=trainer_env(),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "0002.txt: is empty" in result.stderr, result.stderr[-2000:]
+    manifest["spec"]["data"]["skipBad"] = True
+    result = run_trainer(manifest, tmp_path)
+    assert "2 bad sample(s) skipped" in result.stderr and "0004.txt: not UTF-8 text" in result.stderr
+
+
+# --- manifests and the command line ------------------------------------------------------------
+
+def example(tmp_path, text: str | bytes) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    return path
+
+
+def example_text() -> str:
+    return Path("manifests/examples/sd15-lora.yaml").read_text()
+
+
+ALIAS_BOMB = "\n".join(["apiVersion: kubetune.dev/v1alpha1", "kind: TrainingJob", "metadata:",
+                        "  name: bomb", '  annotations: {a0: &a0 ["x","x","x","x","x","x","x","x","x"]}',
+                        *[f"  x{i}: &a{i} [*a{i-1},*a{i-1},*a{i-1},*a{i-1},*a{i-1},*a{i-1},*a{i-1},*a{i-1},*a{i-1}]"
+                          for i in range(1, 9)], "spec: {}"])
+
+MANIFESTS = [
+    ("a YAML alias bomb", lambda: ALIAS_BOMB, ["YAML aliases (*name) are not accepted"]),
+    ("a manifest that is not UTF-8", lambda: example_text().encode() + b"# \xff\xfe\n", ["is not UTF-8 text"]),
+    ("a manifest over 1 MiB", lambda: example_text() + "#" + "x" * (1024 * 1024) + "\n",
+     ["a TrainingJob manifest is at most 1048576"]),
+    ("a namespace that climbs out", lambda: example_text().replace("name: sd15-lora-demo",
+                                                                   "name: sd15-lora-demo\n  namespace: ../../x"),
+     ["metadata.namespace", "got '../../x'"]),
+    ("a misspelled metadata field", lambda: example_text().replace("name: sd15-lora-demo",
+                                                                   "name: sd15-lora-demo\n  namspace: team-a"),
+     ["metadata.namspace: unknown field; did you mean 'namespace'?"]),
+    ("an s3 URI with one slash", lambda: example_text().replace("uri: /data/pets", "uri: s3:/bucket/pets"),
+     ["spec.data.uri", "without its two slashes"]),
+    ("credentials inside the S3 endpoint", lambda: example_text().replace(
+        "spec:\n", "spec:\n  s3: {endpointUrl: 'http://AKIAEXAMPLE:wJalrXUtnFEMI@minio:9000'}\n", 1),
+     ["spec.s3.endpointUrl must not carry credentials", "http://***@minio:9000"]),
+]
+
+
+@pytest.mark.parametrize("what,make,words", MANIFESTS, ids=[w for w, _, _ in MANIFESTS])
+def test_a_hostile_manifest_gets_one_clear_error_from_validate_and_train(what, make, words, tmp_path):
+    path = example(tmp_path, make())
+    for command in (["validate", "-f", str(path)], ["train", "-f", str(path)]):
+        result = kubetune(*command)
+        assert result.exit_code == 1, (command, result.output)
+        for word in words:
+            assert word in result.output, result.output
+        assert "wJalrXUtnFEMI" not in result.output, "a secret is never echoed"
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+
+
+def test_an_override_that_is_not_yaml_is_one_line_naming_the_flag(tmp_path):
+    path = example(tmp_path, example_text())
+    result = kubetune("validate", "-f", str(path), "--set", "spec.data.uri=[unclosed")
+    assert result.exit_code == 1
+    assert "--set spec.data.uri=...: the value is not valid YAML" in result.output
+    assert isinstance(result.exception, SystemExit)
+
+
+def test_a_missing_local_model_path_is_named_not_taken_for_a_hub_id(tiny_job, tmp_path):
+    manifest = tiny_job()
+    manifest["spec"]["model"]["pretrained"] = str(tmp_path / "no-such-model")
+    result = subprocess.run(trainer_command(write_manifest(manifest, tmp_path)), env=trainer_env(),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert f"spec.model.pretrained: {tmp_path / 'no-such-model'} does not exist" in result.stderr
+    assert no_traceback(result.stderr)
+
+
+# --- checkpoints: nothing read or written outside, nothing saved lost ---------------------------
+
+@pytest.fixture
+def finished_job(tiny_sd15, captions_data, tmp_path):
+    manifest = tiny_manifest(tiny_sd15, captions_data, tmp_path / "out", maxSteps=2)
+    run_trainer(manifest, tmp_path)
+    return manifest, run_dir(tmp_path / "out")
+
+
+def test_a_manifest_listing_a_file_outside_its_checkpoint_is_refused_and_pull_leaves_nothing(finished_job, tmp_path):
+    _, run = finished_job
+    manifest_path = run / "checkpoint-2" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["files"]["../../../../../../etc/hostname"] = {"size": 1, "sha256": "0" * 64}
+    manifest_path.write_text(json.dumps(manifest))
+    result = kubetune("checkpoints", "pull", str(run), "--step", "2", "-o", str(tmp_path / "pulled"))
+    assert result.exit_code == 1, result.output
+    assert "did not arrive intact" in result.output and "'../../../../../../etc/hostname' leaves" in result.output
+    assert not [p for p in (tmp_path / "pulled").rglob("*") if p.is_file()], "no unverified file is left behind"
+
+
+def test_a_damaged_checkpoint_pull_leaves_nothing_and_ls_still_lists_the_rest(finished_job, tmp_path):
+    _, run = finished_job
+    (run / "checkpoint-2" / "scheduler.pt").write_bytes(b"damaged")
+    result = kubetune("checkpoints", "pull", str(run), "--step", "2", "-o", str(tmp_path / "pulled"))
+    assert result.exit_code == 1 and "scheduler.pt" in result.output
+    assert not [p for p in (tmp_path / "pulled").rglob("*") if p.is_file()]
+    (run / "checkpoint-2" / "manifest.json").write_text("{not json")
+    (run / "run.json").write_text("[1, 2")
+    result = kubetune("checkpoints", "ls", str(run.parent))
+    assert result.exit_code == 0, result.output
+    assert "checkpoint-2" not in result.output, "a checkpoint with a damaged manifest is not offered"
+
+
+def test_a_run_whose_record_is_unreadable_is_kept_with_its_checkpoints(finished_job, tmp_path):
+    manifest, run = finished_job
+    (run / "run.json").write_text("{truncated")
+    (run / "pytorch_lora_weights.safetensors").unlink()  # as if it had not finished
+    result = run_trainer(manifest, tmp_path)
+    assert run.is_dir() and (run / "checkpoint-2" / "manifest.json").is_file(), "nothing saved is lost"
+    assert "has no readable run.json: kept" in result.stderr
+    assert (run_dir(tmp_path / "out", version=1) / "pytorch_lora_weights.safetensors").is_file()
+
+
+def test_ctrl_c_of_one_process_takes_a_last_checkpoint_and_exits_143(tiny_job, tmp_path):
+    manifest = tiny_job(maxSteps=10_000, logEverySteps=1)
+    manifest["spec"]["checkpoints"]["everySteps"] = 1_000_000
+    process = subprocess.Popen(trainer_command(write_manifest(manifest, tmp_path)), env=trainer_env(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    for line in process.stderr:
+        if "step 6/" in line:
+            break
+    process.send_signal(signal.SIGINT)
+    _, rest = process.communicate(timeout=120)
+    assert process.returncode == 143 and "stopped by SIGINT after step" in rest, rest[-2000:]
+    assert list(run_dir(tmp_path / "out").glob("checkpoint-*/manifest.json"))
+
+
+def test_a_full_disk_is_one_line_naming_where_it_could_not_write(tiny_job, tmp_path):
+    import resource
+
+    def small_files_only():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, 40_000))
+
+    result = subprocess.run(trainer_command(write_manifest(tiny_job(maxSteps=2), tmp_path)), env=trainer_env(),
+                            capture_output=True, text=True, timeout=300, preexec_fn=small_files_only)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "kubetune trainer: cannot write" in result.stderr and "free space" in result.stderr
+    assert no_traceback(result.stderr.split("kubetune trainer: cannot write")[-1])

@@ -1,0 +1,30 @@
+"""Names from outside (object keys, manifest entries, data-set file names) stay inside their root.
+
+Anyone who can write to a bucket, a checkpoint manifest or a data set chooses these names. A key
+`../../home/user/.bashrc` joined to a download directory, or a data set's symlink to /etc, would
+read or write outside the place the run owns; every such name goes through `confined` first.
+"""
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+
+
+class UnsafePath(ValueError):
+    """A name that would lead outside its root (refused, naming it)."""
+
+
+def confined(root: Path, name: str, what: str) -> Path:
+    """root / name, unless name is absolute, climbs with '..', or reaches outside root through a
+    symlink; `what` says where the name came from (for the error)."""
+    parts = PurePosixPath(name).parts
+    if not name or PurePosixPath(name).is_absolute() or ".." in parts or "\\" in name:
+        raise UnsafePath(f"{what} {name!r} leaves {root}: names must be relative, without '..'")
+    target = root.joinpath(*parts)
+    if not target.resolve().is_relative_to(root.resolve()):
+        raise UnsafePath(f"{what} {name!r} leads outside {root} through a symbolic link ({target.resolve()})")
+    return target
+
+
+def inside(root: Path, path: Path, what: str) -> Path:
+    """`path` (found under root, e.g. by iterdir) unless a symlink takes it outside root."""
+    return confined(root, str(path.relative_to(root)), what)
