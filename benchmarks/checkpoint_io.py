@@ -109,7 +109,7 @@ def main(argv=None) -> None:
     from kubetune_trainer.storage import s3
     from kubetune_trainer.storage.checkpoint_store import CheckpointStore
 
-    s3.client.cache_clear()
+    s3.forget_clients()
     bucket = "bench-" + secrets.token_hex(4)
     s3.client().create_bucket(Bucket=bucket)
     rows = []

@@ -94,7 +94,7 @@ def test_training_continues_through_an_s3_outage_and_uploads_complete_after(own_
         assert any("failed (attempt" in line for line in watcher.lines), "an upload met the outage and was retried"
 
         own_s3_server.start()
-        s3.client.cache_clear()
+        s3.forget_clients()
         resumed_at = watcher.step
         wait_for(uploaded_at_least(resumed_at), 180, f"a checkpoint from after the outage (step {resumed_at})",
                  watcher.log)

@@ -62,3 +62,23 @@ def test_training_from_and_to_s3_then_resuming_on_a_fresh_machine(bucket, tiny_j
     manifest_6 = json.loads(s3.client().get_object(Bucket=bucket, Key="runs/default/tiny/v0/checkpoint-6/manifest.json")["Body"].read())
     assert manifest_6["step"] == 6
     assert "s3://" in result.stderr and "pytorch_lora_weights.safetensors" in result.stderr
+
+
+def test_a_local_run_reaches_s3_through_the_endpoint_its_spec_names(bucket, tiny_job, tiny_sd15, tmp_path,
+                                                                    monkeypatch):
+    """kubetune train on a laptop honours spec.s3.endpointUrl and region as a pod does."""
+    import os
+
+    upload_dir(tiny_sd15, f"s3://{bucket}/models/spec-endpoint")
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    monkeypatch.delenv("AWS_ENDPOINT_URL")  # only the manifest knows where S3 is
+    monkeypatch.setenv("KUBETUNE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("KUBETUNE_STAGING_DIR", str(tmp_path / "staging"))
+    manifest = tiny_job(maxSteps=1)
+    manifest["spec"]["model"]["pretrained"] = f"s3://{bucket}/models/spec-endpoint"
+    manifest["spec"]["s3"] = {"endpointUrl": endpoint, "region": "us-east-1", "pathStyle": True}
+    path = tmp_path / "job.yaml"
+    path.write_text(__import__("yaml").safe_dump(manifest))
+    result = CliRunner().invoke(cli, ["train", "-f", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "AWS_ENDPOINT_URL" not in os.environ, "the spec's endpoint applied to the run only"

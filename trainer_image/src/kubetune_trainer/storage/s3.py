@@ -26,9 +26,21 @@ def _path_style() -> bool | None:
     return {"true": True, "1": True, "false": False, "0": False}.get(value)
 
 
-@lru_cache(maxsize=1)
 def client():
-    """One client per process (boto3 clients are thread-safe); adaptive retries ride out blips."""
+    """One client per S3 configuration of the environment (boto3 clients are thread-safe): a run
+    started in-process with spec.s3's endpoint (kubetune train) gets its own."""
+    return _client(os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("AWS_DEFAULT_REGION"),
+                   os.environ.get("KUBETUNE_S3_PATH_STYLE"), os.environ.get("AWS_ACCESS_KEY_ID"))
+
+
+def forget_clients() -> None:
+    """Drop the cached clients (after credentials changed in the environment, e.g. a new test server)."""
+    _client.cache_clear()
+
+
+@lru_cache(maxsize=8)
+def _client(endpoint: str | None, region: str | None, path_style_setting: str | None, access_key: str | None):
+    """Adaptive retries ride out blips. The arguments only key the cache; boto3 reads the environment."""
     import boto3
     from botocore.config import Config
 
