@@ -1,0 +1,32 @@
+"""Names chosen by whoever writes a bucket or a manifest stay inside their root."""
+import os
+
+import pytest
+
+from kubetune_trainer.storage import s3
+from kubetune_trainer.storage.confine import UnsafePath, confined
+from kubetune_trainer.storage.uri import parse_s3
+
+
+@pytest.mark.parametrize("name", ["../escape.txt", "a/../../b", "/etc/passwd", "", "a\\..\\b"])
+def test_names_that_climb_out_or_are_absolute_are_refused(tmp_path, name):
+    with pytest.raises(UnsafePath, match="leaves"):
+        confined(tmp_path, name, "key")
+
+
+def test_a_symlink_inside_the_root_may_not_lead_out(tmp_path):
+    (tmp_path / "data").mkdir()
+    os.symlink("/etc", tmp_path / "data" / "out")
+    with pytest.raises(UnsafePath, match="through a symbolic link"):
+        confined(tmp_path, "data/out/hostname", "file name")
+    assert confined(tmp_path, "data/ok.png", "file name") == tmp_path / "data" / "ok.png"
+
+
+def test_a_bucket_key_with_dot_dot_is_refused_before_anything_is_downloaded(tmp_path, monkeypatch):
+    downloaded = []
+    monkeypatch.setattr(s3, "list_objects", lambda location: {"ok.bin": 1, "../../.bashrc": 5})
+    monkeypatch.setattr(s3, "download_file", lambda location, target: downloaded.append(target))
+    with pytest.raises(UnsafePath, match=r"object key under s3://bucket/models '../../.bashrc' leaves"):
+        s3.download_prefix(parse_s3("s3://bucket/models"), tmp_path / "mirror")
+    assert downloaded == [], "refused before the first download"
+    assert not (tmp_path.parent / ".bashrc").exists()
