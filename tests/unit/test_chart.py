@@ -166,3 +166,85 @@ def test_the_default_gpu_memory_reaches_the_operator_and_must_be_a_quantity(helm
     assert {"name": "KUBETUNE_DEFAULT_GPU_MEMORY", "value": "141Gi"} in container["env"]
     refused = render(helm, "--set", "trainer.gpuMemory=80GB")
     assert refused.returncode != 0 and "gpuMemory" in refused.stderr
+
+
+# ---- backends: which Kubeflow job runs a TrainingJob -------------------------------------------------
+
+def rbac_rules(documents: list[dict]) -> dict[str, set[str]]:
+    """{group/resource: verbs} of the operator's ClusterRole."""
+    role = next(d for d in documents if d["kind"] == "ClusterRole")
+    return {f"{group}/{resource}": set(rule["verbs"]) for rule in role["rules"]
+            for group in rule["apiGroups"] for resource in rule["resources"]}
+
+
+def operator_env(documents: list[dict]) -> dict[str, str]:
+    deployment = next(d for d in documents if d["kind"] == "Deployment")
+    return {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+@pytest.mark.parametrize("settings,backends,pytorchjobs,trainjobs,runtime", [
+    ([], "pytorchjob", True, False, False),
+    (["--set", "backend=trainjob"], "trainjob", False, True, True),
+    (["--set", "trainjob.enabled=true"], "pytorchjob,trainjob", True, True, True),
+    (["--set", "backend=trainjob", "--set", "pytorchjob.enabled=true"], "pytorchjob,trainjob", True, True, True),
+    (["--set", "backend=trainjob", "--set", "trainjob.runtime.create=false"], "trainjob", False, True, False),
+], ids=["default", "trainjob", "pytorchjob-plus-trainjob", "trainjob-plus-pytorchjob", "own-runtime"])
+def test_rbac_and_the_runtime_follow_the_enabled_backends(helm, settings, backends, pytorchjobs, trainjobs, runtime):
+    documents = documents_of(render(helm, *settings))
+    rules = rbac_rules(documents)
+    assert ("kubeflow.org/pytorchjobs" in rules) is pytorchjobs
+    assert ("trainer.kubeflow.org/trainjobs" in rules) is trainjobs
+    if trainjobs:
+        assert rules["trainer.kubeflow.org/trainjobs"] == {"get", "list", "watch", "create", "patch", "delete"}
+        assert rules["trainer.kubeflow.org/clustertrainingruntimes"] == {"get"}
+        assert rules["trainer.kubeflow.org/trainjobs/status"] == {"patch"}
+    assert not any(key.startswith("jobset.x-k8s.io") for key in rules), "JobSets are the Trainer's business"
+    assert ("ClusterTrainingRuntime" in kinds(documents)) is runtime
+    assert operator_env(documents)["KUBETUNE_BACKENDS"] == backends
+
+
+def test_an_unknown_backend_is_refused_by_the_schema(helm):
+    result = render(helm, "--set", "backend=mpijob")
+    assert result.returncode != 0 and "backend" in result.stderr
+
+
+def test_the_rendered_runtime_is_the_operators_runtime_with_the_chart_values(helm):
+    from kubetune_operator.backends.trainjob import RuntimeValues, runtime
+
+    documents = documents_of(render(helm, "--set", "backend=trainjob", "--set", "trainer.image=reg.example/t:9",
+                                    "--set", "trainer.metricsPort=9555", "--set", "trainjob.runtime.name=kt-gpu",
+                                    "--set", "trainjob.runtime.maxRestarts=5", "--set", "trainjob.reportProgress=false"))
+    rendered = next(d for d in documents if d["kind"] == "ClusterTrainingRuntime")
+    expected = runtime(RuntimeValues(name="kt-gpu", image="reg.example/t:9", metrics_port=9555, max_restarts=5))
+    labels = rendered["metadata"].pop("labels")
+    assert labels["trainer.kubeflow.org/framework"] == "torch" and labels["app.kubernetes.io/instance"] == "kubetune"
+    expected["metadata"].pop("labels")
+    assert rendered == expected
+    env = operator_env(documents)
+    assert (env["KUBETUNE_BACKEND"], env["KUBETUNE_TRAINJOB_RUNTIME"], env["KUBETUNE_TRAINJOB_MAX_RESTARTS"],
+            env["KUBETUNE_TRAINJOB_REPORT_PROGRESS"]) == ("trainjob", "kt-gpu", "5", "false")
+    assert "trainer.kubeflow.org/trainjobs/status" not in rbac_rules(documents)
+    assert rbac_rules(documents)["trainer.kubeflow.org/clustertrainingruntimes"] == {"get"}
+
+
+def test_one_pod_monitor_per_backend_selects_the_pod_its_backend_runs_rank_0_in(helm, example_manifest):
+    from kubetune_api.manifest import parse_manifest
+    from kubetune_operator.backends import BACKENDS
+    from kubetune_operator.settings import Settings
+
+    documents = documents_of(render(helm, "--set", "backend=trainjob", "--set", "pytorchjob.enabled=true",
+                                    "--set", "metrics.podMonitor.enabled=true"))
+    monitors = {d["metadata"]["name"]: d for d in documents if d["kind"] == "PodMonitor"}
+    assert set(monitors) == {"kubetune-trainers", "kubetune-trainers-trainjob"}
+    job = parse_manifest(dict(example_manifest, metadata={"name": "sd15-lora", "namespace": "team-a"}))
+    for name, backend in (("kubetune-trainers", "pytorchjob"), ("kubetune-trainers-trainjob", "trainjob")):
+        selector = monitors[name]["spec"]["selector"]
+        # The labels of rank 0's pod: the operator's own, and what the backend's rank-0 selector names.
+        rank0 = dict(pair.split("=") for pair in BACKENDS[backend].rank0_pod_selector("sd15-lora").split(","))
+        child = BACKENDS[backend].build(job, "uid", Settings())
+        own = (child["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"]["labels"] if backend == "pytorchjob"
+               else child["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0][
+                   "template"]["spec"]["template"]["metadata"]["labels"])
+        pod_labels = {**own, **rank0}
+        assert selector["matchLabels"].items() <= pod_labels.items(), name
+        assert all(e["key"] in pod_labels for e in selector["matchExpressions"]), name

@@ -15,10 +15,11 @@ from typing import Any
 
 import yaml
 
-from kubetune_api.spec import API_GROUP, API_VERSION, KIND, TrainingJobSpec, TrainingJobStatus
+from kubetune_api.contract import API_GROUP, API_VERSION, KIND, PLURAL
+from kubetune_api.contract import SHORT_NAMES as _SHORT_NAMES
+from kubetune_api.spec import TrainingJobSpec, TrainingJobStatus
 
-PLURAL = "trainingjobs"
-SHORT_NAMES = ["tj"]
+SHORT_NAMES = list(_SHORT_NAMES)
 REPO_ROOT = Path(__file__).resolve().parents[3]
 CRD_PATHS = (
     REPO_ROOT / "manifests" / "crd" / "trainingjobs.kubetune.dev.yaml",
@@ -34,6 +35,7 @@ PRINTER_COLUMNS = [
     {"name": "ETA", "type": "number", "jsonPath": ".status.progress.etaSeconds", "priority": 1,
      "description": "seconds"},
     {"name": "Family", "type": "string", "jsonPath": ".spec.model.family", "priority": 1},
+    {"name": "Backend", "type": "string", "jsonPath": ".status.backend", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -14,9 +14,7 @@ from typing import Annotated, Any, Callable, Literal, Optional
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-API_GROUP = "kubetune.dev"
-API_VERSION = "v1alpha1"
-KIND = "TrainingJob"
+from kubetune_api.contract import API_GROUP, API_VERSION, KIND  # noqa: F401  (the contract names the API)
 
 # URI schemes the storage layer understands; a bare path (no scheme) is a local path.
 SUPPORTED_URI_SCHEMES = ("s3",)
@@ -657,6 +655,11 @@ class TrainingJobSpec(_Model):
     image: Optional[Annotated[str, Field(min_length=1, max_length=1024)]] = Field(
         default=None, description="Trainer image; unset = the operator's default.",
     )
+    backend: Optional[Literal["pytorchjob", "trainjob"]] = Field(
+        default=None, description="Which Kubeflow job runs the training: pytorchjob (a PyTorchJob of the Kubeflow "
+        "Training Operator v1.9) or trainjob (a TrainJob of Kubeflow Trainer v2.3 with JobSet); unset = the "
+        "operator's default (Helm value backend). Fixed once the job started.",
+    )
 
     @property
     def processes_per_node(self) -> int:
@@ -731,6 +734,7 @@ class TrainingJobStatus(_Model):
     )
     latest_checkpoint: Optional[str] = Field(default=None, description="URI of the newest complete checkpoint.")
     observed_generation: Optional[int] = Field(default=None, description="The spec generation last acted on.")
+    backend: Optional[str] = Field(default=None, description="The backend running the job (pytorchjob or trainjob).")
 
 
 _QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")

@@ -46,14 +46,45 @@ prometheus.io/path: /metrics
 {{- end -}}
 
 {{/*
-kubetune.trainerPodSelector: the trainers' rank-0 pods, the only ones serving metrics. The first
-two labels are on every pod the operator renders (kubetune_operator/naming.py); the training
-operator adds replica-type, and rank 0 runs in the master.
+kubetune.pytorchjobEnabled / kubetune.trainjobEnabled: "true" when TrainingJobs may use that
+backend (the default `backend`, or one enabled beside it); empty otherwise, so `if` reads them.
+kubetune.backends: the enabled backends, comma-separated, for the operator.
 */}}
-{{- define "kubetune.trainerPodSelector" -}}
+{{- define "kubetune.pytorchjobEnabled" -}}
+{{- if or (eq .Values.backend "pytorchjob") .Values.pytorchjob.enabled }}true{{ end -}}
+{{- end -}}
+
+{{- define "kubetune.trainjobEnabled" -}}
+{{- if or (eq .Values.backend "trainjob") .Values.trainjob.enabled }}true{{ end -}}
+{{- end -}}
+
+{{- define "kubetune.backends" -}}
+{{- $enabled := list -}}
+{{- if include "kubetune.pytorchjobEnabled" . }}{{ $enabled = append $enabled "pytorchjob" }}{{ end -}}
+{{- if include "kubetune.trainjobEnabled" . }}{{ $enabled = append $enabled "trainjob" }}{{ end -}}
+{{- join "," $enabled -}}
+{{- end -}}
+
+{{/*
+kubetune.pytorchjobRank0Selector / kubetune.trainjobRank0Selector: the trainers' rank-0 pods, the
+only ones serving metrics, as each backend labels them (kubetune_operator/backends, rank0_pod_selector).
+The first two labels are on every pod the operator renders (kubetune_operator/naming.py). PyTorchJob:
+the training operator labels the Master (rank 0) replica-type=master. TrainJob: rank 0 runs in the
+pod of completion index 0 of the JobSet's node Job, as the Job controller labels it.
+*/}}
+{{- define "kubetune.pytorchjobRank0Selector" -}}
 matchLabels:
   app.kubernetes.io/managed-by: kubetune
   training.kubeflow.org/replica-type: master
+matchExpressions:
+  - {key: kubetune.dev/trainingjob, operator: Exists}
+{{- end -}}
+
+{{- define "kubetune.trainjobRank0Selector" -}}
+matchLabels:
+  app.kubernetes.io/managed-by: kubetune
+  jobset.sigs.k8s.io/replicatedjob-name: node
+  batch.kubernetes.io/job-completion-index: "0"
 matchExpressions:
   - {key: kubetune.dev/trainingjob, operator: Exists}
 {{- end -}}

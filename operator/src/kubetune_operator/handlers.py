@@ -1,13 +1,16 @@
 """kopf handlers: short glue between the API server and the pure builders.
 
 Each handler reads, builds, applies idempotently and patches status; the decisions live in
-trainer_config, pod_template, backends and status, which are plain functions.
+trainer_config, pod_template, backends, backend_check, spec_change and status, which are plain
+functions. A job's backend (PyTorchJob or TrainJob) is looked up once per call by name; nothing
+here names a Kubeflow label, container or environment variable.
 """
 from __future__ import annotations
 
 import datetime
 import functools
 import logging
+import time
 import urllib.request
 from pathlib import Path
 
@@ -17,16 +20,15 @@ from kubernetes.client.rest import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
+from kubetune_api.contract import API_GROUP, API_VERSION, PLURAL, TRAINER_METRIC_PREFIX
 from kubetune_api.manifest import describe_errors
-from kubetune_api.spec import API_GROUP, API_VERSION, TrainingJob
-from kubetune_operator import fit_check, metrics, naming, spec_change, status
-from kubetune_operator.backends import PyTorchJobBackend
+from kubetune_api.spec import TrainingJob
+from kubetune_operator import backend_check, fit_check, metrics, naming, spec_change, status
+from kubetune_operator.backends import BACKENDS, Backend, backend_name
 from kubetune_operator.settings import Settings
 from kubetune_operator.trainer_config import build_config_map, job_from_config_map
 from kubetune_operator.webhook import configure_server as configure_webhook
 
-PLURAL = "trainingjobs"
-BACKEND = PyTorchJobBackend()
 SETTINGS = Settings.from_env()
 log = logging.getLogger("kubetune.operator")
 
@@ -44,6 +46,11 @@ def core_api() -> client.CoreV1Api:
 @functools.cache
 def custom_api() -> client.CustomObjectsApi:
     return client.CustomObjectsApi(core_api().api_client)
+
+
+def backend_of(spec: dict, status_: dict | None) -> Backend:
+    """The job's backend: the one it started with, else the one it asks for, else the default."""
+    return BACKENDS[backend_name(dict(spec or {}), dict(status_ or {}), SETTINGS.backend)]
 
 
 def load_kubernetes_config() -> None:
@@ -144,6 +151,11 @@ def validate_new_job(body: kopf.Body, warnings: list[str], **_) -> None:
     if problem:
         metrics.ADMISSION_REJECTIONS.labels("missing_secret").inc()
         raise kopf.AdmissionError(problem, code=422)
+    backend = backend_of(body.get("spec"), None)
+    refused = backend_check.not_enabled(backend, SETTINGS) or backend_check.unsupported(job, backend, SETTINGS)
+    if refused:
+        metrics.ADMISSION_REJECTIONS.labels("backend").inc()
+        raise kopf.AdmissionError(refused.message, code=422)
     too_big = fit_check.fit_warning(job, SETTINGS.default_gpu_memory)
     if too_big:
         warnings.append(too_big)
@@ -180,9 +192,12 @@ def reconcile(body: kopf.Body, uid: str, patch: kopf.Patch, **_) -> None:
 def ensure_children(body: kopf.Body, uid: str, patch: kopf.Patch) -> None:
     """Create what is missing; accept what exists and is ours (a repeat event, a restart)."""
     job = parse_job(body)
+    current = dict(body.get("status") or {})
+    backend = backend_of(body.get("spec"), current)
+    check_backend(body, job, backend, patch)
     check_secret(job)
     namespace = job.metadata.namespace
-    core, custom = core_api(), custom_api()
+    core = core_api()
 
     config_map = build_config_map(job)
     kopf.adopt(config_map, owner=body)
@@ -190,32 +205,99 @@ def ensure_children(body: kopf.Body, uid: str, patch: kopf.Patch) -> None:
                  lambda obj: core.create_namespaced_config_map(namespace, obj),
                  lambda: [ref.uid for ref in core.read_namespaced_config_map(
                      config_map["metadata"]["name"], namespace).metadata.owner_references or []])
+    child = create_child(body, uid, backend, job)
 
-    child = BACKEND.build(job, uid, SETTINGS)
-    kopf.adopt(child, owner=body)
-    created = create_owned(child, uid,
-                 lambda obj: custom.create_namespaced_custom_object(BACKEND.group, BACKEND.version, namespace,
-                                                                    BACKEND.plural, obj),
-                 lambda: [ref["uid"] for ref in custom.get_namespaced_custom_object(
-                     BACKEND.group, BACKEND.version, namespace, BACKEND.plural,
-                     child["metadata"]["name"])["metadata"].get("ownerReferences", [])])
-    if created:
-        metrics.CHILD_JOBS_CREATED.labels(BACKEND.kind).inc()
-    fits = fit_check.fits_gpu_conditions(body.get("status") or {}, job, SETTINGS.default_gpu_memory, now())
-    if fits is not None:
-        patch.status["conditions"] = fits
-    if not (body.get("status") or {}).get("phase"):
+    conditions = backend_check.conditions(current, None, backend, child["metadata"]["name"], now())
+    conditions = fit_check.fits_gpu_conditions({"conditions": conditions}, job, SETTINGS.default_gpu_memory,
+                                               now()) or conditions
+    if conditions != (current.get("conditions") or []):
+        patch.status["conditions"] = conditions
+    if not current.get("phase") or not current.get("backend"):
+        patch.status["backend"] = backend.name
+    if not current.get("phase"):
         patch.status["phase"] = "Suspended" if job.spec.suspend else "Pending"
         patch.status["observedGeneration"] = body.metadata.get("generation")
-        kopf.event(body, type="Normal", reason="Created", message=f"{BACKEND.kind} {child['metadata']['name']} created")
+        kopf.event(body, type="Normal", reason="Created", message=f"{backend.kind} {child['metadata']['name']} created")
 
 
-def patch_child(job_name: str, namespace: str, body: dict | list) -> None:
+def create_child(body: kopf.Body, uid: str, backend: Backend, job: TrainingJob) -> dict:
+    """Create the child job, or accept the one this TrainingJob already owns; returns what was built."""
+    namespace, custom = job.metadata.namespace, custom_api()
+    child = backend.build(job, uid, SETTINGS)
+    kopf.adopt(child, owner=body)
+    created = create_owned(child, uid,
+                           lambda obj: custom.create_namespaced_custom_object(backend.group, backend.version, namespace,
+                                                                              backend.plural, obj),
+                           lambda: [ref["uid"] for ref in custom.get_namespaced_custom_object(
+                               backend.group, backend.version, namespace, backend.plural,
+                               child["metadata"]["name"])["metadata"].get("ownerReferences", [])])
+    if created:
+        metrics.CHILD_JOBS_CREATED.labels(backend.kind).inc()
+    return child
+
+
+# Prerequisites seen present recently: one look per this many seconds, not one per job.
+PREREQUISITE_CACHE_SECONDS = 30.0
+_present_since: dict[tuple[str, str, str | None], float] = {}
+
+
+def missing_prerequisite(backend: Backend) -> backend_check.Problem | None:
+    """Ask the API server for what the backend needs; the first thing missing, or None."""
+    custom = custom_api()
+    for need in backend.prerequisites(SETTINGS):
+        key = (need.group, need.plural, need.name)
+        if time.monotonic() - _present_since.get(key, float("-inf")) < PREREQUISITE_CACHE_SECONDS:
+            continue
+        try:
+            if need.name:
+                custom.get_cluster_custom_object(need.group, need.version, need.plural, need.name)
+            else:  # the API is served when listing works (an empty list included)
+                custom.list_cluster_custom_object(need.group, need.version, need.plural, limit=1)
+        except ApiException as err:
+            if err.status == 404:
+                return backend_check.missing(need)
+            if err.status == 403:
+                return backend_check.forbidden(need, backend)
+            raise
+        _present_since[key] = time.monotonic()
+    return None
+
+
+def check_backend(body: kopf.Body, job: TrainingJob, backend: Backend, patch: kopf.Patch) -> None:
+    """Stop here, visibly, while the backend cannot run the job: a BackendReady=False condition and a
+    Warning event when the reason is new; retried (or, for a refused field, not) until it can."""
+    problem = (backend_check.not_enabled(backend, SETTINGS) or backend_check.unsupported(job, backend, SETTINGS)
+               or missing_prerequisite(backend))
+    if problem is None:
+        return
+    current = dict(body.get("status") or {})
+    conditions = backend_check.conditions(current, problem, backend, "", now())
+    if conditions != (current.get("conditions") or []):
+        patch.status["conditions"] = conditions
+        kopf.warn(body, reason=problem.reason, message=problem.message)
+    if not current.get("phase"):
+        patch.status["phase"] = "Pending"  # not lost: waiting, and saying for what
+    if problem.permanent:
+        raise kopf.PermanentError(problem.message)
+    raise kopf.TemporaryError(problem.message, delay=30)
+
+
+def read_child(backend: Backend, namespace: str, job_name: str) -> dict | None:
+    try:
+        return custom_api().get_namespaced_custom_object(backend.group, backend.version, namespace, backend.plural,
+                                                        naming.child_name(job_name))
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def patch_child(backend: Backend, job_name: str, namespace: str, body: dict | list) -> None:
     """A merge patch (dict) or a JSON patch (list) of the child job; a failed JSON patch `test`
     (the child changed meanwhile, e.g. was resumed) is retried, so that the decision is made again."""
     try:
         custom_api().patch_namespaced_custom_object(
-            BACKEND.group, BACKEND.version, namespace, BACKEND.plural, naming.child_name(job_name), body,
+            backend.group, backend.version, namespace, backend.plural, naming.child_name(job_name), body,
             _content_type="application/json-patch+json" if isinstance(body, list) else "application/merge-patch+json")
     except ApiException as err:
         if err.status == 422 and isinstance(body, list):
@@ -223,34 +305,60 @@ def patch_child(job_name: str, namespace: str, body: dict | list) -> None:
         raise
 
 
+def replace_child(body: kopf.Body, backend: Backend, child: dict | None, job: TrainingJob) -> None:
+    """Give a suspended child a new size by deleting it and creating it again (backends whose child
+    cannot change size in place). Foreground deletion: the new child is created only once the old one
+    and everything it owns are gone, so two never share a name. Retried until then."""
+    if child is not None:
+        if not child["metadata"].get("deletionTimestamp"):
+            custom_api().delete_namespaced_custom_object(
+                backend.group, backend.version, body.metadata.namespace, backend.plural, child["metadata"]["name"],
+                body=client.V1DeleteOptions(propagation_policy="Foreground",
+                                            preconditions=client.V1Preconditions(uid=child["metadata"]["uid"])))
+        raise kopf.TemporaryError(f"the suspended {backend.kind} is being replaced at the new size", delay=2)
+    create_child(body, body.metadata.uid, backend, job)
+
+
 @kopf.on.update(API_GROUP, API_VERSION, PLURAL, field="spec")
 def spec_changed(body: kopf.Body, old: dict, new: dict, patch: kopf.Patch, **_) -> None:
     """Suspend/resume is applied, and the job's size while no pod runs; any other change to a started
     run is refused, visibly (spec_change.decide says which is which)."""
     namespace, name = body.metadata.namespace, body.metadata.name
-    core, custom = core_api(), custom_api()
-    config_map = core.read_namespaced_config_map(naming.config_map_name(name), namespace)
-    child = custom.get_namespaced_custom_object(BACKEND.group, BACKEND.version, namespace, BACKEND.plural,
-                                                naming.child_name(name))
-    change = spec_change.decide(dict(old or {}), dict(new or {}), job_from_config_map(config_map.data),
-                                BACKEND.is_suspended(child))
+    core = core_api()
+    try:
+        config_map = core.read_namespaced_config_map(naming.config_map_name(name), namespace)
+    except ApiException as err:
+        if err.status != 404:
+            raise
+        # Never started (e.g. waiting for its backend, or refused): the new spec is simply the spec.
+        ensure_children(body, body.metadata.uid, patch)
+        return
+    backend = backend_of(body.get("spec"), body.get("status"))
+    child = read_child(backend, namespace, name)
+    # No child, or one being deleted, runs no pods: as good as suspended.
+    suspended = child is None or bool(child["metadata"].get("deletionTimestamp")) or backend.is_suspended(child)
+    change = spec_change.decide(dict(old or {}), dict(new or {}), job_from_config_map(config_map.data), suspended)
     if change.refused:
         conditions = status.set_condition(list((body.get("status") or {}).get("conditions") or []),
                                           "SpecChangeRefused", "True", "ImmutableSpec", change.refused, now())
         patch.status["conditions"] = conditions
         kopf.warn(body, reason="SpecChangeRefused", message=change.refused)
         return
-    if change.suspend is True:
-        patch_child(name, namespace, BACKEND.suspend_patch(True))
+    if change.suspend is True and child is not None:
+        patch_child(backend, name, namespace, backend.suspend_patch(True))
     if change.resized:
         # Child first, config second: a failure in between leaves the config's old size, so the
         # retry (kopf repeats a failed handler) still sees the gap and resizes again.
-        patch_child(name, namespace, BACKEND.resize_patch(child, change.resized, body.metadata.uid, SETTINGS))
+        resize = backend.resize_patch(child, change.resized, body.metadata.uid, SETTINGS) if child else None
+        if resize is not None:
+            patch_child(backend, name, namespace, resize)
+        else:
+            replace_child(body, backend, child, change.resized)
         core.patch_namespaced_config_map(config_map.metadata.name, namespace,
                                          {"data": build_config_map(change.resized)["data"]})
         kopf.event(body, type="Normal", reason="Resized", message=change.resize_message)
     if change.suspend is False:
-        patch_child(name, namespace, BACKEND.suspend_patch(False))
+        patch_child(backend, name, namespace, backend.suspend_patch(False))
     if change.suspend is not None:
         kopf.event(body, type="Normal", reason="Suspended" if change.suspend else "Resumed",
                    message="pods stopped; the run continues from its latest checkpoint when resumed"
@@ -258,42 +366,64 @@ def spec_changed(body: kopf.Body, old: dict, new: dict, patch: kopf.Patch, **_) 
     patch.status["observedGeneration"] = body.metadata.get("generation")
 
 
-@kopf.on.event(BACKEND.group, BACKEND.version, BACKEND.plural, labels={naming.JOB_LABEL: kopf.PRESENT})
-def child_changed(body: kopf.Body, namespace: str, type: str, **_) -> None:
-    """Mirror the child job's state into the owning TrainingJob's status."""
-    if type == "DELETED":
-        return
-    owner = next((ref for ref in body.metadata.get("ownerReferences", []) if ref.get("kind") == "TrainingJob"), None)
-    if owner is None:
-        return
-    custom = custom_api()
-    try:
-        job = custom.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, owner["name"])
-    except ApiException as err:
-        if err.status == 404:
+def follow_children(backend: Backend):
+    """The handler that mirrors BACKEND's child jobs into their TrainingJobs (one per enabled backend)."""
+
+    def child_changed(body: kopf.Body, namespace: str, type: str, **_) -> None:
+        if type == "DELETED":
             return
-        raise
-    if job["metadata"]["uid"] != owner["uid"]:
-        return
-    patch, events = status.status_for_child(job.get("status") or {}, BACKEND.read_state(dict(body)), now())
-    if not patch:
-        return
-    if patch.get("phase") == "Succeeded":
-        final = status.final_checkpoint(job["spec"], job.get("status") or {})
-        if final:
-            patch["latestCheckpoint"] = final
-    custom.patch_namespaced_custom_object_status(API_GROUP, API_VERSION, namespace, PLURAL, owner["name"],
-                                                 {"status": patch})
-    for event in events:
-        kopf.event(job, type=event.type, reason=event.reason, message=event.message)
+        owner = next((ref for ref in body.metadata.get("ownerReferences", []) if ref.get("kind") == "TrainingJob"),
+                     None)
+        if owner is None:
+            return
+        custom = custom_api()
+        try:
+            job = custom.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, owner["name"])
+        except ApiException as err:
+            if err.status == 404:
+                return
+            raise
+        if job["metadata"]["uid"] != owner["uid"]:
+            return
+        current = job.get("status") or {}
+        patch, events = status.status_for_child(current, backend.read_state(dict(body)), now())
+        if not patch:
+            return
+        if patch.get("phase") in status.FINISHED:
+            patch.update(status.finished_patch(job["spec"], current, patch["phase"]))
+        custom.patch_namespaced_custom_object_status(API_GROUP, API_VERSION, namespace, PLURAL, owner["name"],
+                                                     {"status": patch})
+        if patch.get("progress"):
+            report_progress(backend, namespace, owner["name"], patch["progress"])
+        for event in events:
+            kopf.event(job, type=event.type, reason=event.reason, message=event.message)
+
+    return child_changed
 
 
-def master_pod_ip(namespace: str, job_name: str) -> str | None:
-    pods = core_api().list_namespaced_pod(
-        namespace, label_selector=f"training.kubeflow.org/job-name={naming.child_name(job_name)},"
-                                  "training.kubeflow.org/replica-type=master")
+for _backend in BACKENDS.values():
+    # Only enabled backends are watched: the operator has RBAC for those only.
+    if SETTINGS.backend_enabled(_backend.name):
+        kopf.on.event(_backend.group, _backend.version, _backend.plural, labels={naming.JOB_LABEL: kopf.PRESENT},
+                      id=f"child_changed_{_backend.name}")(follow_children(_backend))
+
+
+def rank0_pod_ip(namespace: str, job_name: str, backend: Backend) -> str | None:
+    pods = core_api().list_namespaced_pod(namespace, label_selector=backend.rank0_pod_selector(job_name))
     running = [p for p in pods.items if p.status.phase == "Running" and p.status.pod_ip]
     return running[0].status.pod_ip if running else None
+
+
+def report_progress(backend: Backend, namespace: str, job_name: str, progress: dict) -> None:
+    """Also show progress where the child's own API has a place for it (TrainJob: status.trainerStatus)."""
+    child_patch = backend.progress_patch(progress, now()) if SETTINGS.trainjob_report_progress else None
+    if child_patch is None:
+        return
+    try:
+        custom_api().patch_namespaced_custom_object_status(backend.group, backend.version, namespace, backend.plural,
+                                                           naming.child_name(job_name), child_patch)
+    except ApiException as err:  # a courtesy copy: never fail the TrainingJob's own status over it
+        log.debug("progress not reported on the %s: %s", backend.kind, err.reason)
 
 
 def read_trainer_gauges(address: str, port: int) -> dict[str, float]:
@@ -301,18 +431,19 @@ def read_trainer_gauges(address: str, port: int) -> dict[str, float]:
         text = response.read().decode()
     samples = {}
     for family in text_string_to_metric_families(text):
-        if family.name.startswith("kubetune_trainer_"):
+        if family.name.startswith(f"{TRAINER_METRIC_PREFIX}_"):
             for sample in family.samples:
-                samples[sample.name.removeprefix("kubetune_trainer_")] = sample.value
+                samples[sample.name.removeprefix(f"{TRAINER_METRIC_PREFIX}_")] = sample.value
     return samples
 
 
 @kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=SETTINGS.progress_interval_seconds, idle=0,
             when=lambda status, **_: (status or {}).get("phase") == "Running")
-def poll_progress(name: str, namespace: str, spec: kopf.Spec, patch: kopf.Patch, logger: logging.Logger,
+def poll_progress(name: str, namespace: str, spec: kopf.Spec, body: kopf.Body, logger: logging.Logger,
                   **_) -> None:
     """Copy step, loss, ETA and the newest checkpoint from the rank-0 trainer's metrics into status."""
-    address = master_pod_ip(namespace, name)
+    backend = backend_of(spec, body.get("status"))
+    address = rank0_pod_ip(namespace, name, backend)
     if address is None:
         return
     try:
@@ -320,12 +451,20 @@ def poll_progress(name: str, namespace: str, spec: kopf.Spec, patch: kopf.Patch,
     except OSError as err:  # not listening yet, or restarting: try again next tick
         logger.debug("no progress from %s yet: %s", address, err)
         return
-    progress = status.progress_from_metrics(samples)
-    if progress:
-        patch.status["progress"] = progress
-    output_uri = status.output_uri_from_metrics(samples, spec["checkpoints"]["uri"], namespace, name)
-    if output_uri:
-        patch.status["outputUri"] = output_uri
-    latest = status.latest_checkpoint_from_metrics(samples, output_uri)
-    if latest:
-        patch.status["latestCheckpoint"] = latest
+    fields = status.status_from_metrics(samples, spec["checkpoints"]["uri"], namespace, name)
+    if not fields:
+        return
+    # Only while still Running, tested by the API server in the same request: a reading taken just
+    # before the job finished must not overwrite the final progress the finish wrote.
+    operations = [{"op": "test", "path": "/status/phase", "value": "Running"}] + [
+        {"op": "add", "path": f"/status/{key}", "value": value} for key, value in fields.items()]
+    try:
+        custom_api().patch_namespaced_custom_object_status(API_GROUP, API_VERSION, namespace, PLURAL, name, operations,
+                                                           _content_type="application/json-patch+json")
+    except ApiException as err:
+        if err.status == 422:
+            logger.debug("%s finished while its progress was read", name)
+            return
+        raise
+    if "progress" in fields:
+        report_progress(backend, namespace, name, fields["progress"])

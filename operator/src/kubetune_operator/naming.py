@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import hashlib
 
-GROUP = "kubetune.dev"
-JOB_LABEL = f"{GROUP}/trainingjob"
-MAX_CHILD_NAME = 40  # leaves room for "-worker-1023" within 63
-CONFIG_KEY = "trainingjob.yaml"
-CONFIG_MOUNT = "/etc/kubetune"
+from kubetune_api.contract import API_GROUP
+
+JOB_LABEL = f"{API_GROUP}/trainingjob"
+MAX_CHILD_NAME = 40  # leaves room for "-worker-1023" (PyTorchJob) or "-node-0-1023" (TrainJob) within 63
 
 
 def child_name(job_name: str) -> str:

@@ -2,18 +2,40 @@
 
 The pod passes the restricted Pod Security Standard: non-root, no privilege escalation, all
 capabilities dropped, RuntimeDefault seccomp, only configMap and emptyDir volumes.
+
+Every backend renders its pods from these functions; what differs between Kubeflow controllers
+(the container's name, the rendezvous port they look up) comes in as a ContainerShape, so no
+PyTorchJob or TrainJob detail lives here.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from kubetune_api import contract
+from kubetune_api.contract import TrainerEnv
 from kubetune_api.spec import TrainingJob
 from kubetune_operator import naming
 from kubetune_operator.settings import Settings
 
-CONTAINER_NAME = "pytorch"  # the training operator finds the rendezvous port on this container
-PORT_NAME = "pytorchjob-port"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 CACHE_DIR = "/var/cache/kubetune"
 NON_ROOT_UID = 1000
+METRICS_PORT_NAME = "metrics"  # the PodMonitor scrapes the port of this name
+# Room for the trainer's last checkpoint after SIGTERM (preemption, suspend).
+TERMINATION_GRACE_SECONDS = 120
+
+
+@dataclass(frozen=True)
+class ContainerShape:
+    """What a backend's controller expects of the trainer container.
+
+    name: the container the controller injects its rendezvous environment into;
+    rendezvous_port: (port name, number) the controller reads the rendezvous port from, or None
+    where the controller adds its own port.
+    """
+
+    name: str
+    rendezvous_port: tuple[str, int] | None = None
 
 
 def pod_labels(job: TrainingJob) -> dict[str, str]:
@@ -23,37 +45,42 @@ def pod_labels(job: TrainingJob) -> dict[str, str]:
     return labels
 
 
-def trainer_env(job: TrainingJob, job_uid: str, settings: Settings) -> list[dict]:
-    """Environment of the trainer; credentials only as secretKeyRef, never as values."""
-    s3 = job.spec.s3
-    env = [
-        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        {"name": "KUBETUNE_METRICS_ADDR", "value": "$(POD_IP)"},
-        {"name": "KUBETUNE_METRICS_PORT", "value": str(settings.trainer_metrics_port)},
-        {"name": "KUBETUNE_JOB_NAME", "value": job.metadata.name},
-        {"name": "KUBETUNE_NAMESPACE", "value": job.metadata.namespace or "default"},
-        # A restarted pod of the same TrainingJob continues its run's version; a re-created job
-        # (new UID) gets a new one (kubetune_trainer.storage.runs).
-        {"name": "KUBETUNE_RUN_ID", "value": job_uid},
-        {"name": "KUBETUNE_CACHE_DIR", "value": f"{CACHE_DIR}/inputs"},
-        {"name": "KUBETUNE_STAGING_DIR", "value": f"{CACHE_DIR}/staging"},
+def static_env(settings: Settings) -> list[dict]:
+    """The part of the trainer's environment that is the same for every job of this operator."""
+    return [
+        # Listed first: KUBETUNE_METRICS_ADDR refers to it, and $(VAR) sees only variables above it.
+        {"name": contract.POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        *TrainerEnv(metrics_port=settings.trainer_metrics_port, metrics_addr=f"$({contract.POD_IP})",
+                    cache_dir=f"{CACHE_DIR}/inputs", staging_dir=f"{CACHE_DIR}/staging").to_env(),
         {"name": "HOME", "value": f"{CACHE_DIR}/home"},
         {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
+
+
+def job_env(job: TrainingJob, job_uid: str, settings: Settings) -> list[dict]:
+    """The part that names this job and its storage; credentials only as secretKeyRef, never as values."""
+    s3 = job.spec.s3
     endpoint = s3.endpoint_url or settings.s3_endpoint_url
     region = s3.region or settings.s3_region
     path_style = s3.path_style if s3.path_style is not None else settings.s3_path_style
+    # A restarted pod of the same TrainingJob continues its run's version; a re-created job
+    # (new UID) gets a new one (kubetune_trainer.storage.runs).
+    env = TrainerEnv(job_name=job.metadata.name, namespace=job.metadata.namespace or "default", run_id=job_uid,
+                     s3_path_style=path_style).to_env()
     if endpoint:
         env.append({"name": "AWS_ENDPOINT_URL", "value": endpoint})
     if region:
         env.append({"name": "AWS_DEFAULT_REGION", "value": region})
-    if path_style is not None:
-        env.append({"name": "KUBETUNE_S3_PATH_STYLE", "value": str(path_style).lower()})
     if s3.credentials_secret:
         for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
             env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": s3.credentials_secret, "key": key}}})
     return env
+
+
+def trainer_env(job: TrainingJob, job_uid: str, settings: Settings) -> list[dict]:
+    """The trainer's whole environment (the contract's TrainerEnv, S3 settings, credentials by reference)."""
+    return static_env(settings) + job_env(job, job_uid, settings)
 
 
 def resources(job: TrainingJob) -> dict:
@@ -78,15 +105,15 @@ def container_security_context() -> dict:
 
 
 def cache_stage(container: dict) -> dict:
-    """An init container that fills the embedding cache before training starts (Master only).
+    """An init container that fills the embedding cache before training starts (rank 0's pod only).
 
     One process encodes every sample once; the training processes then read the cache.
     """
     return {
         **{key: container[key] for key in ("image", "env", "resources", "securityContext", "volumeMounts")},
         "name": "cache",
-        "command": ["python", "-m", "kubetune_trainer"],
-        "args": ["--config", f"{naming.CONFIG_MOUNT}/{naming.CONFIG_KEY}", "--cache-only"],
+        "command": list(contract.CACHE_STAGE_COMMAND),
+        "args": list(contract.CACHE_STAGE_ARGS),
     }
 
 
@@ -96,48 +123,53 @@ def scrape_annotations(settings: Settings) -> dict[str, str]:
             "prometheus.io/path": "/metrics"}
 
 
-def pod_template(job: TrainingJob, job_uid: str, settings: Settings, with_cache_stage: bool = False,
-                 serves_metrics: bool = True) -> dict:
-    """The trainer pod; with_cache_stage adds the cache-filling init container (for the Master).
+def pod_security_context() -> dict:
+    return {"runAsNonRoot": True, "runAsUser": NON_ROOT_UID, "runAsGroup": NON_ROOT_UID, "fsGroup": NON_ROOT_UID,
+            "seccompProfile": {"type": "RuntimeDefault"}}
 
-    Only the rank-0 process serves metrics, so only its pod (serves_metrics) is annotated for
-    scraping: annotated workers would be targets that are always down.
-    """
-    spec, scheduling = job.spec, job.spec.scheduling
-    container = {
-        "name": CONTAINER_NAME,
-        "image": spec.image or settings.trainer_image,
-        "command": ["python", "-m", "kubetune_trainer.entrypoint"],
-        "args": ["--config", f"{naming.CONFIG_MOUNT}/{naming.CONFIG_KEY}"],
-        "env": trainer_env(job, job_uid, settings),
-        "ports": [
-            {"name": PORT_NAME, "containerPort": naming.master_port(job_uid), "protocol": "TCP"},
-            {"name": "metrics", "containerPort": settings.trainer_metrics_port, "protocol": "TCP"},
-        ],
-        "resources": resources(job),
+
+def volume_mounts() -> list[dict]:
+    return [
+        {"name": "config", "mountPath": contract.CONFIG_MOUNT, "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "cache", "mountPath": CACHE_DIR},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+
+
+def volumes(config_map: str, shm_size: str) -> list[dict]:
+    """The trainer config (CONFIG_MAP), shared memory for the data loaders, and scratch space."""
+    return [
+        {"name": "config", "configMap": {"name": config_map}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}},
+        {"name": "cache", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+
+
+def trainer_container(shape: ContainerShape, image: str, env: list[dict], settings: Settings,
+                      resource_amounts: dict | None = None) -> dict:
+    """The container that runs the node launcher (the contract's TRAINER_COMMAND)."""
+    ports = [{"name": METRICS_PORT_NAME, "containerPort": settings.trainer_metrics_port, "protocol": "TCP"}]
+    if shape.rendezvous_port:
+        name, number = shape.rendezvous_port
+        ports.insert(0, {"name": name, "containerPort": number, "protocol": "TCP"})
+    return {
+        "name": shape.name,
+        "image": image,
+        "command": list(contract.TRAINER_COMMAND),
+        "args": list(contract.TRAINER_ARGS),
+        "env": env,
+        "ports": ports,
+        "resources": resource_amounts or {},
         "securityContext": container_security_context(),
-        "volumeMounts": [
-            {"name": "config", "mountPath": naming.CONFIG_MOUNT, "readOnly": True},
-            {"name": "dshm", "mountPath": "/dev/shm"},
-            {"name": "cache", "mountPath": CACHE_DIR},
-            {"name": "tmp", "mountPath": "/tmp"},
-        ],
+        "volumeMounts": volume_mounts(),
     }
-    pod_spec = {
-        "securityContext": {
-            "runAsNonRoot": True, "runAsUser": NON_ROOT_UID, "runAsGroup": NON_ROOT_UID,
-            "fsGroup": NON_ROOT_UID, "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "containers": [container],
-        "volumes": [
-            {"name": "config", "configMap": {"name": naming.config_map_name(job.metadata.name)}},
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
-            {"name": "cache", "emptyDir": {}},
-            {"name": "tmp", "emptyDir": {}},
-        ],
-        # Room for the trainer's last checkpoint after SIGTERM (preemption, suspend).
-        "terminationGracePeriodSeconds": 120,
-    }
+
+
+def scheduling_fields(job: TrainingJob) -> dict:
+    """The pod's placement and identity fields the job sets (none when it sets none)."""
+    scheduling = job.spec.scheduling
     optional = {
         "nodeSelector": scheduling.node_selector or None,
         "tolerations": [t.model_dump(by_alias=True, exclude_none=True) for t in scheduling.tolerations] or None,
@@ -146,7 +178,26 @@ def pod_template(job: TrainingJob, job_uid: str, settings: Settings, with_cache_
         "serviceAccountName": scheduling.service_account_name,
         "imagePullSecrets": [{"name": n} for n in scheduling.image_pull_secrets] or None,
     }
-    pod_spec.update({key: value for key, value in optional.items() if value is not None})
+    return {key: value for key, value in optional.items() if value is not None}
+
+
+def pod_template(job: TrainingJob, job_uid: str, settings: Settings, shape: ContainerShape,
+                 with_cache_stage: bool = False, serves_metrics: bool = True) -> dict:
+    """The trainer pod; with_cache_stage adds the cache-filling init container (for rank 0's pod).
+
+    Only the rank-0 process serves metrics, so only its pod (serves_metrics) is annotated for
+    scraping: annotated workers would be targets that are always down.
+    """
+    spec = job.spec
+    container = trainer_container(shape, spec.image or settings.trainer_image, trainer_env(job, job_uid, settings),
+                                  settings, resources(job))
+    pod_spec = {
+        "securityContext": pod_security_context(),
+        "containers": [container],
+        "volumes": volumes(naming.config_map_name(job.metadata.name), spec.resources.shm_size),
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+    }
+    pod_spec.update(scheduling_fields(job))
     if with_cache_stage:
         pod_spec["initContainers"] = [cache_stage(container)]
     return {

@@ -22,6 +22,16 @@ class Settings:
     webhook_cert_dir: str = "/tmp/kubetune-webhook"
     # Memory of one GPU for jobs without spec.resources.gpuMemory (the fit check), a quantity.
     default_gpu_memory: str = "80Gi"
+    # The backend of jobs without spec.backend, and every backend jobs may choose (the chart grants
+    # RBAC for these only): pytorchjob (Training Operator v1.9), trainjob (Trainer v2.3 + JobSet).
+    backend: str = "pytorchjob"
+    backends: tuple[str, ...] = ("pytorchjob",)
+    # The ClusterTrainingRuntime TrainJobs reference (the chart ships it), and how often it restarts
+    # a job after a retryable failure (its JobSet failurePolicy.maxRestarts).
+    trainjob_runtime: str = "kubetune-trainer"
+    trainjob_max_restarts: int = 3
+    # Also write progress into a TrainJob's status.trainerStatus (Kubeflow Trainer's progress API).
+    trainjob_report_progress: bool = True
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "Settings":
@@ -38,7 +48,14 @@ class Settings:
             webhook_port=int(env.get("KUBETUNE_WEBHOOK_PORT", cls.webhook_port)),
             webhook_cert_dir=env.get("KUBETUNE_WEBHOOK_CERT_DIR", cls.webhook_cert_dir),
             default_gpu_memory=_gpu_memory(env.get("KUBETUNE_DEFAULT_GPU_MEMORY") or cls.default_gpu_memory),
+            **_backends(env.get("KUBETUNE_BACKEND") or cls.backend, env.get("KUBETUNE_BACKENDS", "")),
+            trainjob_runtime=env.get("KUBETUNE_TRAINJOB_RUNTIME") or cls.trainjob_runtime,
+            trainjob_max_restarts=int(env.get("KUBETUNE_TRAINJOB_MAX_RESTARTS") or cls.trainjob_max_restarts),
+            trainjob_report_progress=env.get("KUBETUNE_TRAINJOB_REPORT_PROGRESS", "true").lower() != "false",
         )
+
+    def backend_enabled(self, name: str) -> bool:
+        return name in self.backends
 
 
 def _gpu_memory(value: str) -> str:
@@ -47,3 +64,16 @@ def _gpu_memory(value: str) -> str:
 
     parse_quantity(value, "KUBETUNE_DEFAULT_GPU_MEMORY (Helm value trainer.gpuMemory)")
     return value
+
+
+KNOWN_BACKENDS = ("pytorchjob", "trainjob")
+
+
+def _backends(default: str, enabled: str) -> dict:
+    """The default backend and the enabled ones (the default always among them), checked at start-up."""
+    names = [name.strip() for name in enabled.split(",") if name.strip()]
+    for name in [default, *names]:
+        if name not in KNOWN_BACKENDS:
+            raise ValueError(f"KUBETUNE_BACKEND(S) (Helm value backend): unknown backend {name!r}; "
+                             f"use {' or '.join(KNOWN_BACKENDS)}")
+    return {"backend": default, "backends": tuple(dict.fromkeys([default, *names]))}

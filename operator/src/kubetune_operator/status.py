@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kubetune_api import layout
+from kubetune_api.contract import TrainerGauge
 from kubetune_operator.backends.base import ChildState
 
 PHASES = ("Pending", "Running", "Succeeded", "Failed", "Suspended")
@@ -66,27 +67,60 @@ def status_for_child(current: dict, child: ChildState, now: str) -> tuple[dict, 
 
 def progress_from_metrics(samples: dict[str, float]) -> dict | None:
     """status.progress from the trainer's gauges (names without the kubetune_trainer_ prefix)."""
-    if "step" not in samples or "planned_steps" not in samples:
+    if TrainerGauge.STEP not in samples or TrainerGauge.PLANNED_STEPS not in samples:
         return None
-    step, total = int(samples["step"]), int(samples["planned_steps"])
+    step, total = int(samples[TrainerGauge.STEP]), int(samples[TrainerGauge.PLANNED_STEPS])
     progress = {"step": step, "totalSteps": total, "percent": round(100.0 * step / total, 1) if total else 0.0}
-    if "loss" in samples:
-        progress["loss"] = round(samples["loss"], 6)
-    if "eta_seconds" in samples:
-        progress["etaSeconds"] = round(samples["eta_seconds"], 1)
+    if TrainerGauge.LOSS in samples:
+        progress["loss"] = round(samples[TrainerGauge.LOSS], 6)
+    if TrainerGauge.ETA_SECONDS in samples:
+        progress["etaSeconds"] = round(samples[TrainerGauge.ETA_SECONDS], 1)
     return progress
 
 
 def output_uri_from_metrics(samples: dict[str, float], checkpoints_uri: str, namespace: str, job: str) -> str | None:
     """The run directory the trainer chose (it reports its version number as a gauge)."""
-    if "run_version" not in samples:
+    if TrainerGauge.RUN_VERSION not in samples:
         return None
-    return layout.run_root(checkpoints_uri, namespace, job, int(samples["run_version"]))
+    return layout.run_root(checkpoints_uri, namespace, job, int(samples[TrainerGauge.RUN_VERSION]))
 
 
 def latest_checkpoint_from_metrics(samples: dict[str, float], output_uri: str | None) -> str | None:
-    step = int(samples.get("last_checkpoint_step", 0))
+    step = int(samples.get(TrainerGauge.LAST_CHECKPOINT_STEP, 0))
     return layout.join(output_uri, layout.checkpoint_name(step)) if step > 0 and output_uri else None
+
+
+def status_from_metrics(samples: dict[str, float], checkpoints_uri: str, namespace: str, job: str) -> dict:
+    """The status fields a poll of the rank-0 trainer's gauges sets: progress, outputUri, latestCheckpoint."""
+    fields = {"progress": progress_from_metrics(samples),
+              "outputUri": output_uri_from_metrics(samples, checkpoints_uri, namespace, job)}
+    fields["latestCheckpoint"] = latest_checkpoint_from_metrics(samples, fields["outputUri"])
+    return {key: value for key, value in fields.items() if value}
+
+
+def final_progress(spec: dict, status: dict, phase: str) -> dict | None:
+    """status.progress once the job finished in PHASE: what is true at the end, not what the last poll saw.
+
+    The trainer is polled every few seconds while it runs, so a short job (or a fast last stretch)
+    ends between polls: the last reading is stale. Succeeded: the trainer ran to its planned step
+    count (it always does, unless early stopping may have ended it sooner, where the last reading
+    is the best known), so the progress shows that step, 100% and no ETA. Failed: the last step
+    reached as last seen, and no ETA (nothing is coming). The returned dict replaces status.progress
+    as a merge patch: etaSeconds None removes it. None: nothing to say (never seen, not finished).
+    """
+    seen = dict(status.get("progress") or {})
+    if phase == "Succeeded":
+        total = seen.get("totalSteps") or (spec.get("training") or {}).get("maxSteps")
+        if not total:
+            return None
+        early_stop = bool((spec.get("validation") or {}).get("earlyStoppingPatience"))
+        if early_stop and "step" not in seen:
+            return None  # it may have stopped anywhere, and no reading says where
+        step = seen["step"] if early_stop else total
+        return {**seen, "step": step, "totalSteps": total, "percent": 100.0, "etaSeconds": None}
+    if phase == "Failed" and seen:
+        return {**seen, "etaSeconds": None}
+    return None
 
 
 def final_checkpoint(spec: dict, status: dict) -> str | None:
@@ -99,3 +133,16 @@ def final_checkpoint(spec: dict, status: dict) -> str | None:
         return None
     total = (status.get("progress") or {}).get("totalSteps") or (spec.get("training") or {}).get("maxSteps")
     return layout.join(status["outputUri"], layout.checkpoint_name(total)) if total else None
+
+
+def finished_patch(spec: dict, status: dict, phase: str) -> dict:
+    """What else a transition to Succeeded or Failed sets: the final progress and checkpoint."""
+    patch: dict = {}
+    progress = final_progress(spec, status, phase)
+    if progress:
+        patch["progress"] = progress
+    if phase == "Succeeded":
+        final = final_checkpoint(spec, status)
+        if final:
+            patch["latestCheckpoint"] = final
+    return patch

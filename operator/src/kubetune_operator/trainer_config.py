@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import yaml
 
+from kubetune_api.contract import CONFIG_KEY
 from kubetune_api.spec import TrainingJob
 from kubetune_operator import naming
 
@@ -31,10 +32,10 @@ def build_config_map(job: TrainingJob) -> dict:
             "namespace": job.metadata.namespace,
             "labels": naming.labels(job.metadata.name),
         },
-        "data": {naming.CONFIG_KEY: trainer_manifest(job)},
+        "data": {CONFIG_KEY: trainer_manifest(job)},
     }
 
 
 def job_from_config_map(data: dict[str, str]) -> TrainingJob:
     """The job as the trainer runs it: the manifest in a ConfigMap's data (build_config_map's inverse)."""
-    return TrainingJob.model_validate(yaml.safe_load(data[naming.CONFIG_KEY]))
+    return TrainingJob.model_validate(yaml.safe_load(data[CONFIG_KEY]))

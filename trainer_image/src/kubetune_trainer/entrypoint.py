@@ -13,29 +13,24 @@ import os
 import sys
 from pathlib import Path
 
-from kubetune_trainer.launch import trainer_command
+from kubetune_api.contract import CACHE_STAGE_FIRST, NodeEnv
+from kubetune_trainer.launch import free_port, trainer_command
 from kubetune_trainer.launcher import NodePlace, launch
-
-
-def _first(env: dict[str, str], names: tuple[str, ...], default: str) -> str:
-    return next((env[name] for name in names if env.get(name)), default)
 
 
 def node_place(env: dict[str, str]) -> NodePlace:
     """This pod's place in the job from the environment the Kubeflow controller injects."""
-    processes = _first(env, ("PET_NPROC_PER_NODE",), "1")
-    return NodePlace(
-        processes=int(processes) if processes.isdigit() else 1,
-        nodes=int(_first(env, ("PET_NNODES",), "1").split(":")[-1]),  # "2" or an elastic "1:2"
-        node_rank=int(_first(env, ("PET_NODE_RANK", "RANK"), "0")),
-        master_addr=_first(env, ("PET_MASTER_ADDR", "MASTER_ADDR"), "127.0.0.1"),
-        master_port=int(_first(env, ("PET_MASTER_PORT", "MASTER_PORT"), "29500")),
-    )
+    node = NodeEnv.from_env(env)
+    return NodePlace(processes=node.processes, nodes=node.nodes, node_rank=node.node_rank,
+                     master_addr=node.master_addr, master_port=node.master_port)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m kubetune_trainer.entrypoint", description=__doc__)
     parser.add_argument("--config", required=True, type=Path)
+    parser.add_argument(CACHE_STAGE_FIRST, action="store_true",
+                        help="node 0 fills the embedding cache (one process) before this node trains: for pods "
+                             "that share one template across nodes (TrainJob), where no init container can be node 0's")
     args = parser.parse_args(argv)
     from kubetune_api.manifest import ManifestError, load_manifest
 
@@ -45,6 +40,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{args.config}: invalid\n{err}", file=sys.stderr)
         sys.exit(2)
     place = node_place(dict(os.environ))
+    if args.cache_stage and place.node_rank == 0:
+        print("kubetune: cache stage", flush=True)
+        stage = launch(trainer_command(args.config, ("--cache-only",)), NodePlace(processes=1, master_port=free_port()))
+        if stage != 0:
+            sys.exit(stage)
     command = trainer_command(args.config)
     if place.world_size == 1:
         print("kubetune: " + " ".join(command[1:]), flush=True)

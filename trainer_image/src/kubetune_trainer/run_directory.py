@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubetune_api import layout
+from kubetune_api.contract import TrainerEnv
 from kubetune_api.spec import CheckpointSpec
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.storage import runs
@@ -39,7 +40,7 @@ class RunPlace:
 
 def run_id_from_env() -> str | None:
     """The TrainingJob's UID in a pod (the operator sets it); None for a local run."""
-    return os.environ.get("KUBETUNE_RUN_ID") or None
+    return TrainerEnv.from_env(os.environ).run_id
 
 
 def place_run(checkpoints: CheckpointSpec, namespace: str, job: str, run_id: str | None) -> RunPlace:

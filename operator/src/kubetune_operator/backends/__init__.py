@@ -1,9 +1,25 @@
-"""Child-job backends: how a TrainingJob becomes the workload object of a training system.
+"""Child-job backends, registered by name: how a TrainingJob becomes the workload of a training system.
 
-PyTorchJob (Kubeflow Training Operator v1) is what runs today; Kubeflow Trainer v2's TrainJob
-is one more module implementing `Backend`.
+pytorchjob: Kubeflow Training Operator v1.9 (PyTorchJob). trainjob: Kubeflow Trainer v2.3 (TrainJob
+on JobSet). A job names its backend in spec.backend; otherwise the operator's default (the Helm
+value `backend`) applies, and the one chosen is recorded in status.backend for the job's lifetime.
 """
-from kubetune_operator.backends.base import Backend, ChildState
-from kubetune_operator.backends.pytorchjob import PyTorchJobBackend
+from __future__ import annotations
 
-__all__ = ["Backend", "ChildState", "PyTorchJobBackend"]
+from kubetune_operator.backends.base import Backend, ChildState, Prerequisite
+from kubetune_operator.backends.pytorchjob import PyTorchJobBackend
+from kubetune_operator.backends.trainjob import TrainJobBackend
+
+BACKENDS: dict[str, Backend] = {backend.name: backend for backend in (PyTorchJobBackend(), TrainJobBackend())}
+
+
+def backend_name(spec: dict, status: dict, default: str) -> str:
+    """The backend of a job: the one it started with (status.backend), else spec.backend, else DEFAULT.
+
+    status first: a job keeps its backend when the operator's default changes (a helm upgrade).
+    """
+    return (status or {}).get("backend") or (spec or {}).get("backend") or default
+
+
+__all__ = ["BACKENDS", "Backend", "ChildState", "Prerequisite", "PyTorchJobBackend", "TrainJobBackend",
+           "backend_name"]

@@ -1,4 +1,10 @@
-"""The seam between the operator and a training system's job object."""
+"""The seam between the operator and a training system's job object.
+
+A backend knows one Kubeflow job kind: how to build it from a TrainingJob, how to read its state,
+suspend, resume and resize it, which pod runs rank 0, and what it needs installed. The handlers
+talk to this interface only; nothing outside a backend module names a PyTorchJob or TrainJob
+label, container or environment variable.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,7 +25,25 @@ class ChildState:
     completion_time: str | None = None
 
 
+@dataclass(frozen=True)
+class Prerequisite:
+    """Something a backend needs in the cluster before its child job can run.
+
+    name None: the API itself (its CRD) must be served; otherwise the cluster-scoped object of
+    that name must exist. `reason` and `missing` become the BackendReady condition and the
+    Warning event while it is missing: what is missing and how to install it.
+    """
+
+    group: str
+    version: str
+    plural: str
+    name: str | None
+    reason: str
+    missing: str
+
+
 class Backend(Protocol):
+    name: str  # as written in spec.backend and in the Helm value `backend`
     group: str
     version: str
     plural: str
@@ -37,6 +61,22 @@ class Backend(Protocol):
     def is_suspended(self, child: dict) -> bool:
         """Whether the child is told to run no pods now."""
 
-    def resize_patch(self, child: dict, job: TrainingJob, job_uid: str, settings: Settings) -> list[dict]:
+    def resize_patch(self, child: dict, job: TrainingJob, job_uid: str, settings: Settings) -> list[dict] | None:
         """A JSON patch giving the child JOB's size; the API server must refuse it (changing
-        nothing) unless the child is suspended then, so pods of two sizes never run together."""
+        nothing) unless the child is suspended then, so pods of two sizes never run together.
+        None: the child cannot change its size in place; it is replaced (deleted while
+        suspended, then built again at the new size)."""
+
+    def rank0_pod_selector(self, job_name: str) -> str:
+        """A label selector for the pod that runs rank 0 (the one serving the trainer's metrics)."""
+
+    def prerequisites(self, settings: Settings) -> list[Prerequisite]:
+        """What must be installed for this backend's child jobs to be created and run."""
+
+    def unsupported(self, job: TrainingJob, settings: Settings) -> list[str]:
+        """Why this backend cannot run JOB as written (a field it cannot honour), one message per
+        field; empty when it can. Refused, never silently dropped."""
+
+    def progress_patch(self, progress: dict, now: str) -> dict | None:
+        """A status patch reporting PROGRESS (status.progress) on the child, where its API has a
+        place for it; None where it has none."""

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from kubetune_api.spec import TrainingJob
 from kubetune_operator import naming
-from kubetune_operator.backends.base import ChildState
-from kubetune_operator.pod_template import pod_labels, pod_template
+from kubetune_operator.backends.base import ChildState, Prerequisite
+from kubetune_operator.pod_template import ContainerShape, pod_labels, pod_template
 from kubetune_operator.settings import Settings
 
 # PyTorchJob condition type -> TrainingJob phase, most decisive first.
@@ -16,9 +16,19 @@ _PHASE_BY_CONDITION = [
     ("Running", "Running"),
     ("Created", "Pending"),
 ]
+# The training operator injects MASTER_ADDR/MASTER_PORT (and PET_*) into the container of this
+# name, taking the port from the container port of this name.
+CONTAINER_NAME = "pytorch"
+PORT_NAME = "pytorchjob-port"
+# Labels the training operator puts on the pods it creates.
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+INSTALL = ('install the Kubeflow Training Operator v1.9: kubectl apply --server-side -k '
+           '"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.3"')
 
 
 class PyTorchJobBackend:
+    name = "pytorchjob"
     group = "kubeflow.org"
     version = "v1"
     plural = "pytorchjobs"
@@ -26,11 +36,14 @@ class PyTorchJobBackend:
 
     def build(self, job: TrainingJob, job_uid: str, settings: Settings) -> dict:
         spec = job.spec
+        # A per-job port: jobs may share a host's port space (the local process kubelet does).
+        shape = ContainerShape(CONTAINER_NAME, (PORT_NAME, naming.master_port(job_uid)))
+
         def replica(count: int, master: bool) -> dict:
             # The embedding cache is filled once, by the Master, before anyone trains.
             # Only the Master runs rank 0, the one process that serves metrics.
-            template = pod_template(job, job_uid, settings, with_cache_stage=master and spec.data.cache.enabled,
-                                    serves_metrics=master)
+            template = pod_template(job, job_uid, settings, shape,
+                                    with_cache_stage=master and spec.data.cache.enabled, serves_metrics=master)
             return {"replicas": count, "restartPolicy": "ExitCode", "template": template}
 
         replica_specs = {"Master": replica(1, master=True)}
@@ -106,3 +119,18 @@ class PyTorchJobBackend:
         return [{"op": "test", "path": "/spec/runPolicy/suspend", "value": True},
                 {"op": "add", "path": "/spec/nprocPerNode", "value": built["nprocPerNode"]},
                 {"op": "add", "path": "/spec/pytorchReplicaSpecs", "value": built["pytorchReplicaSpecs"]}]
+
+    def rank0_pod_selector(self, job_name: str) -> str:
+        # Rank 0 runs in the Master (node rank 0), which the training operator labels replica-type=master.
+        return f"{JOB_NAME_LABEL}={naming.child_name(job_name)},{REPLICA_TYPE_LABEL}=master"
+
+    def prerequisites(self, settings: Settings) -> list[Prerequisite]:
+        return [Prerequisite(self.group, self.version, self.plural, None, "PyTorchJobAPIMissing",
+                             f"the PyTorchJob API ({self.plural}.{self.group}/{self.version}) is not installed: "
+                             f"{INSTALL}")]
+
+    def unsupported(self, job: TrainingJob, settings: Settings) -> list[str]:
+        return []  # the PyTorchJob carries every field of the spec
+
+    def progress_patch(self, progress: dict, now: str) -> dict | None:
+        return None  # a PyTorchJob's status has no place for progress

@@ -1,0 +1,163 @@
+"""The operator <-> trainer contract: everything one side writes and the other side reads.
+
+The operator (kubetune_operator) renders a pod; the trainer (kubetune_trainer) runs in it. What
+passes between them is named here and nowhere else:
+
+  * the API: group, version, kind and plural of the TrainingJob resource;
+  * the trainer config: a ConfigMap key mounted at a fixed path, and the commands that read it;
+  * the environment the operator sets for the trainer, as one typed object (TrainerEnv), and the
+    environment the Kubeflow controller sets for the node launcher (NodeEnv, PyTorchJob and
+    TrainJob alike);
+  * the Prometheus gauges the trainer serves and the operator reads back into status.progress.
+
+Torch-free and kopf-free, like the rest of kubetune_api: both sides import it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Mapping
+
+# ---- the API --------------------------------------------------------------------------------------
+
+API_GROUP = "kubetune.dev"
+API_VERSION = "v1alpha1"
+KIND = "TrainingJob"
+PLURAL = "trainingjobs"
+SHORT_NAMES = ("tj",)
+
+# ---- the trainer config and the commands that read it -------------------------------------------
+
+CONFIG_MOUNT = "/etc/kubetune"
+CONFIG_KEY = "trainingjob.yaml"
+CONFIG_PATH = f"{CONFIG_MOUNT}/{CONFIG_KEY}"
+# The pod's main process: the node launcher (one trainer per GPU, or per processesPerNode on CPU).
+TRAINER_COMMAND = ("python", "-m", "kubetune_trainer.entrypoint")
+TRAINER_ARGS = ("--config", CONFIG_PATH)
+# The cache stage: one process encodes every sample once before any node trains. Either its own
+# container (an init container of rank 0's pod), or the entry point's flag CACHE_STAGE_FIRST, which
+# runs it on node 0 before the node's trainers start (where all nodes share one pod template).
+CACHE_STAGE_COMMAND = ("python", "-m", "kubetune_trainer")
+CACHE_STAGE_ARGS = ("--config", CONFIG_PATH, "--cache-only")
+CACHE_STAGE_FIRST = "--cache-stage"
+# The exit code of a trainer stopped by SIGTERM after its last checkpoint: retryable, never a failure.
+EXIT_PREEMPTED = 143
+
+# ---- the environment the operator sets --------------------------------------------------------------
+
+# The pod's own address, from the downward API (status.podIP); KUBETUNE_METRICS_ADDR refers to it.
+POD_IP = "POD_IP"
+
+
+@dataclass(frozen=True)
+class TrainerEnv:
+    """What the operator tells every trainer pod through its environment (None = not set).
+
+    `to_env()` renders the pod's env entries (the operator), `from_env()` reads them back (the
+    trainer). Credentials are not here: they reach the pod as secretKeyRef entries (AWS_*), and the
+    S3 endpoint and region under the AWS SDK's own names, which the trainer leaves to boto3.
+    """
+
+    job_name: str | None = None          # the TrainingJob's name (informational: the trainer reads its config's)
+    namespace: str | None = None         # its namespace
+    run_id: str | None = None            # its UID: a restarted pod continues its run's version
+    metrics_port: int | None = None      # rank 0 serves Prometheus metrics here; None = no server
+    metrics_addr: str | None = None      # the address that server binds (the pod's own)
+    cache_dir: str | None = None         # where s3:// inputs are mirrored
+    staging_dir: str | None = None       # where checkpoints are staged before the upload
+    s3_path_style: bool | None = None    # path-style S3 addressing (MinIO and friends)
+
+    # Field -> variable; the names are the contract, so they never change lightly.
+    NAMES = {
+        "job_name": "KUBETUNE_JOB_NAME",
+        "namespace": "KUBETUNE_NAMESPACE",
+        "run_id": "KUBETUNE_RUN_ID",
+        "metrics_port": "KUBETUNE_METRICS_PORT",
+        "metrics_addr": "KUBETUNE_METRICS_ADDR",
+        "cache_dir": "KUBETUNE_CACHE_DIR",
+        "staging_dir": "KUBETUNE_STAGING_DIR",
+        "s3_path_style": "KUBETUNE_S3_PATH_STYLE",
+    }
+    # Set for people and log collectors looking at a pod; the trainer itself does not need them.
+    INFORMATIONAL = ("job_name",)
+
+    def to_env(self) -> list[dict]:
+        """The set fields as pod env entries, in field order (so `$(POD_IP)` can refer to POD_IP above them)."""
+        entries = []
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if value is None:
+                continue
+            text = str(value).lower() if isinstance(value, bool) else str(value)
+            entries.append({"name": self.NAMES[field.name], "value": text})
+        return entries
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "TrainerEnv":
+        """The object back from a process environment; empty variables count as unset."""
+        raw = {field: env.get(name) or None for field, name in cls.NAMES.items()}
+        port = raw["metrics_port"]
+        path_style = {"true": True, "1": True, "false": False, "0": False}.get((raw["s3_path_style"] or "").lower())
+        return cls(**{**raw, "metrics_port": int(port) if port else None, "s3_path_style": path_style})
+
+
+# ---- the environment the Kubeflow controller sets ----------------------------------------------
+
+@dataclass(frozen=True)
+class NodeEnv:
+    """Where a pod stands in a distributed job, from what the Kubeflow controller injects.
+
+    Training Operator v1 (PyTorchJob) and Trainer v2 (TrainJob, torch plugin) both set PET_NNODES,
+    PET_NODE_RANK and PET_NPROC_PER_NODE; the rendezvous address is MASTER_ADDR/MASTER_PORT in v1
+    and PET_MASTER_ADDR/PET_MASTER_PORT in v2, so the PET_ names win where both are present.
+    """
+
+    processes: int = 1
+    nodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+
+    NNODES = "PET_NNODES"
+    NODE_RANK = "PET_NODE_RANK"
+    NPROC_PER_NODE = "PET_NPROC_PER_NODE"
+    MASTER_ADDR = ("PET_MASTER_ADDR", "MASTER_ADDR")
+    MASTER_PORT = ("PET_MASTER_PORT", "MASTER_PORT")
+    # Set by the controllers themselves; a job's own env must not name them (Trainer v2 refuses it).
+    RESERVED = ("PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE", "PET_MASTER_ADDR", "PET_MASTER_PORT",
+                "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "NodeEnv":
+        def first(names: tuple[str, ...], default: str) -> str:
+            return next((env[name] for name in names if env.get(name)), default)
+
+        processes = first((cls.NPROC_PER_NODE,), "1")  # "auto" (a v2 default we never send) counts as 1
+        return cls(
+            processes=int(processes) if processes.isdigit() else 1,
+            nodes=int(first((cls.NNODES,), "1").split(":")[-1]),  # "2", or an elastic "1:2"
+            node_rank=int(first((cls.NODE_RANK, "RANK"), "0")),
+            master_addr=first(cls.MASTER_ADDR, "127.0.0.1"),
+            master_port=int(first(cls.MASTER_PORT, "29500")),
+        )
+
+
+# ---- the metrics the operator reads back ----------------------------------------------------------
+
+TRAINER_METRIC_PREFIX = "kubetune_trainer"
+
+
+class TrainerGauge:
+    """Names (without TRAINER_METRIC_PREFIX) of the rank-0 gauges behind status.progress and status.outputUri."""
+
+    STEP = "step"
+    PLANNED_STEPS = "planned_steps"
+    LOSS = "loss"
+    ETA_SECONDS = "eta_seconds"
+    RUN_VERSION = "run_version"
+    LAST_CHECKPOINT_STEP = "last_checkpoint_step"
+
+    ALL = (STEP, PLANNED_STEPS, LOSS, ETA_SECONDS, RUN_VERSION, LAST_CHECKPOINT_STEP)
+
+    @staticmethod
+    def full_name(name: str) -> str:
+        return f"{TRAINER_METRIC_PREFIX}_{name}"

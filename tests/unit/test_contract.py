@@ -1,0 +1,120 @@
+"""The operator <-> trainer contract (kubetune_api.contract): one set of names, used by both sides."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from kubetune_api import contract
+from kubetune_api.contract import NodeEnv, TrainerEnv, TrainerGauge
+from kubetune_api.manifest import parse_manifest
+from kubetune_operator.backends import BACKENDS
+from kubetune_operator.pod_template import trainer_env
+from kubetune_operator.settings import Settings
+from tests.conftest import REPO
+
+TRAINER_SOURCES = REPO / "trainer_image" / "src" / "kubetune_trainer"
+
+
+# ---- the environment the operator sets ------------------------------------------------------------
+
+@pytest.mark.parametrize("trainer_env_object", [
+    TrainerEnv(),
+    TrainerEnv(job_name="sd15", namespace="team-a", run_id="0d7f-uid", metrics_port=9400, metrics_addr="127.1.0.5",
+               cache_dir="/var/cache/kubetune/inputs", staging_dir="/var/cache/kubetune/staging", s3_path_style=True),
+    TrainerEnv(run_id="uid", s3_path_style=False),
+], ids=["nothing-set", "everything-set", "path-style-false"])
+def test_what_the_operator_writes_the_trainer_reads_back_unchanged(trainer_env_object):
+    rendered = {entry["name"]: entry["value"] for entry in trainer_env_object.to_env()}
+    assert TrainerEnv.from_env(rendered) == trainer_env_object
+
+
+@pytest.mark.parametrize("environ,expected", [
+    ({}, TrainerEnv()),
+    ({"KUBETUNE_RUN_ID": ""}, TrainerEnv()),  # empty is unset: a local run without an id
+    ({"KUBETUNE_METRICS_PORT": "9555", "KUBETUNE_S3_PATH_STYLE": "1"}, TrainerEnv(metrics_port=9555, s3_path_style=True)),
+    ({"KUBETUNE_S3_PATH_STYLE": "maybe"}, TrainerEnv()),
+])
+def test_the_trainer_reads_its_environment_through_the_contract(environ, expected):
+    assert TrainerEnv.from_env(environ) == expected
+
+
+def test_every_kubetune_variable_of_a_pod_is_a_contract_name_and_the_trainer_reads_each(example_manifest):
+    job = parse_manifest({**example_manifest, "metadata": {"name": "x", "namespace": "team-a"}})
+    set_by_operator = {e["name"] for e in trainer_env(job, "uid", Settings(s3_path_style=True))
+                       if e["name"].startswith("KUBETUNE_")}
+    assert set_by_operator == set(TrainerEnv.NAMES.values())
+    read_by_trainer = set()
+    for source in TRAINER_SOURCES.rglob("*.py"):
+        read_by_trainer |= set(re.findall(r"KUBETUNE_[A-Z0-9_]+", source.read_text()))
+    needed = {name for field, name in TrainerEnv.NAMES.items() if field not in TrainerEnv.INFORMATIONAL}
+    unread = needed - read_by_trainer
+    assert not unread, f"the operator sets {sorted(unread)}, which no trainer module reads"
+
+
+# ---- the environment the Kubeflow controllers set ------------------------------------------------
+
+@pytest.mark.parametrize("environ,expected", [
+    # Training Operator v1 (PyTorchJob): MASTER_ADDR/MASTER_PORT plus PET_*.
+    ({"MASTER_ADDR": "sd15-master-0", "MASTER_PORT": "23456", "PET_NNODES": "2", "PET_NODE_RANK": "1",
+      "PET_NPROC_PER_NODE": "4"}, NodeEnv(4, 2, 1, "sd15-master-0", 23456)),
+    # Trainer v2 (TrainJob, torch plugin): PET_MASTER_ADDR/PET_MASTER_PORT only.
+    ({"PET_MASTER_ADDR": "sd15-node-0-0.sd15", "PET_MASTER_PORT": "29500", "PET_NNODES": "3", "PET_NODE_RANK": "2",
+      "PET_NPROC_PER_NODE": "8"}, NodeEnv(8, 3, 2, "sd15-node-0-0.sd15", 29500)),
+    # Both present: the PET_ names win.
+    ({"PET_MASTER_ADDR": "a", "MASTER_ADDR": "b", "PET_MASTER_PORT": "1", "MASTER_PORT": "2"},
+     NodeEnv(master_addr="a", master_port=1)),
+    ({"PET_NNODES": "1:2", "PET_NPROC_PER_NODE": "auto"}, NodeEnv(processes=1, nodes=2)),  # elastic range, "auto"
+    ({"RANK": "3"}, NodeEnv(node_rank=3)),
+    ({}, NodeEnv()),
+], ids=["pytorchjob", "trainjob", "both", "elastic-and-auto", "rank-fallback", "local"])
+def test_a_pod_finds_its_place_from_either_controllers_environment(environ, expected):
+    from kubetune_trainer.entrypoint import node_place
+    from kubetune_trainer.launcher import NodePlace
+
+    assert NodeEnv.from_env(environ) == expected
+    assert node_place(environ) == NodePlace(expected.processes, expected.nodes, expected.node_rank,
+                                            expected.master_addr, expected.master_port)
+
+
+def test_no_backend_sets_a_variable_its_controller_reserves(example_manifest):
+    job = parse_manifest({**example_manifest, "metadata": {"name": "x", "namespace": "team-a"}})
+    names = {e["name"] for e in trainer_env(job, "uid", Settings())}
+    assert not names & set(NodeEnv.RESERVED)
+    trainjob = BACKENDS["trainjob"].build(job, "uid", Settings())
+    assert not {e["name"] for e in trainjob["spec"]["trainer"]["env"]} & set(NodeEnv.RESERVED)
+
+
+# ---- the metrics the operator reads back ---------------------------------------------------------
+
+def test_the_trainer_serves_every_gauge_the_operator_reads():
+    from kubetune_trainer.metrics import TrainerMetrics
+
+    metrics = TrainerMetrics("team-a", "sd15", port=None)
+    served = {metric.name for metric in metrics.registry.collect()}
+    missing = {TrainerGauge.full_name(name) for name in TrainerGauge.ALL} - served
+    assert not missing, f"the operator reads {sorted(missing)}, which the trainer does not serve"
+
+
+# ---- the API, the entry point and the config mount ----------------------------------------------------
+
+def test_the_crd_is_named_by_the_contract():
+    from kubetune_api.crd import build_crd
+
+    crd = build_crd()
+    assert crd["metadata"]["name"] == f"{contract.PLURAL}.{contract.API_GROUP}"
+    assert crd["spec"]["group"] == contract.API_GROUP and crd["spec"]["names"]["kind"] == contract.KIND
+    assert crd["spec"]["names"]["shortNames"] == list(contract.SHORT_NAMES)
+
+
+def test_both_backends_run_the_contracts_entry_point_on_the_mounted_config(example_manifest):
+    from kubetune_operator.backends.trainjob import RuntimeValues, runtime
+
+    job = parse_manifest({**example_manifest, "metadata": {"name": "x", "namespace": "team-a"}})
+    pytorchjob = BACKENDS["pytorchjob"].build(job, "uid", Settings())
+    trainjob_pod = runtime(RuntimeValues())["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"][
+        "template"]["spec"]
+    for pod in (pytorchjob["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"], trainjob_pod):
+        container = pod["containers"][0]
+        assert (container["command"], container["args"]) == (list(contract.TRAINER_COMMAND), list(contract.TRAINER_ARGS))
+        assert {"name": "config", "mountPath": contract.CONFIG_MOUNT, "readOnly": True} in container["volumeMounts"]
