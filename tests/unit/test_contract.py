@@ -44,9 +44,12 @@ def test_every_kubetune_variable_of_a_pod_is_a_contract_name_and_the_trainer_rea
     set_by_operator = {e["name"] for e in trainer_env(job, "uid", Settings(s3_path_style=True))
                        if e["name"].startswith("KUBETUNE_")}
     assert set_by_operator == set(TrainerEnv.NAMES.values())
+    # Read by name, or through the contract (TrainerEnv.from_env(os.environ).run_id).
     read_by_trainer = set()
     for source in TRAINER_SOURCES.rglob("*.py"):
-        read_by_trainer |= set(re.findall(r"KUBETUNE_[A-Z0-9_]+", source.read_text()))
+        text = source.read_text()
+        read_by_trainer |= set(re.findall(r"KUBETUNE_[A-Z0-9_]+", text))
+        read_by_trainer |= {TrainerEnv.NAMES[field] for field in re.findall(r"TrainerEnv\.from_env\([^)]*\)\.(\w+)", text)}
     needed = {name for field, name in TrainerEnv.NAMES.items() if field not in TrainerEnv.INFORMATIONAL}
     unread = needed - read_by_trainer
     assert not unread, f"the operator sets {sorted(unread)}, which no trainer module reads"

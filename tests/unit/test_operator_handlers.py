@@ -148,14 +148,18 @@ def test_a_field_the_backend_cannot_honour_is_refused_for_good(api, example_mani
     assert fake.calls == [], "refused before asking the API server anything"
 
 
-def test_the_webhook_refuses_what_the_jobs_backend_cannot_run(api, example_manifest, monkeypatch):
+def test_the_webhook_refuses_what_the_backend_cannot_run_and_warns_of_a_backend_not_enabled(api, example_manifest, monkeypatch):
     monkeypatch.setattr(handlers, "missing_secret", lambda job: None)
     body = job_body(example_manifest, runPolicy={"ttlSecondsAfterFinished": 60})
     with pytest.raises(kopf.AdmissionError, match="the trainjob backend cannot run this job: "
                                                   "spec.runPolicy.ttlSecondsAfterFinished"):
         handlers.validate_new_job(body=body, warnings=[])
-    with pytest.raises(kopf.AdmissionError, match="installed without the pytorchjob backend"):
-        handlers.validate_new_job(body=job_body(example_manifest, backend="pytorchjob"), warnings=[])
+    # A backend not enabled yet is admitted with a warning: the job waits for it, not lost.
+    warnings: list[str] = []
+    handlers.validate_new_job(body=job_body(example_manifest, backend="pytorchjob"), warnings=warnings)
+    assert warnings == ["BackendReady: spec.backend pytorchjob: this kubetune operator was installed without the "
+                        "pytorchjob backend (enabled: trainjob); enable it with helm upgrade kubetune charts/kubetune "
+                        "--reuse-values --set pytorchjob.enabled=true, and the job starts"]
 
 
 # ---- status that ends true ------------------------------------------------------------------------------

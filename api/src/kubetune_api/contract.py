@@ -44,8 +44,10 @@ EXIT_PREEMPTED = 143
 
 # ---- the environment the operator sets --------------------------------------------------------------
 
-# The pod's own address, from the downward API (status.podIP); KUBETUNE_METRICS_ADDR refers to it.
+# The pod's own address and name, from the downward API (status.podIP, metadata.name);
+# KUBETUNE_METRICS_ADDR and KUBETUNE_POD_NAME refer to them as $(POD_IP) and $(POD_NAME).
 POD_IP = "POD_IP"
+POD_NAME = "POD_NAME"
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,9 @@ class TrainerEnv:
     cache_dir: str | None = None         # where s3:// inputs are mirrored
     staging_dir: str | None = None       # where checkpoints are staged before the upload
     s3_path_style: bool | None = None    # path-style S3 addressing (MinIO and friends)
+    # The pod's name, which the trainer reports in kubetune_trainer_pod_info for joins with GPU
+    # exporters' pod label: a JobSet pod's hostname is not its name (<job>-<index> vs <job>-<index>-<suffix>).
+    pod_name: str | None = None
 
     # Field -> variable; the names are the contract, so they never change lightly.
     NAMES = {
@@ -76,6 +81,7 @@ class TrainerEnv:
         "cache_dir": "KUBETUNE_CACHE_DIR",
         "staging_dir": "KUBETUNE_STAGING_DIR",
         "s3_path_style": "KUBETUNE_S3_PATH_STYLE",
+        "pod_name": "KUBETUNE_POD_NAME",
     }
     # Set for people and log collectors looking at a pod; the trainer itself does not need them.
     INFORMATIONAL = ("job_name",)

@@ -152,10 +152,14 @@ def validate_new_job(body: kopf.Body, warnings: list[str], **_) -> None:
         metrics.ADMISSION_REJECTIONS.labels("missing_secret").inc()
         raise kopf.AdmissionError(problem, code=422)
     backend = backend_of(body.get("spec"), None)
-    refused = backend_check.not_enabled(backend, SETTINGS) or backend_check.unsupported(job, backend, SETTINGS)
+    refused = backend_check.unsupported(job, backend, SETTINGS)
     if refused:
         metrics.ADMISSION_REJECTIONS.labels("backend").inc()
         raise kopf.AdmissionError(refused.message, code=422)
+    # A backend not enabled yet is admitted: the job waits (BackendReady) and starts once it is.
+    disabled = backend_check.not_enabled(backend, SETTINGS)
+    if disabled:
+        warnings.append(f"{backend_check.CONDITION}: {disabled.message}")
     too_big = fit_check.fit_warning(job, SETTINGS.default_gpu_memory)
     if too_big:
         warnings.append(too_big)

@@ -16,8 +16,7 @@ from kubetune_operator.status import PHASES
 
 RECONCILE_RESULTS = ("ok", "retry", "error")
 # Why the admission webhook refused a TrainingJob: the typed model refused the spec, the S3
-# credentials Secret it names is not there, or its backend cannot run it (not enabled, or a field
-# that backend cannot honour).
+# credentials Secret it names is not there, or its backend cannot honour a field it sets.
 ADMISSION_REASONS = ("invalid_spec", "missing_secret", "backend")
 
 RECONCILES = Counter("kubetune_operator_reconciles_total",

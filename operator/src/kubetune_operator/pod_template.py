@@ -48,10 +48,12 @@ def pod_labels(job: TrainingJob) -> dict[str, str]:
 def static_env(settings: Settings) -> list[dict]:
     """The part of the trainer's environment that is the same for every job of this operator."""
     return [
-        # Listed first: KUBETUNE_METRICS_ADDR refers to it, and $(VAR) sees only variables above it.
+        # Listed first: the KUBETUNE_ variables refer to them, and $(VAR) sees only variables above it.
         {"name": contract.POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": contract.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         *TrainerEnv(metrics_port=settings.trainer_metrics_port, metrics_addr=f"$({contract.POD_IP})",
-                    cache_dir=f"{CACHE_DIR}/inputs", staging_dir=f"{CACHE_DIR}/staging").to_env(),
+                    cache_dir=f"{CACHE_DIR}/inputs", staging_dir=f"{CACHE_DIR}/staging",
+                    pod_name=f"$({contract.POD_NAME})").to_env(),
         {"name": "HOME", "value": f"{CACHE_DIR}/home"},
         {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from kubetune_api import layout
+from kubetune_api.contract import TrainerEnv
 from kubetune_api.spec import TrainingJob, TrainingJobSpec
 from kubetune_trainer import checkpoints, training_state
 from kubetune_trainer.checkpointing import ShardedState, files_of_rank, full_trained_state
@@ -220,7 +221,8 @@ class Run:
         self.reporter = Reporter(self.is_main, self.plan.total_steps, self.position.step, self.output / "logs",
                                  self.spec.training.log_every_steps, self.batching.global_batch, self.namespace,
                                  self.job.metadata.name)
-        self.reporter.pods(list(dict.fromkeys(self._gather_objects(socket.gethostname()))))
+        pod = TrainerEnv.from_env(os.environ).pod_name or socket.gethostname()  # the operator names the pod
+        self.reporter.pods(list(dict.fromkeys(self._gather_objects(pod))))
         self.reporter.samples_skipped(len(self.family.screen.skipped))
         self.reporter.run_version(self.run_place.version)
         if self.is_main:

@@ -48,6 +48,7 @@ class Backend(Protocol):
     version: str
     plural: str
     kind: str
+    container: str  # the trainer container's name in the child's pods (its logs: kubectl logs -c)
 
     def build(self, job: TrainingJob, job_uid: str, settings: Settings) -> dict:
         """The child job object (without ownerReferences: the handler adopts it)."""

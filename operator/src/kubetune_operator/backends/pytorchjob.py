@@ -33,6 +33,7 @@ class PyTorchJobBackend:
     version = "v1"
     plural = "pytorchjobs"
     kind = "PyTorchJob"
+    container = CONTAINER_NAME
 
     def build(self, job: TrainingJob, job_uid: str, settings: Settings) -> dict:
         spec = job.spec

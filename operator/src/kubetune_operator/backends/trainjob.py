@@ -124,6 +124,7 @@ class TrainJobBackend:
     version = VERSION
     plural = "trainjobs"
     kind = "TrainJob"
+    container = NODE
 
     def build(self, job: TrainingJob, job_uid: str, settings: Settings) -> dict:
         spec = job.spec
