@@ -22,7 +22,7 @@ export GOPROXY="${GOPROXY:-https://proxy.golang.org}"
 mkdir -p "$cache"
 
 step=0
-steps=5
+steps=9
 total_start=$SECONDS
 
 # build_component NAME VERSION FUNCTION: runs FUNCTION in a fresh scratch module unless cached.
@@ -117,9 +117,83 @@ build_versitygw() {
   GOBIN="$dest/bin" go install -ldflags "-s -w" "github.com/versity/versitygw/cmd/versitygw@$version"
 }
 
+# A scratch module that requires MODULE@VERSION, for modules whose version list the proxy refuses
+# (sigs.k8s.io/kueue and sigs.k8s.io/jobset): `go install M@V` reads that list, `go build` in a
+# module that names the version does not. The go line is the installed Go's, which is at least
+# what any of these modules asks for.
+scratch_module() {
+  local module=$1 version=$2
+  go mod init "kubetune.local/$(basename "$module")" >/dev/null 2>&1
+  go mod edit -go="$(go env GOVERSION | sed 's/^go//')" -require="$module@$version"
+}
+
+# copy_from_module MODULE VERSION DEST FILE...: files of the module's zip (CRDs, webhook
+# manifests) into DEST, writable (the module cache is read-only).
+copy_from_module() {
+  local module=$1 version=$2 dest=$3 src
+  shift 3
+  src="$(go env GOMODCACHE)/$(echo "$module" | sed 's/[A-Z]/!\L&/g')@$version"
+  mkdir -p "$dest"
+  for f in "$@"; do cp "$src/$f" "$dest/"; done
+  chmod -R u+w "$dest"
+}
+
+# JobSet: its controller (the module's root package) plus its CRD and webhook configurations.
+build_jobset() {
+  local version=$1 dest=$2 mod=sigs.k8s.io/jobset
+  scratch_module "$mod" "$version"
+  echo "  go build $mod"
+  go build -ldflags "-s -w -X $mod/pkg/version.GitVersion=$version" -o "$dest/bin/jobset" "$mod"
+  copy_from_module "$mod" "$version" "$dest/config" \
+    config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml config/components/webhook/manifests.yaml
+}
+
+# Kubeflow Trainer v2: go install works (its version list is served); CRDs and webhooks from
+# manifests/base.
+build_trainer() {
+  local version=$1 dest=$2 mod=github.com/kubeflow/trainer/v2
+  echo "  go install $mod/cmd/trainer-controller-manager@$version"
+  GOBIN="$dest/bin" go install -ldflags "-s -w" "$mod/cmd/trainer-controller-manager@$version"
+  copy_from_module "$mod" "$version" "$dest/config" \
+    manifests/base/crds/trainer.kubeflow.org_clustertrainingruntimes.yaml \
+    manifests/base/crds/trainer.kubeflow.org_trainingruntimes.yaml \
+    manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml manifests/base/webhook/manifests.yaml
+}
+
+# Kueue: the controller manager, its CRDs, its webhook configurations, and the kustomize patches
+# that turn on conversion webhooks for the CRDs served in two versions (v1beta1 and v1beta2).
+build_kueue() {
+  local version=$1 dest=$2 mod=sigs.k8s.io/kueue src
+  scratch_module "$mod" "$version"
+  echo "  go build $mod/cmd/kueue"
+  go build -ldflags "-s -w -X $mod/pkg/version.GitVersion=$version" -o "$dest/bin/kueue" "$mod/cmd/kueue"
+  src="$(go env GOMODCACHE)/$mod@$version/config/components"
+  mkdir -p "$dest/config/crds" "$dest/config/crd-patches"
+  cp "$src"/crd/bases/*.yaml "$dest/config/crds/"
+  cp "$src"/crd/kustomization.yaml "$src"/crd/patches/webhook_in_*.yaml "$dest/config/crd-patches/"
+  cp "$src"/webhook/manifests.yaml "$dest/config/"
+  chmod -R u+w "$dest/config"
+}
+
+# Prometheus 3.x. remove_all_sd leaves out every service-discovery plugin but the built-in file
+# and HTTP ones (the process kubelet writes file_sd targets): a third of the build, no cloud SDKs.
+# Its UI assets are not embedded (no builtinassets tag); the API and /-/ready are all we use.
+build_prometheus() {
+  local version=$1 dest=$2 mod=github.com/prometheus/prometheus minor release
+  minor="$(echo "$version" | cut -d. -f2)"   # v0.316.0 -> 316 -> Prometheus 3.16.0
+  release="3.$((10#${minor:1})).$(echo "$version" | cut -d. -f3)"
+  echo "  go install $mod/cmd/prometheus@$version (Prometheus $release)"
+  GOBIN="$dest/bin" go install -tags remove_all_sd \
+    -ldflags "-s -w -X github.com/prometheus/common/version.Version=$release" "$mod/cmd/prometheus@$version"
+}
+
 build_component etcd "$ETCD_VERSION" build_etcd
 build_component kubernetes "$KUBERNETES_VERSION" build_kubernetes
 build_component helm "$HELM_VERSION" build_helm
 build_component training-operator "$TRAINING_OPERATOR_VERSION" build_training_operator
 build_component versitygw "$VERSITYGW_VERSION" build_versitygw
+build_component prometheus "$PROMETHEUS_VERSION" build_prometheus
+build_component jobset "$JOBSET_VERSION" build_jobset
+build_component trainer "$TRAINER_VERSION" build_trainer
+build_component kueue "$KUEUE_VERSION" build_kueue
 echo "control-plane binaries ready in $cache ($((SECONDS - total_start)) s)"

@@ -1,6 +1,7 @@
 """The local control plane: which processes, in which order, with which flags, under one directory.
 
     etcd → kube-apiserver → CRDs → kube-controller-manager → training operator
+         → JobSet → Kubeflow Trainer → Kueue (each with its webhooks, see controllers.py)
          → S3 server (versitygw) → Prometheus → process kubelet
 
 Everything listens on 127.0.0.1 on ports chosen once per state directory (ports.json), so
@@ -25,11 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import yaml
+
 from kubetune_dev import certs, processes, versions
+from kubetune_dev.controllers import CONTROLLERS, KUEUE_NAMESPACE, Controller
+from kubetune_dev.webhooks import ca_bundle
 
 REPO_CRDS = Path(__file__).resolve().parents[3] / "manifests" / "crd"
 PORT_NAMES = ["etcd", "etcd_peer", "apiserver", "operator_metrics", "operator_health", "operator_webhook",
-              "s3", "prometheus"]
+              "s3", "prometheus"] + [f"{c.name}_{kind}" for c in CONTROLLERS for kind in ("webhook", "health")]
 REGION = "us-east-1"
 
 
@@ -70,10 +75,13 @@ class Cluster:
     @property
     def ports(self) -> dict[str, int]:
         path = self.home / "ports.json"
-        if not path.exists():
+        ports = json.loads(path.read_text()) if path.exists() else {}
+        if missing := [name for name in PORT_NAMES if name not in ports]:
+            # A new state directory, or one made before a component was added: chosen once, kept.
             self.home.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({name: _free_port() for name in PORT_NAMES}, indent=1))
-        return json.loads(path.read_text())
+            ports.update({name: _free_port() for name in missing})
+            path.write_text(json.dumps(ports, indent=1))
+        return ports
 
     @property
     def s3_credentials(self) -> dict[str, str]:
@@ -181,6 +189,8 @@ class Cluster:
                 lambda: self._exists("/api/v1/namespaces/default/serviceaccounts/default")),
             Component("training-operator", self._training_operator_argv, self._training_operator_ready,
                       env=lambda: {"KUBECONFIG": str(self.kubeconfig("training-operator"))}),
+            *[Component(c.name, lambda c=c: self._controller_argv(c), lambda c=c: self._controller_ready(c),
+                        env=lambda c=c: {"KUBECONFIG": str(self.kubeconfig(c.name))}) for c in CONTROLLERS],
             Component("s3", lambda: [
                 str(versions.binary("versitygw")), "--access", self.s3_credentials["access_key"],
                 "--secret", self.s3_credentials["secret_key"], "--region", REGION,
@@ -223,8 +233,8 @@ class Cluster:
             "scrape_configs": [
                 {"job_name": "prometheus",
                  "static_configs": [{"targets": [f"127.0.0.1:{self.ports['prometheus']}"]}]},
-                # Debian builds Prometheus without Kubernetes service discovery, so the kubelet
-                # writes pods annotated prometheus.io/scrape=true into this directory instead.
+                # Prometheus is built without Kubernetes service discovery (build.sh), so the
+                # kubelet writes pods annotated prometheus.io/scrape=true into this directory.
                 {"job_name": "files", "file_sd_configs": [
                     {"files": [str(self.prometheus_targets / "*.json")], "refresh_interval": "2s"}]},
             ],
@@ -266,32 +276,61 @@ class Cluster:
         """Start whatever is not running and wait until every part is ready."""
         # Fail early, with the build hint, when a binary is missing.
         for binary in ["etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "helm",
-                       "training-operator.v1", "versitygw", "prometheus"]:
+                       "training-operator.v1", "versitygw", "prometheus", *(c.binary for c in CONTROLLERS)]:
             versions.binary(binary)
+        start = time.monotonic()
         self._prepare()
+        self.log(f"{'certificates':24} ready in {time.monotonic() - start:.1f} s")
         by_name = {c.name: c for c in self.components}
         self._start(by_name["etcd"])
         self._start(by_name["kube-apiserver"])
         # CRDs go in before the controller manager: its garbage collector re-reads discovery only
         # every 30 s, so resources it has not seen yet would keep their orphans that long.
-        self._install_crds()
+        start = time.monotonic()
+        established = self._install_crds()
+        self.log(f"{'CRDs':24} {established} established in {time.monotonic() - start:.1f} s")
         self._start(by_name["kube-controller-manager"])
         self._prepare_training_operator()
-        for name in ["training-operator", "s3", "prometheus", "kubelet"]:
+        self._start(by_name["training-operator"])
+        self._ensure_namespace(KUEUE_NAMESPACE)
+        for controller in CONTROLLERS:
+            self._start(by_name[controller.name])
+            # Registered once the controller answers: with failurePolicy Fail, a webhook that
+            # nobody serves would refuse every request it matches.
+            start = time.monotonic()
+            configurations = controller.webhook_configurations(self.ports[f"{controller.name}_webhook"], self._ca)
+            self._apply(configurations)
+            self.log(f"{controller.name + ' webhooks':24} {sum(len(c['webhooks']) for c in configurations)} "
+                     f"registered in {time.monotonic() - start:.1f} s")
+        for name in ["s3", "prometheus", "kubelet"]:
             self._start(by_name[name])
 
-    def _install_crds(self) -> None:
-        files = versions.training_operator_crds() + sorted(REPO_CRDS.glob("*.yaml"))
-        names = []
-        for f in files:
-            applied = self.kubectl("apply", "--server-side", "--force-conflicts", "-o", "name", "-f", str(f))
-            names += [line.split("/", 1)[1] for line in applied.stdout.split()]
+    @property
+    def _ca(self) -> str:
+        return ca_bundle(self.pki / "ca.crt")
+
+    def _apply(self, objects: list[dict]) -> list[str]:
+        """Server-side apply OBJECTS in one kubectl call; returns `kind.group/name` of each."""
+        applied = self.kubectl("apply", "--server-side", "--force-conflicts", "-o", "name", "-f", "-",
+                               input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+        return applied.stdout.split()
+
+    def _ensure_namespace(self, name: str) -> None:
+        self._apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}])
+
+    def _install_crds(self) -> int:
+        own = versions.training_operator_crds() + sorted(REPO_CRDS.glob("*.yaml"))
+        crds = [yaml.safe_load(f.read_text()) for f in own]
+        for controller in CONTROLLERS:
+            crds += controller.crds(self.ports[f"{controller.name}_webhook"], self._ca)
+        names = [line.split("/", 1)[1] for line in self._apply(crds)]
         deadline = time.monotonic() + 60
         for name in names:
             while not self._crd_established(name):
                 if time.monotonic() > deadline:
                     raise NotReady(f"CRD {name} not Established after 60 s")
                 time.sleep(0.2)
+        return len(names)
 
     def _crd_established(self, name: str) -> bool:
         status, body = self.api_get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
@@ -356,6 +395,27 @@ class Cluster:
                 path.write_bytes(content)
                 path.chmod(0o600)
         return self._get(f"http://127.0.0.1:{self.ports['operator_health']}/readyz")[0] == 200
+
+    # ---- JobSet, Trainer, Kueue (controllers.py) --------------------------------------------------
+    def _controller_argv(self, controller: Controller) -> list[str]:
+        state = self.home / controller.name
+        cert_dir = certs.serving_cert_dir(self.pki, state / "certs")
+        config = controller.configuration(self.ports[f"{controller.name}_webhook"],
+                                          self.ports[f"{controller.name}_health"], str(cert_dir))
+        (state / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        argv = [str(versions.binary(controller.binary)), f"--config={state / 'config.yaml'}"]
+        if not controller.cert_mounts:
+            return argv
+        spec = {"mounts": [{"source": str(cert_dir), "target": target, "readOnly": True}
+                           for target in controller.cert_mounts],
+                "workingDir": str(self.home), "argv": argv,
+                "env": {"KUBECONFIG": str(self.kubeconfig(controller.name)), "PATH": os.environ.get("PATH", "")}}
+        (state / "sandbox.json").write_text(json.dumps(spec, indent=1))
+        return [sys.executable, "-m", "kubetune_dev.sandbox", str(state / "sandbox.json")]
+
+    def _controller_ready(self, controller: Controller) -> bool:
+        # Each one reports ready only once its webhook server is listening.
+        return self._get(f"http://127.0.0.1:{self.ports[controller.name + '_health']}/readyz")[0] == 200
 
     def down(self) -> None:
         """Stop the kubelet first (it stops its pods), then the rest in reverse start order."""

@@ -7,7 +7,6 @@ Python side always looks for exactly what the builder produced.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 VERSIONS_FILE = Path(__file__).resolve().parents[2] / "versions.env"
@@ -22,6 +21,10 @@ _COMPONENTS = {
     "helm": ("helm", "HELM_VERSION"),
     "training-operator.v1": ("training-operator", "TRAINING_OPERATOR_VERSION"),
     "versitygw": ("versitygw", "VERSITYGW_VERSION"),
+    "prometheus": ("prometheus", "PROMETHEUS_VERSION"),
+    "jobset": ("jobset", "JOBSET_VERSION"),
+    "trainer-controller-manager": ("trainer", "TRAINER_VERSION"),
+    "kueue": ("kueue", "KUEUE_VERSION"),
 }
 
 
@@ -50,12 +53,7 @@ def component_dir(binary: str) -> Path:
 
 
 def binary(name: str) -> Path:
-    """Absolute path of a built binary; Prometheus comes from Debian's package instead."""
-    if name == "prometheus":
-        found = shutil.which("prometheus")
-        if not found:
-            raise MissingBinary("prometheus is not installed: run `bash devcluster/apt-packages.sh`")
-        return Path(found)
+    """Absolute path of a built binary."""
     path = component_dir(name) / "bin" / name
     if not path.exists():
         raise MissingBinary(f"{path} is missing: run `bash {BUILD_SCRIPT}` (cached per version)")
@@ -66,3 +64,8 @@ def training_operator_crds() -> list[Path]:
     """The training operator's CRDs (copied from its Go module by the builder) that we serve:
     only PyTorchJob, the one scheme the operator runs with here."""
     return [component_dir("training-operator.v1") / "crds" / "kubeflow.org_pytorchjobs.yaml"]
+
+
+def config_dir(binary: str) -> Path:
+    """What the builder copied from a controller's Go module: CRDs and webhook configurations."""
+    return component_dir(binary) / "config"
