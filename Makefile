@@ -19,7 +19,8 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# Go-built Kubernetes, etcd, helm, the training operator and the S3 server, cached per version.
+# Go-built Kubernetes, etcd, helm, the training operator, JobSet, Kubeflow Trainer, Kueue, the S3
+# server and Prometheus, cached per version (devcluster/versions.env).
 cluster-bins:
 	bash devcluster/build.sh
 

@@ -184,6 +184,7 @@ class PodRunner(threading.Thread):
         sandbox_spec = {
             "hostname": self.pod["spec"].get("hostname") or self.meta["name"][:63],
             "hosts": str(self.hosts_file),
+            "image": {"root": images.IMAGE_ROOT, "mounts": images.image_mounts()},
             "mounts": self._mounts(spec),
             "workingDir": spec.get("workingDir") or "/",
             "argv": argv,

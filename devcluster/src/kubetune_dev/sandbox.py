@@ -2,8 +2,9 @@
 
 The process kubelet starts `python -m kubetune_dev.sandbox SPEC.json` (and `dev up` starts the
 training operator that way, to give it its certificate directory). In a new mount and UTS
-namespace (we run as root), it bind-mounts the pod's hosts file over /etc/hosts and each volume
-directory over its container path, sets the pod's hostname, and execs the container command.
+namespace (we run as root), it mounts the image's files at their fixed place (images.py), then
+bind-mounts the pod's hosts file over /etc/hosts and each volume directory over its container
+path, sets the pod's hostname, and execs the container command.
 Only this process tree sees those mounts; the host's files stay as they are. Name lookups from
 C code (torch's c10d store, gloo) read /etc/hosts, which is why a Python-level patch would not do.
 """
@@ -50,9 +51,17 @@ def bind(source: str, target: str, read_only: bool) -> None:
         _mount(None, target, MS_BIND | MS_REMOUNT | MS_RDONLY)
 
 
+def image_root(root: str) -> None:
+    """A small private tmpfs at ROOT to hold the image's mount points: nothing is created in
+    the host's directory but ROOT itself, and whatever the host has there stays unseen."""
+    os.makedirs(root, exist_ok=True)
+    _check(_libc.mount(b"tmpfs", root.encode(), b"tmpfs", 0, b"size=1m,mode=0755"), f"mount tmpfs on {root}")
+
+
 def main(spec_path: str) -> None:
     with open(spec_path) as f:
         spec = json.load(f)
+    image = spec.get("image") or {"root": None, "mounts": []}
     # Shallow targets first (a volume at /data before one at /data/cache), as runtimes do.
     mounts = sorted(spec["mounts"], key=lambda m: m["target"].rstrip("/").count("/"))
     _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWUTS), "unshare")
@@ -60,16 +69,22 @@ def main(spec_path: str) -> None:
     _mount(None, "/", MS_REC | MS_PRIVATE)
     # Open every source before mounting anything (and after unshare: a bind source must belong
     # to this namespace). A volume mounted at /tmp would otherwise hide the sources of the
-    # mounts after it whenever the state directory lives under /tmp.
+    # mounts after it whenever the state directory (or the checkout) lives under /tmp.
+    image_sources = [os.open(m["source"], os.O_PATH) for m in image["mounts"]]
     sources = [os.open(m["source"], os.O_PATH) for m in mounts]
     hosts = os.open(spec["hosts"], os.O_PATH) if "hosts" in spec else None
     if "hostname" in spec:
         socket.sethostname(spec["hostname"])
+    # The image first, the volumes over it: as in a container, a volume hides the image's files.
+    if image["root"]:
+        image_root(image["root"])
+    for m, fd in zip(image["mounts"], image_sources):
+        bind(f"/proc/self/fd/{fd}", m["target"], m["readOnly"])
     if hosts is not None:
         bind(f"/proc/self/fd/{hosts}", "/etc/hosts", read_only=True)
     for m, fd in zip(mounts, sources):
         bind(f"/proc/self/fd/{fd}", m["target"], m["readOnly"])
-    for fd in sources + ([hosts] if hosts is not None else []):
+    for fd in image_sources + sources + ([hosts] if hosts is not None else []):
         os.close(fd)
     os.chdir(spec["workingDir"])
     argv = spec["argv"]
