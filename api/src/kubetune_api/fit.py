@@ -21,6 +21,8 @@ from kubetune_api.spec import TrainingJobSpec
 
 # Activations in fp32 ("no" mixed precision) against the bf16 calibration: every saved tensor doubles.
 FP32_ACTIVATION_FACTOR = 2.0
+# The classifier's standard architecture (ViT-B/16) trains at its own 224 px when data.resolution is unset.
+VIT_IMAGE_SIZE = 224
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,7 @@ class CoarseEstimator:
         ema = EMA_BYTES * trained if training.ema_decay else 0
         step = optimizer_step_bytes(training.optimizer, gradients, 0, on_gpu=True)
         dynamic = profile.dynamic[(spec.adapter.type if full else "lora", training.gradient_checkpointing)].bytes(
-            training.batch_size, spec.data.resolution)
+            training.batch_size, spec.resolution or VIT_IMAGE_SIZE)
         if training.mixed_precision == "no":
             dynamic *= FP32_ACTIVATION_FACTOR
         if strategy == "fsdp" and world > 1:

@@ -86,6 +86,12 @@ ResumeSource = Annotated[str, AfterValidator(check_resume_source), Field(
 Family = Literal["sd15", "sdxl", "flux-kontext", "qwen-image-edit", "pmg", "classifier"]
 Layout = Literal["captions", "edit-pairs", "pmg", "image-folder"]
 
+# The resolution each family trains at when spec.data.resolution is unset (the classifier: its
+# model's own image size, which only the trainer can read).
+NATIVE_RESOLUTIONS: dict[str, int | None] = {
+    "sd15": 512, "sdxl": 1024, "flux-kontext": 1024, "qwen-image-edit": 1024, "pmg": 512, "classifier": None,
+}
+
 # Which data layouts each family reads (checked here and, as CEL, by the API server).
 LAYOUTS_BY_FAMILY: dict[str, tuple[str, ...]] = {
     "sd15": ("captions",),
@@ -164,9 +170,10 @@ class DataSpec(_Model):
         "image-folder: CLASS/NAME.png."
     )
     uri: StorageUri = Field(description="The data directory: a local path or s3://bucket/prefix.")
-    resolution: int = Field(
-        default=512, ge=8, le=4096, multiple_of=8,
-        description="Training resolution in pixels (a multiple of 8).",
+    resolution: Optional[int] = Field(
+        default=None, ge=8, le=4096, multiple_of=8,
+        description="Training resolution in pixels (a multiple of 8). Unset: the family's native size: sd15 and "
+        "pmg 512, sdxl, flux-kontext and qwen-image-edit 1024, classifier its model's image size.",
     )
     center_crop: bool = Field(default=True, description="Center-crop to the resolution (else random crop).")
     random_flip: bool = Field(default=False, description="Randomly flip images horizontally.")
@@ -660,6 +667,11 @@ class TrainingJobSpec(_Model):
         "Training Operator v1.9) or trainjob (a TrainJob of Kubeflow Trainer v2.3 with JobSet); unset = the "
         "operator's default (Helm value backend). Fixed once the job started.",
     )
+
+    @property
+    def resolution(self) -> int | None:
+        """spec.data.resolution, else the family's native size (None: the classifier's model decides)."""
+        return self.data.resolution or NATIVE_RESOLUTIONS[self.model.family]
 
     @property
     def processes_per_node(self) -> int:

@@ -164,7 +164,7 @@ def write_tiny_sdxl(out_dir: Path, seed: int = 0) -> Path:
 
 def write_tiny_classifier(out_dir: Path, seed: int = 0) -> Path:
     """A ViT image classifier (2 labels; training replaces the head to fit the data's classes)."""
-    from transformers import ViTConfig, ViTForImageClassification
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
     torch.manual_seed(seed)
     model = ViTForImageClassification(ViTConfig(
@@ -172,6 +172,8 @@ def write_tiny_classifier(out_dir: Path, seed: int = 0) -> Path:
         intermediate_size=64, num_labels=2,
     ))
     model.save_pretrained(out_dir, safe_serialization=True)
+    # Real checkpoints ship their preprocessing: the size and normalisation the model expects.
+    ViTImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(out_dir)
     return out_dir
 
 

@@ -1,6 +1,7 @@
 """Supervised image classification with any transformers image-classification model (full or LoRA)."""
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import torch
@@ -8,6 +9,7 @@ import torch.nn.functional as F
 
 from kubetune_trainer.data.image_folder import ImageFolderDataset, collate, read_image_folder
 from kubetune_trainer.data.images import ImageTransform
+from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.families.base import ModelFamily, whole_state
 
 # Attention projections of ViT-style encoders; set spec.adapter.targetModules for other models.
@@ -25,6 +27,37 @@ def accuracy_and_f1(predictions: torch.Tensor, labels: torch.Tensor, num_classes
     return {"accuracy": (predictions == labels).float().mean().item(), "f1": sum(scores) / len(scores)}
 
 
+def image_processor(pretrained: str):
+    """The model's image processor (its size and normalisation), or None when it ships none."""
+    from transformers import AutoImageProcessor
+
+    try:
+        return AutoImageProcessor.from_pretrained(pretrained)
+    except (OSError, ValueError):
+        return None
+
+
+def native_size(processor, config) -> int | None:
+    """The square size the model was trained at: its processor's crop or resize size, else config.image_size."""
+    for attribute in ("crop_size", "size"):
+        side = _side(getattr(processor, attribute, None))
+        if side:
+            return side
+    image_size = getattr(config, "image_size", None)
+    return int(image_size[0] if isinstance(image_size, (list, tuple)) else image_size) if image_size else None
+
+
+def _side(size) -> int | None:
+    """A processor's size: an int, or height / shortest_edge of a dict or transformers' SizeDict."""
+    if isinstance(size, int):
+        return size
+    for key in ("height", "shortest_edge"):
+        value = size.get(key) if isinstance(size, dict) else getattr(size, key, None)
+        if value:
+            return int(value)
+    return None
+
+
 class ImageClassifier(ModelFamily):
     def __init__(self, spec, device, weight_dtype):
         super().__init__(spec, device, weight_dtype)
@@ -35,9 +68,19 @@ class ImageClassifier(ModelFamily):
             spec.model.pretrained, num_labels=len(self.classes), ignore_mismatched_sizes=True,
             id2label=dict(enumerate(self.classes)), label2id={c: i for i, c in enumerate(self.classes)},
         )
-        config = model.config
-        self.mean = torch.tensor(getattr(config, "image_mean", None) or [0.5] * 3).view(1, 3, 1, 1)
-        self.std = torch.tensor(getattr(config, "image_std", None) or [0.5] * 3).view(1, 3, 1, 1)
+        processor = image_processor(spec.model.pretrained)
+        mean = getattr(processor, "image_mean", None) or getattr(model.config, "image_mean", None) or [0.5] * 3
+        std = getattr(processor, "image_std", None) or getattr(model.config, "image_std", None) or [0.5] * 3
+        self.mean = torch.tensor(mean).view(1, 3, 1, 1)
+        self.std = torch.tensor(std).view(1, 3, 1, 1)
+        self.native_size = native_size(processor, model.config)
+        self.resolution = spec.data.resolution or self.native_size
+        if self.resolution is None:
+            raise ConfigError(f"spec.data.resolution: {spec.model.pretrained} says nothing of its image size "
+                              "(no image processor, no config.image_size); set the resolution")
+        # A size the model was not built for: ViT-style models interpolate their position embeddings.
+        self.forward_options = ({"interpolate_pos_encoding": True} if self.resolution != self.native_size
+                                and "interpolate_pos_encoding" in inspect.signature(model.forward).parameters else {})
         if spec.adapter.type == "lora":
             from peft import LoraConfig, get_peft_model
 
@@ -49,6 +92,22 @@ class ImageClassifier(ModelFamily):
                 modules_to_save=[self._head_name(model)],
             ))
         self.model = model.to(device).train()
+        self._check_resolution()
+
+    def _check_resolution(self) -> None:
+        """Run one blank image through the model at the training resolution: a size it cannot take is
+        refused here, naming the field, instead of failing inside the first step."""
+        blank = torch.zeros(1, 3, self.resolution, self.resolution)
+        try:
+            with torch.no_grad():
+                self.logits(self.model, blank)
+        except (RuntimeError, ValueError) as err:
+            reason = str(err).splitlines()[0][:200]
+            raise ConfigError(
+                f"spec.data.resolution: {self.spec.model.pretrained} takes {self.native_size}x{self.native_size} "
+                f"images and cannot run at {self.resolution}x{self.resolution} ({reason}); leave "
+                "spec.data.resolution unset to train at its own size, or use a model that interpolates its "
+                "position embeddings (ViT, DeiT, BEiT...)") from None
 
     @staticmethod
     def _head_name(model) -> str:
@@ -66,7 +125,7 @@ class ImageClassifier(ModelFamily):
 
     def make_dataset(self, samples, training):
         data = self.spec.data
-        transform = ImageTransform(data.resolution, data.center_crop or not training, data.random_flip and training)
+        transform = ImageTransform(self.resolution, data.center_crop or not training, data.random_flip and training)
         return ImageFolderDataset(samples, transform, self.spec.training.seed)
 
     def collate(self, items):
@@ -74,7 +133,7 @@ class ImageClassifier(ModelFamily):
 
     def logits(self, model, pixels: torch.Tensor) -> torch.Tensor:
         pixels = ((pixels + 1) / 2 - self.mean) / self.std  # [-1, 1] -> the model's normalisation
-        return model(pixel_values=pixels.to(self.device)).logits
+        return model(pixel_values=pixels.to(self.device), **self.forward_options).logits
 
     def compute_loss(self, model, batch, random):
         return F.cross_entropy(self.logits(model, batch["pixel_values"]).float(), batch["labels"].to(self.device))

@@ -57,7 +57,7 @@ class EditingFamily(ModelFamily):
 
     def make_dataset(self, samples, training):
         data = self.spec.data
-        transform = ImageTransform(data.resolution, data.center_crop or not training, data.random_flip and training)
+        transform = ImageTransform(self.spec.resolution, data.center_crop or not training, data.random_flip and training)
         return EditPairsDataset(samples, transform, data.caption_dropout if training else 0.0,
                                 data.control_dropout if training else 0.0, self.spec.training.seed, data.bucketing)
 

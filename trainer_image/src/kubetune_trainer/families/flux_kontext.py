@@ -126,7 +126,7 @@ class FluxKontext(EditingFamily):
             return []
         pipeline = self.pipeline()
         pipeline.set_progress_bar_config(disable=True)
-        size = self.spec.data.resolution
+        size = self.spec.resolution
         return [pipeline(image=to_pil(control), prompt=caption, height=size, width=size,
                          num_inference_steps=self.spec.validation.num_inference_steps, guidance_scale=GUIDANCE,
                          generator=generator, max_area=size * size, _auto_resize=False,

@@ -122,7 +122,7 @@ class PersonalizedGeneration(StableDiffusion15):
 
     def make_dataset(self, samples, training):
         data = self.spec.data
-        transform = ImageTransform(data.resolution, data.center_crop or not training, data.random_flip and training)
+        transform = ImageTransform(self.spec.resolution, data.center_crop or not training, data.random_flip and training)
         return PmgDataset(samples, transform, self.spec.training.seed)
 
     def collate(self, items):

@@ -150,7 +150,7 @@ class QwenImageEdit(EditingFamily):
             return []
         pipeline = self.pipeline()
         pipeline.set_progress_bar_config(disable=True)
-        size = self.spec.data.resolution
+        size = self.spec.resolution
         return [pipeline(image=to_pil(control), prompt=caption, negative_prompt=" ", true_cfg_scale=TRUE_CFG_SCALE,
                          height=size, width=size, num_inference_steps=self.spec.validation.num_inference_steps,
                          generator=generator).images[0]

@@ -70,7 +70,7 @@ class StableDiffusion15(ModelFamily):
 
     def make_dataset(self, samples, training):
         data = self.spec.data
-        transform = ImageTransform(data.resolution, data.center_crop or not training, data.random_flip and training)
+        transform = ImageTransform(self.spec.resolution, data.center_crop or not training, data.random_flip and training)
         return CaptionsDataset(samples, transform, data.caption_dropout if training else 0.0,
                                self.spec.training.seed, data.bucketing)
 
@@ -163,7 +163,7 @@ class StableDiffusion15(ModelFamily):
         pipeline = self.pipeline()
         pipeline.scheduler = DPMSolverMultistepScheduler.from_config(pipeline.scheduler.config)
         pipeline.set_progress_bar_config(disable=True)
-        size = self.spec.data.resolution
+        size = self.spec.resolution
         return pipeline(prompts, num_inference_steps=self.spec.validation.num_inference_steps, height=size,
                         width=size, generator=generator, output_type="pil").images
 

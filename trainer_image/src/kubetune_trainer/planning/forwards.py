@@ -1,7 +1,7 @@
 """Each family's training forward, on inputs of the shapes and dtypes its compute_loss feeds.
 
 These mirror the denoiser call (and the loss) of kubetune_trainer/families/<family>.py: the
-latents the VAE would give at spec.data.resolution, the conditioning the frozen encoders would
+latents the VAE would give at spec.resolution, the conditioning the frozen encoders would
 give, the trained module called under autocast as Accelerate wraps it. Encoders are not run:
 they work under no_grad before the denoiser, and what they give is only a shape here. Keep a
 recipe in step with its family when the family's call changes.
@@ -57,7 +57,7 @@ def _mse(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def sd15(models, spec: TrainingJobSpec, make: Make, autocast: Autocast, dtype: torch.dtype) -> torch.Tensor:
-    unet, side = models["unet"], spec.data.resolution // vae_scale(models["vae"])
+    unet, side = models["unet"], spec.resolution // vae_scale(models["vae"])
     batch = spec.training.batch_size
     noisy = make((batch, unet.config.in_channels, side, side), dtype)
     text = make((batch, CLIP_TOKENS, unet.config.cross_attention_dim), dtype)
@@ -67,7 +67,7 @@ def sd15(models, spec: TrainingJobSpec, make: Make, autocast: Autocast, dtype: t
 
 
 def sdxl(models, spec: TrainingJobSpec, make: Make, autocast: Autocast, dtype: torch.dtype) -> torch.Tensor:
-    unet, side = models["unet"], spec.data.resolution // vae_scale(models["vae"])
+    unet, side = models["unet"], spec.resolution // vae_scale(models["vae"])
     batch = spec.training.batch_size
     noisy = make((batch, unet.config.in_channels, side, side), dtype)
     text = make((batch, CLIP_TOKENS, unet.config.cross_attention_dim), dtype)
@@ -80,7 +80,7 @@ def sdxl(models, spec: TrainingJobSpec, make: Make, autocast: Autocast, dtype: t
 
 def flux_kontext(models, spec: TrainingJobSpec, make: Make, autocast: Autocast, dtype: torch.dtype) -> torch.Tensor:
     transformer, vae = models["transformer"], models["vae"]
-    batch, side = spec.training.batch_size, spec.data.resolution // vae_scale(vae)
+    batch, side = spec.training.batch_size, spec.resolution // vae_scale(vae)
     tokens = (side // 2) ** 2                                   # 2x2 latent patches per token
     width = vae.config.latent_channels * 4
     image = make((batch, 2 * tokens, width), dtype)             # noisy target tokens, then the control's
@@ -98,9 +98,9 @@ def flux_kontext(models, spec: TrainingJobSpec, make: Make, autocast: Autocast, 
 
 def qwen_image_edit(models, spec: TrainingJobSpec, make: Make, autocast: Autocast, dtype: torch.dtype) -> torch.Tensor:
     transformer, vae = models["transformer"], models["vae"]
-    batch, side = spec.training.batch_size, spec.data.resolution // vae_scale(vae)
+    batch, side = spec.training.batch_size, spec.resolution // vae_scale(vae)
     tokens, width = (side // 2) ** 2, vae.config.z_dim * 4
-    text_tokens = qwen_text_tokens(spec.data.resolution)
+    text_tokens = qwen_text_tokens(spec.resolution)
     with autocast():
         prediction = transformer(
             hidden_states=make((batch, 2 * tokens, width), dtype), timestep=make((batch,), dtype),
@@ -116,7 +116,7 @@ def pmg(models, spec: TrainingJobSpec, make: Make, autocast: Autocast, dtype: to
     """The adapter runs the LM under autocast (it is the prepared module); the frozen UNet runs as loaded,
     and the gradient flows back through both to the soft prompts."""
     unet, options = models["unet"], spec.pmg or PmgSpec()
-    batch, side = spec.training.batch_size, spec.data.resolution // vae_scale(models["vae"])
+    batch, side = spec.training.batch_size, spec.resolution // vae_scale(models["vae"])
     history = options.max_sequence_length  # padded to the longest history: assume a full one
     with autocast():
         personal = models["adapter"](models["language_model"], make((batch, history), torch.long),
@@ -129,8 +129,8 @@ def pmg(models, spec: TrainingJobSpec, make: Make, autocast: Autocast, dtype: to
 
 
 def classifier(models, spec: TrainingJobSpec, make: Make, autocast: Autocast, dtype: torch.dtype) -> torch.Tensor:
-    batch, side = spec.training.batch_size, spec.data.resolution
     model = models["model"]
+    batch, side = spec.training.batch_size, spec.resolution or model.config.image_size
     with autocast():
         logits = model(pixel_values=make((batch, 3, side, side), torch.float32)).logits
     return F.cross_entropy(logits.float(), make((batch,), torch.long))
