@@ -56,7 +56,9 @@ def test_backends_are_registered_by_the_names_spec_backend_and_the_chart_use():
     ({"backend": "trainjob"}, {}, "pytorchjob", "trainjob"),
     # A started job keeps its backend when the operator's default changes (a helm upgrade).
     ({}, {"backend": "pytorchjob"}, "trainjob", "pytorchjob"),
-], ids=["default", "other-default", "per-job", "kept-after-upgrade"])
+    # Started before status.backend existed: a PyTorchJob, the only backend then.
+    ({}, {"phase": "Running"}, "trainjob", "pytorchjob"),
+], ids=["default", "other-default", "per-job", "kept-after-upgrade", "started-before-backends"])
 def test_a_job_gets_the_backend_it_started_with_else_asks_for_else_the_default(spec, status, default, chosen):
     assert backend_name(spec, status, default) == chosen
 

@@ -61,8 +61,18 @@ class FakeCustomObjects:
         self.calls.append(("patch", plural, name, body))
 
     def patch_namespaced_custom_object_status(self, group, version, namespace, plural, name, body, **_):
+        """A merge patch of the status; one that names a resourceVersion must name the current one."""
         self.calls.append(("patch-status", plural, name, body))
         self._fail(plural + "/status", name)
+        stored = self.objects.get((plural, name))
+        if stored is None or isinstance(body, list):
+            return
+        expected = (body.get("metadata") or {}).get("resourceVersion")
+        if expected is not None and expected != stored["metadata"]["resourceVersion"]:
+            raise ApiException(status=409, reason="Conflict")
+        status = {**(stored.get("status") or {}), **body.get("status", {})}
+        stored["status"] = {key: value for key, value in status.items() if value is not None}
+        stored["metadata"]["resourceVersion"] = str(int(stored["metadata"]["resourceVersion"]) + 1)
 
 
 class FakeConfigMaps:
@@ -98,7 +108,8 @@ def api(monkeypatch):
 
 def job_body(example_manifest, status: dict | None = None, **spec) -> kopf.Body:
     manifest = copy.deepcopy(example_manifest)
-    manifest["metadata"] = {"name": "sd15", "namespace": "team-a", "uid": "uid-1", "generation": 2}
+    manifest["metadata"] = {"name": "sd15", "namespace": "team-a", "uid": "uid-1", "generation": 2,
+                            "resourceVersion": "10"}
     manifest["spec"].update(spec)
     manifest["status"] = status or {}
     return kopf.Body(manifest)
@@ -112,19 +123,20 @@ def job_body(example_manifest, status: dict | None = None, **spec) -> kopf.Body:
     ({("clustertrainingruntimes", "kubetune-trainer"): 403}, "BackendNotPermitted"),
 ], ids=["no-trainjob-crd", "no-runtime", "no-rbac"])
 def test_a_missing_piece_is_a_condition_and_one_event_and_the_job_waits(api, example_manifest, errors, reason):
-    fake = api(FakeCustomObjects({("clustertrainingruntimes", "kubetune-trainer"): {}}, errors))
-    body, patch = job_body(example_manifest), kopf.Patch()
+    body = job_body(example_manifest)
+    fake = api(FakeCustomObjects({("clustertrainingruntimes", "kubetune-trainer"): {},
+                                  ("trainingjobs", "sd15"): dict(body)}, errors))
     job = parse_manifest(dict(body))
     with pytest.raises(kopf.TemporaryError):
-        handlers.check_backend(body, job, TRAINJOB, patch)
-    condition = patch["status"]["conditions"][0]
+        handlers.check_backend(body, job, TRAINJOB)
+    status = fake.objects[("trainingjobs", "sd15")]["status"]
+    condition = status["conditions"][0]
     assert (condition["type"], condition["status"], condition["reason"]) == ("BackendReady", "False", reason)
-    assert patch["status"]["phase"] == "Pending", "not lost: waiting, and saying for what"
+    assert (status["phase"], status["backend"]) == ("Pending", "trainjob"), "not lost: waiting, and saying for what"
     assert fake.warnings == [(reason, condition["message"])]
     # The retry finds the same gap: the condition stands, no second event.
-    again = job_body(example_manifest, status={"phase": "Pending", "conditions": patch["status"]["conditions"]})
     with pytest.raises(kopf.TemporaryError):
-        handlers.check_backend(again, job, TRAINJOB, kopf.Patch())
+        handlers.check_backend(body, job, TRAINJOB)
     assert len(fake.warnings) == 1
 
 
@@ -132,20 +144,20 @@ def test_once_the_piece_is_there_the_job_goes_on_and_the_look_is_cached(api, exa
     fake = api(FakeCustomObjects({("clustertrainingruntimes", "kubetune-trainer"): {}}))
     body = job_body(example_manifest)
     job = parse_manifest(dict(body))
-    handlers.check_backend(body, job, TRAINJOB, kopf.Patch())
+    handlers.check_backend(body, job, TRAINJOB)
     looked = len(fake.calls)
-    handlers.check_backend(body, job, TRAINJOB, kopf.Patch())
+    handlers.check_backend(body, job, TRAINJOB)
     assert looked == 2 and len(fake.calls) == looked, "one look per prerequisite per cache period"
 
 
 def test_a_field_the_backend_cannot_honour_is_refused_for_good(api, example_manifest):
-    fake = api(FakeCustomObjects())
     body = job_body(example_manifest, scheduling={"priorityClassName": "high"})
-    patch = kopf.Patch()
+    fake = api(FakeCustomObjects({("trainingjobs", "sd15"): dict(body)}))
     with pytest.raises(kopf.PermanentError, match="spec.scheduling.priorityClassName"):
-        handlers.check_backend(body, parse_manifest(dict(body)), TRAINJOB, patch)
-    assert patch["status"]["conditions"][0]["reason"] == "UnsupportedByBackend"
-    assert fake.calls == [], "refused before asking the API server anything"
+        handlers.check_backend(body, parse_manifest(dict(body)), TRAINJOB)
+    assert fake.objects[("trainingjobs", "sd15")]["status"]["conditions"][0]["reason"] == "UnsupportedByBackend"
+    assert [c[1] for c in fake.calls] == ["trainingjobs", "trainingjobs"], \
+        "refused without looking for prerequisites: only the status written"
 
 
 def test_the_webhook_refuses_what_the_backend_cannot_run_and_warns_of_a_backend_not_enabled(api, example_manifest, monkeypatch):
@@ -167,7 +179,7 @@ def test_the_webhook_refuses_what_the_backend_cannot_run_and_warns_of_a_backend_
 def test_a_finished_trainjob_writes_the_final_step_once(api, example_manifest):
     stale = {"step": 26, "totalSteps": 60, "percent": 43.3, "loss": 0.2, "etaSeconds": 12.5}
     owner = job_body(example_manifest, status={"phase": "Running", "progress": stale, "backend": "trainjob"})
-    fake = api(FakeCustomObjects({("trainingjobs", "sd15"): dict(owner)}))
+    fake = api(FakeCustomObjects({("trainingjobs", "sd15"): copy.deepcopy(dict(owner))}))
     child = kopf.Body({"metadata": {"name": "sd15", "ownerReferences": [
         {"kind": "TrainingJob", "name": "sd15", "uid": "uid-1"}]},
         "status": {"conditions": [{"type": "Complete", "status": "True", "reason": "AllJobsCompleted"}]}})
@@ -177,7 +189,32 @@ def test_a_finished_trainjob_writes_the_final_step_once(api, example_manifest):
     assert body["status"]["progress"] == {"step": 60, "totalSteps": 60, "percent": 100.0, "loss": 0.2,
                                           "etaSeconds": None}
     assert child_plural == "trainjobs" and child_patch["status"]["trainerStatus"]["progressPercentage"] == 100
-    assert ("Normal", "Succeeded") in [(t, r) for t, r, _ in fake.events]
+    assert [(t, r) for t, r, _ in fake.events] == [("Normal", "Succeeded")]
+    # The same child event again (a resync): nothing left to write, no second event.
+    handlers.follow_children(TRAINJOB)(body=child, namespace="team-a", type="MODIFIED")
+    assert len(fake.events) == 1
+
+
+def test_a_status_write_raced_by_another_handler_is_computed_again_not_lost(api, example_manifest):
+    """The child turned Running while the reconcile wrote BackendReady: both survive."""
+    owner = job_body(example_manifest)
+    fake = api(FakeCustomObjects({("trainingjobs", "sd15"): dict(owner)}))
+    stored = fake.objects[("trainingjobs", "sd15")]
+    real_get = fake.get_namespaced_custom_object
+
+    def get_then_child_writes(*args):
+        read = real_get(*args)
+        if not stored.get("status"):  # between this read and the write, the child's state lands
+            stored["status"] = {"phase": "Running"}
+            stored["metadata"]["resourceVersion"] = "11"
+        return read
+
+    fake.get_namespaced_custom_object = get_then_child_writes
+    written = handlers.update_status("team-a", "sd15", lambda job: {} if (job.get("status") or {}).get("backend")
+                                     else {"backend": "trainjob", **({} if (job.get("status") or {}).get("phase")
+                                                                     else {"phase": "Pending"})})
+    assert written == {"backend": "trainjob"}, "computed again from the fresh status: Running is not undone"
+    assert stored["status"] == {"phase": "Running", "backend": "trainjob"}
 
 
 def test_a_poll_writes_progress_only_while_the_job_still_runs(api, example_manifest, monkeypatch):

@@ -196,9 +196,8 @@ def reconcile(body: kopf.Body, uid: str, patch: kopf.Patch, **_) -> None:
 def ensure_children(body: kopf.Body, uid: str, patch: kopf.Patch) -> None:
     """Create what is missing; accept what exists and is ours (a repeat event, a restart)."""
     job = parse_job(body)
-    current = dict(body.get("status") or {})
-    backend = backend_of(body.get("spec"), current)
-    check_backend(body, job, backend, patch)
+    backend = backend_of(body.get("spec"), body.get("status"))
+    check_backend(body, job, backend)
     check_secret(job)
     namespace = job.metadata.namespace
     core = core_api()
@@ -211,17 +210,48 @@ def ensure_children(body: kopf.Body, uid: str, patch: kopf.Patch) -> None:
                      config_map["metadata"]["name"], namespace).metadata.owner_references or []])
     child = create_child(body, uid, backend, job)
 
-    conditions = backend_check.conditions(current, None, backend, child["metadata"]["name"], now())
-    conditions = fit_check.fits_gpu_conditions({"conditions": conditions}, job, SETTINGS.default_gpu_memory,
-                                               now()) or conditions
-    if conditions != (current.get("conditions") or []):
-        patch.status["conditions"] = conditions
-    if not current.get("phase") or not current.get("backend"):
-        patch.status["backend"] = backend.name
-    if not current.get("phase"):
-        patch.status["phase"] = "Suspended" if job.spec.suspend else "Pending"
-        patch.status["observedGeneration"] = body.metadata.get("generation")
+    def created(found: dict) -> dict:
+        current, fields = found.get("status") or {}, {}
+        conditions = backend_check.conditions(current, None, backend, child["metadata"]["name"], now())
+        conditions = fit_check.fits_gpu_conditions({"conditions": conditions}, job, SETTINGS.default_gpu_memory,
+                                                   now()) or conditions
+        if conditions != (current.get("conditions") or []):
+            fields["conditions"] = conditions
+        if not current.get("backend"):
+            fields["backend"] = backend.name
+        if not current.get("phase"):  # the child's own state may have been written first: never undo it
+            fields["phase"] = "Suspended" if job.spec.suspend else "Pending"
+            fields["observedGeneration"] = body.metadata.get("generation")
+        return fields
+
+    if "phase" in update_status(namespace, job.metadata.name, created):
         kopf.event(body, type="Normal", reason="Created", message=f"{backend.kind} {child['metadata']['name']} created")
+
+
+# A status write retried this often when other handlers keep changing the object meanwhile.
+STATUS_WRITE_ATTEMPTS = 5
+
+
+def update_status(namespace: str, name: str, change) -> dict:
+    """Read-modify-write of a TrainingJob's status: CHANGE(the TrainingJob as it is now) returns the
+    status fields to set (None deletes), and the patch carries the resourceVersion they were computed
+    from, so a write by another handler in between (the child's state, a poll) makes this start over
+    instead of being overwritten. Returns the fields written ({} when nothing changed)."""
+    custom = custom_api()
+    for _ in range(STATUS_WRITE_ATTEMPTS):
+        job = custom.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name)
+        fields = change(job)
+        if not fields:
+            return {}
+        try:
+            custom.patch_namespaced_custom_object_status(
+                API_GROUP, API_VERSION, namespace, PLURAL, name,
+                {"metadata": {"resourceVersion": job["metadata"]["resourceVersion"]}, "status": fields})
+            return fields
+        except ApiException as err:
+            if err.status != 409:
+                raise
+    raise kopf.TemporaryError(f"the status of {name} kept changing while it was written", delay=1)
 
 
 def create_child(body: kopf.Body, uid: str, backend: Backend, job: TrainingJob) -> dict:
@@ -267,20 +297,27 @@ def missing_prerequisite(backend: Backend) -> backend_check.Problem | None:
     return None
 
 
-def check_backend(body: kopf.Body, job: TrainingJob, backend: Backend, patch: kopf.Patch) -> None:
+def check_backend(body: kopf.Body, job: TrainingJob, backend: Backend) -> None:
     """Stop here, visibly, while the backend cannot run the job: a BackendReady=False condition and a
     Warning event when the reason is new; retried (or, for a refused field, not) until it can."""
     problem = (backend_check.not_enabled(backend, SETTINGS) or backend_check.unsupported(job, backend, SETTINGS)
                or missing_prerequisite(backend))
     if problem is None:
         return
-    current = dict(body.get("status") or {})
-    conditions = backend_check.conditions(current, problem, backend, "", now())
-    if conditions != (current.get("conditions") or []):
-        patch.status["conditions"] = conditions
+
+    def waiting(found: dict) -> dict:
+        current, fields = found.get("status") or {}, {}
+        conditions = backend_check.conditions(current, problem, backend, "", now())
+        if conditions != (current.get("conditions") or []):
+            fields["conditions"] = conditions
+        if not current.get("phase"):
+            fields["phase"] = "Pending"  # not lost: waiting, and saying for what
+        if not current.get("backend"):
+            fields["backend"] = backend.name  # the one it waits for, also after a change of the default
+        return fields
+
+    if "conditions" in update_status(job.metadata.namespace, job.metadata.name, waiting):
         kopf.warn(body, reason=problem.reason, message=problem.message)
-    if not current.get("phase"):
-        patch.status["phase"] = "Pending"  # not lost: waiting, and saying for what
     if problem.permanent:
         raise kopf.PermanentError(problem.message)
     raise kopf.TemporaryError(problem.message, delay=30)
@@ -343,9 +380,9 @@ def spec_changed(body: kopf.Body, old: dict, new: dict, patch: kopf.Patch, **_) 
     suspended = child is None or bool(child["metadata"].get("deletionTimestamp")) or backend.is_suspended(child)
     change = spec_change.decide(dict(old or {}), dict(new or {}), job_from_config_map(config_map.data), suspended)
     if change.refused:
-        conditions = status.set_condition(list((body.get("status") or {}).get("conditions") or []),
-                                          "SpecChangeRefused", "True", "ImmutableSpec", change.refused, now())
-        patch.status["conditions"] = conditions
+        update_status(namespace, name, lambda found: {"conditions": status.set_condition(
+            list((found.get("status") or {}).get("conditions") or []), "SpecChangeRefused", "True", "ImmutableSpec",
+            change.refused, now())})
         kopf.warn(body, reason="SpecChangeRefused", message=change.refused)
         return
     if change.suspend is True and child is not None:
@@ -380,27 +417,27 @@ def follow_children(backend: Backend):
                      None)
         if owner is None:
             return
-        custom = custom_api()
+        state, seen = backend.read_state(dict(body)), {}
+
+        def mirrored(job: dict) -> dict:
+            if job["metadata"]["uid"] != owner["uid"]:  # a new TrainingJob of the same name: not ours
+                return {}
+            seen["job"], current = job, job.get("status") or {}
+            fields, seen["events"] = status.status_for_child(current, state, now())
+            if fields.get("phase") in status.FINISHED:
+                fields.update(status.finished_patch(job["spec"], current, fields["phase"]))
+            return fields
+
         try:
-            job = custom.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, owner["name"])
+            fields = update_status(namespace, owner["name"], mirrored)
         except ApiException as err:
-            if err.status == 404:
+            if err.status == 404:  # the TrainingJob is gone; its children follow
                 return
             raise
-        if job["metadata"]["uid"] != owner["uid"]:
-            return
-        current = job.get("status") or {}
-        patch, events = status.status_for_child(current, backend.read_state(dict(body)), now())
-        if not patch:
-            return
-        if patch.get("phase") in status.FINISHED:
-            patch.update(status.finished_patch(job["spec"], current, patch["phase"]))
-        custom.patch_namespaced_custom_object_status(API_GROUP, API_VERSION, namespace, PLURAL, owner["name"],
-                                                     {"status": patch})
-        if patch.get("progress"):
-            report_progress(backend, namespace, owner["name"], patch["progress"])
-        for event in events:
-            kopf.event(job, type=event.type, reason=event.reason, message=event.message)
+        if fields.get("progress"):
+            report_progress(backend, namespace, owner["name"], fields["progress"])
+        for event in seen["events"] if fields else []:  # the events of the transition written
+            kopf.event(seen["job"], type=event.type, reason=event.reason, message=event.message)
 
     return child_changed
 

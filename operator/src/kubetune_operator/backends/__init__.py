@@ -16,9 +16,13 @@ BACKENDS: dict[str, Backend] = {backend.name: backend for backend in (PyTorchJob
 def backend_name(spec: dict, status: dict, default: str) -> str:
     """The backend of a job: the one it started with (status.backend), else spec.backend, else DEFAULT.
 
-    status first: a job keeps its backend when the operator's default changes (a helm upgrade).
+    status first: a job keeps its backend when the operator's default changes (a helm upgrade). A job
+    started before status.backend existed (a phase, no backend) runs a PyTorchJob, the only backend then.
     """
-    return (status or {}).get("backend") or (spec or {}).get("backend") or default
+    status = status or {}
+    if status.get("phase") and not status.get("backend"):
+        return "pytorchjob"
+    return status.get("backend") or (spec or {}).get("backend") or default
 
 
 __all__ = ["BACKENDS", "Backend", "ChildState", "Prerequisite", "PyTorchJobBackend", "TrainJobBackend",
