@@ -3,8 +3,11 @@
 Every pod has its own 127.x.y.z address (all of 127.0.0.0/8 is routed to the loopback device,
 so nothing needs configuring). A pod's hosts file names: itself (hostname and, with a subdomain,
 its FQDN), every Service in the cluster (a headless Service resolves to the pod it selects; a
-ClusterIP Service too, since cluster IPs are not routable here) and the API server as
-`kubernetes.default.svc`. The kubelet rewrites the files in place as pods and services change,
+ClusterIP Service too, since cluster IPs are not routable here), every pod with a hostname and a
+subdomain that a Service of that name selects (cluster DNS gives such a pod the record
+`<hostname>.<subdomain>.<namespace>.svc`: how JobSet's pods, hence Trainer v2's PET_MASTER_ADDR
+`<job>-node-0-0.<job>`, find each other; the search path's short forms are listed too, as a hosts
+file gets no search domains) and the API server as `kubernetes.default.svc`. The kubelet rewrites the files in place as pods and services change,
 so a bind mount keeps seeing the current content.
 """
 from __future__ import annotations
@@ -40,9 +43,14 @@ def render(pod: dict, pods: list[dict], services: list[dict]) -> str:
         smeta = svc["metadata"]
         selector = (svc.get("spec") or {}).get("selector")
         for other in pods:
-            ometa = other["metadata"]
-            if ometa["namespace"] == smeta["namespace"] and _selects(selector, ometa.get("labels")):
-                lines.append(f"{other['status']['podIP']}\t{' '.join(_names(smeta['name'], smeta['namespace'], namespace))}\n")
+            ometa, ospec = other["metadata"], other["spec"]
+            if ometa["namespace"] != smeta["namespace"] or not _selects(selector, ometa.get("labels")):
+                continue
+            lines.append(f"{other['status']['podIP']}\t{' '.join(_names(smeta['name'], smeta['namespace'], namespace))}\n")
+            if ospec.get("hostname") and ospec.get("subdomain") == smeta["name"]:
+                # The pod's own record under the Service: <hostname>.<subdomain>[.<ns>[.svc[.cluster.local]]].
+                names = _names(f"{ospec['hostname']}.{smeta['name']}", smeta["namespace"], namespace)
+                lines.append(f"{other['status']['podIP']}\t{' '.join(names)}\n")
     return "".join(lines)
 
 
