@@ -237,6 +237,7 @@ class Run:
     def train(self) -> None:
         """Optimizer steps until the plan is done; a stop request ends it at a step boundary."""
         self.stop.defer()  # from now on a SIGTERM waits for the step boundary
+        self._cache_seen = (0, 0) if self.family.cache is None else (self.family.cache.hits, self.family.cache.misses)
         clock = PhaseClock(self.reporter, self.accelerator.device)
         stepper = Stepper(self.family, self.model, self.optimizer, self.scheduler, self.parallel, self.batching,
                           self.spec.training, clock, self._sum_over_ranks)
@@ -257,7 +258,10 @@ class Run:
                     clock.restart()  # checkpointing and validation were charged to their own phases
                     if self.position.step >= self.plan.total_steps:
                         clock.flush()
+                        if self.position.steps_in_epoch == self.plan.steps_per_epoch:
+                            self._epoch_done()
                         return
+                self._epoch_done()
                 self.position.epoch += 1
                 self.position.steps_in_epoch = 0
 
@@ -424,6 +428,17 @@ class Run:
             self.save_checkpoint(force=stop)
         if stop:
             raise EarlyStop
+
+    def _epoch_done(self) -> None:
+        """Say how the embedding cache served the epoch (rank 0's share of the lookups)."""
+        cache = self.family.cache
+        if cache is None:
+            return
+        hits, misses = cache.hits - self._cache_seen[0], cache.misses - self._cache_seen[1]
+        self._cache_seen = (cache.hits, cache.misses)
+        if hits + misses:
+            self.reporter.message("epoch %d: embedding cache %d hits, %d misses (%.1f%% hits)", self.position.epoch,
+                                  hits, misses, 100.0 * hits / (hits + misses))
 
     def _stop_agreed(self) -> bool:
         """Whether any process got SIGTERM: every process must take the last checkpoint together."""

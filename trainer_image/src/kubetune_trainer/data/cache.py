@@ -71,6 +71,7 @@ def content_hash(value: Any) -> bytes:
 class Store(Protocol):
     def get(self, key: str) -> bytes | None: ...
     def put(self, key: str, data: bytes) -> None: ...
+    def contains(self, key: str) -> bool: ...
 
 
 class LocalStore:
@@ -87,6 +88,9 @@ class LocalStore:
             return self._path(key).read_bytes()
         except FileNotFoundError:
             return None
+
+    def contains(self, key: str) -> bool:
+        return self._path(key).is_file()
 
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
@@ -114,6 +118,17 @@ class S3Store:
         except self.client.exceptions.NoSuchKey:
             return None
 
+    def contains(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            return True
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+
     def put(self, key: str, data: bytes) -> None:
         self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=io.BytesIO(data))
 
@@ -125,25 +140,55 @@ class EmbeddingCache:
         self.store = store
         self.hits = 0
         self.misses = 0
+        self._stored: set[str] = set()  # keys this process knows are in the store
 
-    def encode(self, encoder: Encoder, inputs: list[Any]) -> Encoded:
+    def encode(self, encoder: Encoder, inputs: list[Any], variants: list[list[Any]] | None = None) -> Encoded:
+        """The encodings of `inputs`, from the store where they are there. A missing input is encoded
+        together with its `variants[i]` (the other forms augmentation may draw for that sample: its
+        mirror image, its caption dropped or not), which are stored too, so a later epoch that
+        draws a variant finds it."""
         identity = hashlib.sha256(encoder.identity.encode()).digest()
-        keys = [hashlib.sha256(identity + content_hash(item)).hexdigest() for item in inputs]
-        found = [self._load(key) for key in keys]
+
+        def key(item: Any) -> str:
+            return hashlib.sha256(identity + content_hash(item)).hexdigest()
+
+        keys = [key(item) for item in inputs]
+        found = [self._load(k) for k in keys]
         missing = [i for i, entry in enumerate(found) if entry is None]
         self.hits += len(inputs) - len(missing)
         self.misses += len(missing)
-        if missing:
-            fresh = encoder.encode([inputs[i] for i in missing])
-            for row, i in enumerate(missing):
+        # Variants of every input, hit or not: a hit may have been stored by another sample or run
+        # that never drew this sample's other forms.
+        absent = {}
+        for variant in (v for forms in (variants or []) for v in forms):
+            variant_key = key(variant)
+            if variant_key not in absent and variant_key not in keys and not self._has(variant_key):
+                absent[variant_key] = variant
+        batch = [inputs[i] for i in missing] + list(absent.values())
+        if batch:
+            fresh = encoder.encode(batch)
+            for row, item in enumerate(batch):
                 entry = {name: tensor[row].detach().cpu().contiguous() for name, tensor in fresh.items()}
-                self.store.put(keys[i], save(entry))
-                found[i] = entry
+                self._put(key(item), entry)
+                if row < len(missing):
+                    found[missing[row]] = entry
         return {name: stack_padded([entry[name] for entry in found]) for name in found[0]}
+
+    def _has(self, key: str) -> bool:
+        if key not in self._stored and self.store.contains(key):
+            self._stored.add(key)
+        return key in self._stored
+
+    def _put(self, key: str, entry: Encoded) -> None:
+        self.store.put(key, save(entry))
+        self._stored.add(key)
 
     def _load(self, key: str) -> Encoded | None:
         data = self.store.get(key)
-        return None if data is None else load(data)
+        if data is None:
+            return None
+        self._stored.add(key)
+        return load(data)
 
 
 def stack_padded(rows: list[torch.Tensor]) -> torch.Tensor:

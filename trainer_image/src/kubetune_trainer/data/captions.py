@@ -73,12 +73,13 @@ class CaptionsDataset(KeyedDataset):
         sample = self.samples[key[1]]
         pixels, crop = self.load_image(sample.path, key[1], rng)
         caption = "" if rng.random() < self.caption_dropout else sample.caption
-        return {"pixel_values": pixels, "caption": caption, "crop": crop}
+        return {"pixel_values": pixels, "caption": caption, "full_caption": sample.caption, "crop": crop}
 
 
 def collate(items: list[dict]) -> dict:
     return {
         "pixel_values": torch.stack([item["pixel_values"] for item in items]),
         "captions": [item["caption"] for item in items],
+        "full_captions": [item["full_caption"] for item in items],  # before dropout: a cache variant
         "crops": [item["crop"] for item in items],
     }

@@ -79,7 +79,8 @@ class EditPairsDataset(KeyedDataset):
         if rng.random() < self.control_dropout:
             control = torch.zeros_like(control)  # mid-grey: "edit nothing in particular"
         instruction = "" if rng.random() < self.caption_dropout else pair.instruction
-        return {"pixel_values": target, "control_values": control, "caption": instruction, "crop": crop}
+        return {"pixel_values": target, "control_values": control, "caption": instruction,
+                "full_caption": pair.instruction, "crop": crop}
 
 
 def collate(items: list[dict]) -> dict:
@@ -87,5 +88,6 @@ def collate(items: list[dict]) -> dict:
         "pixel_values": torch.stack([item["pixel_values"] for item in items]),
         "control_values": torch.stack([item["control_values"] for item in items]),
         "captions": [item["caption"] for item in items],
+        "full_captions": [item["full_caption"] for item in items],  # before dropout: a cache variant
         "crops": [item["crop"] for item in items],
     }

@@ -22,20 +22,24 @@ class ImageTransform:
     resolution: int
     center_crop: bool = True
     random_flip: bool = False
+    # A random crop chosen once per image rather than per epoch: with the embedding cache on, the
+    # crop's latents are then reused every epoch (flips are cached both ways, see EmbeddingCache).
+    crop_per_sample: bool = False
 
     def __call__(self, image: Image.Image, rng: random.Random) -> torch.Tensor:
         return self.apply(image, rng)[0]
 
     def apply(self, image: Image.Image, rng: random.Random, size: tuple[int, int] | None = None,
-              flip: bool | None = None) -> tuple[torch.Tensor, Crop]:
+              flip: bool | None = None, crop_rng: random.Random | None = None) -> tuple[torch.Tensor, Crop]:
         """Resize to cover `size` (width, height; default a square of the resolution), crop, maybe flip.
 
-        `flip` forces the decision, so an edit pair's control and target images flip together.
+        `flip` forces the decision, so an edit pair's control and target images flip together;
+        `crop_rng` draws the crop instead of `rng` (a per-image generator for crop_per_sample).
         """
         width, height = size or (self.resolution, self.resolution)
         original = (image.height, image.width)
         image = resize_to_cover(image, width, height)
-        left, top = crop_origin(image.size, (width, height), self.center_crop, rng)
+        left, top = crop_origin(image.size, (width, height), self.center_crop, crop_rng or rng)
         image = image.crop((left, top, left + width, top + height))
         if flip is None:
             flip = self.random_flip and rng.random() < 0.5

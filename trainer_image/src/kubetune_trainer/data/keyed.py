@@ -53,5 +53,6 @@ class KeyedDataset(torch.utils.data.Dataset):
     def load_image(self, path: Path, index: int, rng: random.Random,
                    flip: bool | None = None) -> tuple[torch.Tensor, Crop]:
         size = self.bucket_sizes[self.groups[index]] if self.groups is not None else None
+        crop_rng = random.Random(f"{self.seed}:crop:{index}") if self.transform.crop_per_sample else None
         with Image.open(path) as image:
-            return self.transform.apply(image.convert("RGB"), rng, size, flip)
+            return self.transform.apply(image.convert("RGB"), rng, size, flip, crop_rng)

@@ -9,6 +9,7 @@ import torch
 
 from kubetune_api.spec import TrainingJobSpec
 from kubetune_trainer.data.cache import EmbeddingCache, Encoded, Encoder
+from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.data.keyed import split_held_out
 from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.errors import ConfigError
@@ -70,11 +71,30 @@ class ModelFamily(ABC):
         """The frozen encoders whose per-sample outputs the embedding cache may keep."""
         return {}
 
-    def encode(self, name: str, inputs: list[Any]) -> Encoded:
-        """Run one frozen encoder on per-sample inputs, through the cache when there is one."""
+    def encode(self, name: str, inputs: list[Any], variants: list[list[Any]] | None = None) -> Encoded:
+        """Run one frozen encoder on per-sample inputs, through the cache when there is one (which
+        also stores each new input's `variants[i]`, the other forms augmentation may draw)."""
         encoder = self.encoders()[name]
-        encoded = self.cache.encode(encoder, inputs) if self.cache is not None else encoder.encode(inputs)
+        encoded = self.cache.encode(encoder, inputs, variants) if self.cache is not None else encoder.encode(inputs)
         return {key: value.to(self.device) for key, value in encoded.items()}
+
+    def image_transform(self, training: bool, resolution: int | None = None) -> ImageTransform:
+        """Resize, crop and flip as spec.data says (held-out data: centre crop, no flip). With the
+        embedding cache on, a random crop is chosen once per image, so its latents are reusable."""
+        data = self.spec.data
+        random_crop = training and not data.center_crop
+        return ImageTransform(resolution or self.spec.resolution, not random_crop, data.random_flip and training,
+                              crop_per_sample=random_crop and data.cache.enabled)
+
+    def mirror_variants(self, images: torch.Tensor) -> list[list[torch.Tensor]]:
+        """Per image, its other flip when flips are random (what the cache stores beside it)."""
+        return [[image.flip(-1)] if self.spec.data.random_flip else [] for image in images]
+
+    def caption_variants(self, drawn: list[str], full: list[str]) -> list[list[str]]:
+        """Per sample, the caption dropout did not draw: the full one, or the empty one."""
+        if not self.spec.data.caption_dropout:
+            return [[] for _ in drawn]
+        return [[whole] if caption == "" and whole else [""] if caption else [] for caption, whole in zip(drawn, full)]
 
     def encode_batch(self, batch: dict) -> dict[str, Encoded]:
         """Every cacheable encoding of a batch (what `kubetune train --cache-only` precomputes)."""

@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 
 from kubetune_trainer.data.image_folder import ImageFolderDataset, collate, read_image_folder
-from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.families.base import ModelFamily, whole_state
 
@@ -124,9 +123,7 @@ class ImageClassifier(ModelFamily):
         return self.samples
 
     def make_dataset(self, samples, training):
-        data = self.spec.data
-        transform = ImageTransform(self.resolution, data.center_crop or not training, data.random_flip and training)
-        return ImageFolderDataset(samples, transform, self.spec.training.seed)
+        return ImageFolderDataset(samples, self.image_transform(training, self.resolution), self.spec.training.seed)
 
     def collate(self, items):
         return collate(items)

@@ -13,7 +13,6 @@ import torch
 
 from kubetune_trainer import quantization
 from kubetune_trainer.data.edit_pairs import EditPairsDataset, collate, read_edit_pairs
-from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.families.base import ModelFamily, save_diffusers_model
 from kubetune_trainer.families.lora import attach_lora, load_lora_init, lora_layers
 
@@ -57,7 +56,7 @@ class EditingFamily(ModelFamily):
 
     def make_dataset(self, samples, training):
         data = self.spec.data
-        transform = ImageTransform(self.spec.resolution, data.center_crop or not training, data.random_flip and training)
+        transform = self.image_transform(training)
         return EditPairsDataset(samples, transform, data.caption_dropout if training else 0.0,
                                 data.control_dropout if training else 0.0, self.spec.training.seed, data.bucketing)
 

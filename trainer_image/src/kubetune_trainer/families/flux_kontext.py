@@ -71,9 +71,11 @@ class FluxKontext(EditingFamily):
         return {"prompt_embeds": self.text_encoder_2(t5.input_ids.to(self.device))[0], "pooled": pooled}
 
     def encode_batch(self, batch):
-        return {"target": self.encode("latents", list(batch["pixel_values"])),
-                "control": self.encode("latents", list(batch["control_values"])),
-                "text": self.encode("text", batch["captions"])}
+        targets, controls = list(batch["pixel_values"]), list(batch["control_values"])
+        return {"target": self.encode("latents", targets, self.mirror_variants(targets)),
+                "control": self.encode("latents", controls, self.mirror_variants(controls)),
+                "text": self.encode("text", batch["captions"],
+                                    self.caption_variants(batch["captions"], batch["full_captions"]))}
 
     def _scaled(self, latents: torch.Tensor) -> torch.Tensor:
         return (latents - self.vae.config.shift_factor) * self.vae.config.scaling_factor

@@ -15,7 +15,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from kubetune_api.spec import PmgSpec
-from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.data.pmg import PmgDataset, collate, read_pmg
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.families.sd15 import StableDiffusion15
@@ -121,9 +120,7 @@ class PersonalizedGeneration(StableDiffusion15):
         return read_pmg(Path(self.spec.data.uri), self.screen)
 
     def make_dataset(self, samples, training):
-        data = self.spec.data
-        transform = ImageTransform(self.spec.resolution, data.center_crop or not training, data.random_flip and training)
-        return PmgDataset(samples, transform, self.spec.training.seed)
+        return PmgDataset(samples, self.image_transform(training), self.spec.training.seed)
 
     def collate(self, items):
         return collate(items)

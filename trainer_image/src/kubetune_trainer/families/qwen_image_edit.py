@@ -89,10 +89,22 @@ class QwenImageEdit(EditingFamily):
         return {"prompt_embeds": embeds, "mask": mask}
 
     def encode_batch(self, batch):
-        controls = list(batch["control_values"])
-        return {"target": self.encode("latents", list(batch["pixel_values"])),
-                "control": self.encode("latents", controls),
-                "text": self.encode("text", list(zip(batch["captions"], controls)))}
+        targets, controls = list(batch["pixel_values"]), list(batch["control_values"])
+        pairs = list(zip(batch["captions"], controls))
+        return {"target": self.encode("latents", targets, self.mirror_variants(targets)),
+                "control": self.encode("latents", controls, self.mirror_variants(controls)),
+                "text": self.encode("text", pairs, self._text_variants(pairs, batch["full_captions"]))}
+
+    def _text_variants(self, pairs: list[tuple[str, torch.Tensor]], full: list[str]) -> list[list[tuple]]:
+        """The instruction reads the control image too: its mirror, and the caption dropout did not
+        draw, are the other forms an epoch may draw (a dropped control image is not among them)."""
+        captions = self.caption_variants([caption for caption, _ in pairs], full)
+        mirrors = self.mirror_variants([control for _, control in pairs])
+        variants = []
+        for (caption, control), other_captions, other_controls in zip(pairs, captions, mirrors):
+            forms = [(c, image) for c in [caption, *other_captions] for image in [control, *other_controls]]
+            variants.append(forms[1:])  # the first is the pair itself
+        return variants
 
     def _normalised(self, latents: torch.Tensor) -> torch.Tensor:
         """[B, C, 1, H, W] VAE latents -> [B, C, H, W], normalised as the pipeline does."""

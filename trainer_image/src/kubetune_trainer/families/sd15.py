@@ -9,7 +9,6 @@ import torch
 from kubetune_trainer import diffusion, quantization
 from kubetune_trainer.data.cache import Encoder, model_identity
 from kubetune_trainer.data.captions import CaptionsDataset, collate, read_captions
-from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.families.base import ModelFamily, save_diffusers_model
 from kubetune_trainer.families.lora import DIFFUSERS_ATTENTION_TARGETS, attach_lora, load_lora_init, lora_layers
 from kubetune_trainer.randomness import SampleRandom
@@ -70,7 +69,7 @@ class StableDiffusion15(ModelFamily):
 
     def make_dataset(self, samples, training):
         data = self.spec.data
-        transform = ImageTransform(self.spec.resolution, data.center_crop or not training, data.random_flip and training)
+        transform = self.image_transform(training)
         return CaptionsDataset(samples, transform, data.caption_dropout if training else 0.0,
                                self.spec.training.seed, data.bucketing)
 
@@ -107,8 +106,11 @@ class StableDiffusion15(ModelFamily):
         return {"prompt_embeds": self.text_encoder(tokens.input_ids.to(self.device))[0]}
 
     def encode_batch(self, batch):
-        return {"latents": self.encode("latents", list(batch["pixel_values"])),
-                "text": self.encode("text", batch["captions"])}
+        pixels = list(batch["pixel_values"])
+        return {"latents": self.encode("latents", pixels, self.mirror_variants(pixels)),
+                "text": self.encode("text", batch["captions"],
+                                    self.caption_variants(batch["captions"],
+                                                          batch.get("full_captions", batch["captions"])))}
 
     def sample_latents(self, moments: torch.Tensor, random: SampleRandom) -> torch.Tensor:
         latents = diffusion.sample_latents(moments, random)
