@@ -151,7 +151,9 @@ class CacheSpec(_Model):
 
     enabled: bool = Field(
         default=False,
-        description="Encode each image and caption once and reuse the result in later steps, epochs and runs.",
+        description="Encode each image and caption once and reuse the result in later steps, epochs and runs. "
+        "Augmentation stays cacheable: each image is stored with its mirror (randomFlip) and each caption with "
+        "its dropped form, and a random crop is chosen once per image instead of per epoch.",
     )
     uri: Optional[StorageUri] = Field(
         default=None,
