@@ -7,7 +7,9 @@ skipped: a green run means every test ran.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -58,11 +60,20 @@ def core(api_client) -> client.CoreV1Api:
 
 @pytest.fixture
 def namespace(core, request) -> str:
-    """A fresh namespace per test, named after it."""
-    name = "e2e-" + request.node.name.replace("_", "-").lower()[:50].strip("-")
+    """A fresh namespace per test, named after it (and its parameters: one per backend)."""
+    name = namespace_name(request.node.name)
     core.create_namespace({"metadata": {"name": name}})
     yield name
     core.delete_namespace(name)
+
+
+def namespace_name(test: str) -> str:
+    """`e2e-` and the test's name as a DNS label: parameters kept (test_x[trainjob] -> e2e-test-x-trainjob),
+    a long name cut and given a hash of the whole, so that each test and parameter gets its own."""
+    slug = re.sub(r"[^a-z0-9]+", "-", test.lower()).strip("-")
+    if len(slug) > 54:
+        slug = slug[:45].rstrip("-") + "-" + hashlib.sha256(test.encode()).hexdigest()[:8]
+    return f"e2e-{slug}"
 
 
 # ---- the operator and its inputs (tests/e2e/jobs.py has the helpers) ---------------------------
@@ -88,23 +99,35 @@ def inputs_in_s3(s3, tmp_path_factory):
     return {"model": f"s3://{BUCKET}/models/sd15", "data": f"s3://{BUCKET}/data/shapes"}
 
 
+@pytest.fixture(scope="module", params=["pytorchjob", "trainjob"])
+def backend(request) -> str:
+    """The backend the module's operator runs jobs with: every test that installs the operator runs
+    once with PyTorchJobs (Training Operator v1.9) and once with TrainJobs (Trainer v2.3 + JobSet)."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def operator_release(control_plane):
-    """`helm install` the chart; the operator runs as a pod. One release per test module."""
+def operator_release(control_plane, backend):
+    """`helm install` the chart with BACKEND; the operator runs as a pod. One release per test module
+    and backend."""
     env = control_plane.env()
     installed = subprocess.run(
         ["helm", "install", "kubetune", str(REPO / "charts" / "kubetune"), "-n", OPERATOR_NAMESPACE,
-         "--create-namespace", "--wait", "--timeout", "180s",
-         "--set", "operator.image.repository=kubetune/operator", "--set", "operator.image.tag=dev",
-         "--set", "trainer.image=kubetune/trainer:dev",
-         "--set", f"s3.endpointUrl={env['AWS_ENDPOINT_URL']}", "--set-string", "s3.pathStyle=true",
-         "--set", f"s3.region={env['AWS_DEFAULT_REGION']}",
-         "--set", "operator.progressIntervalSeconds=1"],
+         "--create-namespace", "--wait", "--timeout", "180s", *helm_values(env, backend)],
         env={**os_env(), **env}, capture_output=True, text=True)
     assert installed.returncode == 0, installed.stdout + installed.stderr
     yield "kubetune"
     subprocess.run(["helm", "uninstall", "kubetune", "-n", OPERATOR_NAMESPACE, "--wait"],
                    env={**os_env(), **env}, capture_output=True)
+
+
+def helm_values(env: dict, backend: str) -> list[str]:
+    """The chart values of the e2e release: local images and S3, fast progress polls, BACKEND."""
+    return ["--set", "operator.image.repository=kubetune/operator", "--set", "operator.image.tag=dev",
+            "--set", "trainer.image=kubetune/trainer:dev",
+            "--set", f"s3.endpointUrl={env['AWS_ENDPOINT_URL']}", "--set-string", "s3.pathStyle=true",
+            "--set", f"s3.region={env['AWS_DEFAULT_REGION']}",
+            "--set", "operator.progressIntervalSeconds=1", "--set", f"backend={backend}"]
 
 
 @pytest.fixture

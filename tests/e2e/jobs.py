@@ -46,6 +46,13 @@ def operator_log(control_plane, core) -> str:
                      for p in pods.items)
 
 
+def printed_columns(header: str, row: str) -> dict[str, str]:
+    """A kubectl table row as {column: value}, cut at the header's column starts."""
+    names = header.split()
+    starts = [header.index(name) for name in names] + [None]
+    return {name: row[starts[i]:starts[i + 1]].strip() for i, name in enumerate(names)}
+
+
 def get_job(api_client, namespace: str, name: str) -> dict:
     return client.CustomObjectsApi(api_client).get_namespaced_custom_object(
         "kubetune.dev", "v1alpha1", namespace, "trainingjobs", name)
@@ -53,3 +60,55 @@ def get_job(api_client, namespace: str, name: str) -> dict:
 
 def phase(api_client, namespace, name):
     return (get_job(api_client, namespace, name).get("status") or {}).get("phase")
+
+
+# ---- the child job, whichever backend runs it ------------------------------------------------------
+# The tests run once per backend (the `backend` fixture); these read what the backend created
+# through the backend module itself, so a test names no PyTorchJob or TrainJob detail.
+
+def backend_of(name: str):
+    from kubetune_operator.backends import BACKENDS
+
+    return BACKENDS[name]
+
+
+def get_child(api_client, backend: str, namespace: str, name: str) -> dict | None:
+    """The child job of TrainingJob NAME, or None while there is none."""
+    child = backend_of(backend)
+    try:
+        return client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+            child.group, child.version, namespace, child.plural, name)
+    except client.exceptions.ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def children(api_client, backend: str, namespace: str) -> list[dict]:
+    child = backend_of(backend)
+    return client.CustomObjectsApi(api_client).list_namespaced_custom_object(
+        child.group, child.version, namespace, child.plural)["items"]
+
+
+def job_pods(core, namespace: str, name: str) -> list:
+    """Every pod of TrainingJob NAME (the operator labels them all, whichever backend)."""
+    return core.list_namespaced_pod(namespace, label_selector=f"kubetune.dev/trainingjob={name}").items
+
+
+def rank0_pod(core, backend: str, namespace: str, name: str) -> str | None:
+    """The name of the pod that runs rank 0 now (its name changes per restart under a TrainJob)."""
+    pods = core.list_namespaced_pod(namespace, label_selector=backend_of(backend).rank0_pod_selector(name)).items
+    live = [p for p in pods if not p.metadata.deletion_timestamp]
+    return live[0].metadata.name if live else None
+
+
+def rank0_pod_logs(control_plane, backend: str, namespace: str, name: str) -> list[str]:
+    """The trainer log of every pod that ran rank 0, oldest first (a deleted pod's log stays).
+
+    PyTorchJob: the Master, re-created under the same name; TrainJob: node 0 of the JobSet's node
+    Job, a new name per (re)start.
+    """
+    pattern = f"{name}-master-0_*" if backend == "pytorchjob" else f"{name}-node-0-0-*"
+    dirs = sorted(control_plane.kubelet_state.glob(f"pods/{namespace}_{pattern}"), key=lambda d: d.stat().st_mtime)
+    container = backend_of(backend).container
+    return [(d / "logs" / f"{container}.log").read_text() for d in dirs if (d / "logs" / f"{container}.log").exists()]

@@ -2,8 +2,8 @@
 the pods' prometheus.io annotations), and every query of the shipped Grafana dashboard returns
 data for that run.
 
-One run serves every test here (a module fixture); the tests then ask Prometheus about the
-time it took, so they read what a dashboard opened after the run would show.
+One run per backend serves every test here (a module fixture); the tests then ask Prometheus
+about the time it took, so they read what a dashboard opened after the run would show.
 """
 from __future__ import annotations
 
@@ -18,13 +18,12 @@ import pytest
 import yaml
 
 from tests import dashboards
-from tests.e2e.jobs import OPERATOR_NAMESPACE, example_job, get_job, kubectl, operator_log, phase
+from tests.e2e.jobs import (OPERATOR_NAMESPACE, backend_of, example_job, get_job, kubectl, operator_log, phase,
+                            rank0_pod)
 from tests.e2e.waiting import eventually
 
 pytestmark = pytest.mark.e2e
-NAMESPACE = "e2e-metrics"
 JOB = "metrics-run"
-MASTER_POD = f"{JOB}-master-0"
 # What Grafana's $__rate_interval becomes for the devcluster's 2 s scrape interval (4 scrapes, plus one).
 RATE_INTERVAL = "10s"
 
@@ -73,12 +72,12 @@ class DcgmStandIn:
     Prometheus. Everything else in these tests is the real component.
     """
 
-    def __init__(self, targets_dir, namespace: str, pod: str):
+    def __init__(self, targets_dir, namespace: str, pod: str, container: str):
         from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
         registry = CollectorRegistry()
         labels = {"gpu": "0", "UUID": "GPU-00000000-0000-0000-0000-000000000000", "device": "nvidia0",
-                  "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "node-1", "container": "pytorch",
+                  "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "node-1", "container": container,
                   "namespace": namespace, "pod": pod}
         for name, text, value in [("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", 87),
                                   ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", 40960)]:
@@ -109,20 +108,22 @@ def operator_pod(core) -> str:
 
 
 @pytest.fixture(scope="module")
-def job_namespace_for_module(control_plane, core):
-    """The run's namespace with its S3 credentials Secret; one for the module's single run."""
+def job_namespace_for_module(control_plane, core, backend):
+    """The run's namespace with its S3 credentials Secret; one for the module's run per backend."""
     env = control_plane.env()
-    core.create_namespace({"metadata": {"name": NAMESPACE}})
-    core.create_namespaced_secret(NAMESPACE, {"metadata": {"name": "s3-credentials"}, "stringData": {
+    namespace = f"e2e-metrics-{backend}"
+    core.create_namespace({"metadata": {"name": namespace}})
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "s3-credentials"}, "stringData": {
         "AWS_ACCESS_KEY_ID": env["AWS_ACCESS_KEY_ID"], "AWS_SECRET_ACCESS_KEY": env["AWS_SECRET_ACCESS_KEY"]}})
-    yield NAMESPACE
-    core.delete_namespace(NAMESPACE)
+    yield namespace
+    core.delete_namespace(namespace)
 
 
 @pytest.fixture(scope="module")
-def run(control_plane, api_client, core, operator_release, job_namespace_for_module, inputs_in_s3, prometheus):
+def run(control_plane, api_client, core, backend, operator_release, job_namespace_for_module, inputs_in_s3,
+        prometheus):
     """One training run with checkpoints to S3, from the moment before it was applied to its end."""
-    dcgm = DcgmStandIn(control_plane.prometheus_targets, NAMESPACE, MASTER_POD)
+    namespace, dcgm = job_namespace_for_module, None
     try:
         # Prometheus scrapes the operator before anything happens (so counters have a baseline).
         eventually(lambda: operator_pod(core) and prometheus.query(
@@ -134,27 +135,33 @@ def run(control_plane, api_client, core, operator_release, job_namespace_for_mod
         refused = example_job(inputs_in_s3, "refused", "runs/refused")
         refused["spec"]["s3"]["credentialsSecret"] = "not-there"
         eventually(lambda: "does not exist" in kubectl(
-            control_plane, "apply", "--dry-run=server", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump(refused),
+            control_plane, "apply", "--dry-run=server", "-n", namespace, "-f", "-", input=yaml.safe_dump(refused),
             check=False).stderr, timeout=120, interval=1, message="the webhook refusing a missing Secret")
 
         manifest = example_job(inputs_in_s3, JOB, f"runs/{JOB}", maxSteps=60)
         manifest["spec"]["checkpoints"].update(everySteps=5, keepLast=2)
-        kubectl(control_plane, "apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump(manifest))
-        final = eventually(lambda: phase(api_client, NAMESPACE, JOB) in ("Succeeded", "Failed")
-                           and get_job(api_client, NAMESPACE, JOB), timeout=900, interval=2,
+        kubectl(control_plane, "apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest))
+        # The GPU of rank 0's pod, as DCGM would report it (a TrainJob's pod gets its name only now).
+        pod = eventually(lambda: rank0_pod(core, backend, namespace, JOB), timeout=120, interval=0.5,
+                         message="rank 0's pod")
+        dcgm = DcgmStandIn(control_plane.prometheus_targets, namespace, pod, backend_of(backend).container)
+        final = eventually(lambda: phase(api_client, namespace, JOB) in ("Succeeded", "Failed")
+                           and get_job(api_client, namespace, JOB), timeout=900, interval=2,
                            message=lambda: "the run finished; operator log:\n" + operator_log(control_plane, core))
-        logs = control_plane.pod_log(MASTER_POD, NAMESPACE, "pytorch").read_text()
+        logs = control_plane.pod_log(pod, namespace, backend_of(backend).container).read_text()
         assert final["status"]["phase"] == "Succeeded", logs[-3000:]
         time.sleep(5)  # two more scrapes of the operator, which saw the end
-        yield {"start": started, "end": time.time(), "operator_pod": operator_pod(core)}
+        yield {"start": started, "end": time.time(), "operator_pod": operator_pod(core), "namespace": namespace,
+               "pod": pod, "kind": backend_of(backend).kind}
     finally:
-        dcgm.close()
+        if dcgm:
+            dcgm.close()
 
 
-def test_prometheus_scraped_the_operator_and_the_runs_master_pod(prometheus, run):
+def test_prometheus_scraped_the_operator_and_the_runs_rank_0_pod(prometheus, run):
     operator = f'up{{namespace="{OPERATOR_NAMESPACE}", pod="{run["operator_pod"]}"}}'
-    master = f'up{{namespace="{NAMESPACE}", pod="{MASTER_POD}"}}'
-    for expr in (operator, master):
+    rank0 = f'up{{namespace="{run["namespace"]}", pod="{run["pod"]}"}}'
+    for expr in (operator, rank0):
         series = prometheus.query_range(expr, run["start"], run["end"])
         assert series and max(finite_values(series)) == 1, f"{expr} was never up: {series}"
     # The target came from the pod's annotations, at the annotated path.
@@ -164,7 +171,7 @@ def test_prometheus_scraped_the_operator_and_the_runs_master_pod(prometheus, run
 
 
 def test_every_dashboard_query_returns_data_for_the_run(prometheus, run):
-    variables = {"namespace": NAMESPACE, "trainingjob": JOB}
+    variables = {"namespace": run["namespace"], "trainingjob": JOB}
     builtins = {**dashboards.BUILTINS, "__rate_interval": RATE_INTERVAL}
     queries = dashboards.queries(dashboards.load())
     empty = {}
@@ -176,23 +183,25 @@ def test_every_dashboard_query_returns_data_for_the_run(prometheus, run):
     assert not empty, "queries without a finite value during the run:\n" + "\n".join(
         f"{where}: {expr}" for where, expr in empty.items())
     # The variables offer this run.
-    assert NAMESPACE in prometheus.label_values("trainingjob_namespace", "kubetune_trainer_step")
-    assert JOB in prometheus.label_values("trainingjob", f'kubetune_trainer_step{{trainingjob_namespace="{NAMESPACE}"}}')
+    assert run["namespace"] in prometheus.label_values("trainingjob_namespace", "kubetune_trainer_step")
+    assert JOB in prometheus.label_values("trainingjob",
+                                          f'kubetune_trainer_step{{trainingjob_namespace="{run["namespace"]}"}}')
 
 
 def test_the_gpu_panels_join_dcgm_series_to_the_runs_pods(prometheus, run):
     panel = next(p for p in dashboards.panels(dashboards.load()) if p["title"] == "GPU utilisation (DCGM)")
-    expr = dashboards.substitute(panel["targets"][0]["expr"], {"namespace": NAMESPACE, "trainingjob": JOB})
+    expr = dashboards.substitute(panel["targets"][0]["expr"], {"namespace": run["namespace"], "trainingjob": JOB})
     series = prometheus.query_range(expr, run["start"], run["end"])
-    assert {s["metric"]["pod"] for s in series} == {MASTER_POD}
+    assert {s["metric"]["pod"] for s in series} == {run["pod"]}
     assert {s["metric"]["trainingjob"] for s in series} == {JOB} and finite_values(series)[-1] == 87
     # Another job's name selects nothing: the join filters, it does not just pass DCGM through.
-    other = dashboards.substitute(panel["targets"][0]["expr"], {"namespace": NAMESPACE, "trainingjob": "not-this-one"})
+    other = dashboards.substitute(panel["targets"][0]["expr"], {"namespace": run["namespace"],
+                                                                 "trainingjob": "not-this-one"})
     assert prometheus.query_range(other, run["start"], run["end"]) == []
 
 
 def test_the_trainer_reported_its_checkpoints_and_steps(prometheus, run):
-    selector = f'trainingjob_namespace="{NAMESPACE}", trainingjob="{JOB}"'
+    selector = f'trainingjob_namespace="{run["namespace"]}", trainingjob="{JOB}"'
 
     def last(expr):
         return finite_values(prometheus.query_range(expr, run["start"], run["end"]))[-1]
@@ -201,14 +210,14 @@ def test_the_trainer_reported_its_checkpoints_and_steps(prometheus, run):
     assert 0 < last(f"max(kubetune_trainer_step{{{selector}}})") <= 60
     assert last(f"max(kubetune_trainer_checkpoint_upload_duration_seconds_count{{{selector}}})") >= 1
     assert last(f"max(kubetune_trainer_checkpoint_uploaded_bytes_total{{{selector}}})") > 0
-    assert last(f'max(kubetune_trainer_pod_info{{{selector}, trainer_pod="{MASTER_POD}", node_rank="0"}})') == 1
+    assert last(f'max(kubetune_trainer_pod_info{{{selector}, trainer_pod="{run["pod"]}", node_rank="0"}})') == 1
 
 
 def test_the_refused_apply_was_counted_by_reason(prometheus, run):
     pod = run["operator_pod"]
     assert prometheus.value(f'kubetune_operator_admission_rejections_total{{reason="missing_secret", pod="{pod}"}}') == 1
     assert prometheus.value(f'kubetune_operator_admission_rejections_total{{reason="invalid_spec", pod="{pod}"}}') == 0
-    assert prometheus.value(f'kubetune_operator_child_jobs_created_total{{kind="PyTorchJob", pod="{pod}"}}') == 1
+    assert prometheus.value(f'kubetune_operator_child_jobs_created_total{{kind="{run["kind"]}", pod="{pod}"}}') == 1
     assert prometheus.value(f'kubetune_operator_reconciles_total{{result="ok", pod="{pod}"}}') >= 1
 
 
@@ -233,5 +242,5 @@ def test_trainingjobs_by_phase_follow_the_run_a_restart_of_the_operator_and_the_
     assert all(by_phase(second, p) == 0 for p in ("Pending", "Running", "Failed", "Suspended"))
 
     # Deleting the job removes it from the count.
-    kubectl(control_plane, "delete", "tj", JOB, "-n", NAMESPACE, "--wait=true", "--timeout=120s")
+    kubectl(control_plane, "delete", "tj", JOB, "-n", run["namespace"], "--wait=true", "--timeout=120s")
     eventually(lambda: by_phase(second, "Succeeded") == 0, timeout=60, interval=1, message="the deleted job uncounted")

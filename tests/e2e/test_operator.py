@@ -1,7 +1,9 @@
 """The operator on the local control plane: helm install, kubectl apply a TrainingJob, watch it train.
 
 The operator runs as a pod of the chart (through the process kubelet), the trainer as the pods
-of the PyTorchJob it creates; model, data, checkpoints and the LoRA live in the local S3 server.
+of the child job it creates; model, data, checkpoints and the LoRA live in the local S3 server.
+Every test that installs the operator runs once per backend (the `backend` fixture): PyTorchJob
+(Training Operator v1.9) and TrainJob (Kubeflow Trainer v2.3 on JobSet).
 """
 from __future__ import annotations
 
@@ -13,22 +15,15 @@ import time
 
 import pytest
 import yaml
-from kubernetes import client
 
 from tests.conftest import REPO
-from tests.e2e.jobs import (BUCKET, OPERATOR_NAMESPACE, example_job, get_job, kubectl, operator_log, os_env,
-                            phase)
+from tests.e2e.jobs import (BUCKET, OPERATOR_NAMESPACE, backend_of, children, example_job, get_child, get_job,
+                            job_pods, kubectl, operator_log, os_env, phase, printed_columns, rank0_pod,
+                            rank0_pod_logs)
 from tests.e2e.waiting import eventually
 from tests.unit.test_spec_validation import BAD_INPUTS, with_change
 
 pytestmark = pytest.mark.e2e
-
-
-def printed_columns(header: str, row: str) -> dict[str, str]:
-    """A kubectl table row as {column: value}, cut at the header's column starts."""
-    names = header.split()
-    starts = [header.index(name) for name in names] + [None]
-    return {name: row[starts[i]:starts[i + 1]].strip() for i, name in enumerate(names)}
 
 
 def kubetune_cli(env: dict, *args: str) -> str:
@@ -39,15 +34,13 @@ def kubetune_cli(env: dict, *args: str) -> str:
 
 
 def test_an_applied_example_trains_to_succeeded_and_its_lora_lands_in_s3(
-        control_plane, api_client, core, operator_release, job_namespace, inputs_in_s3, s3, tmp_path):
+        control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3, s3, tmp_path):
     manifest = example_job(inputs_in_s3, "sd15-e2e", "runs/sd15-e2e", maxSteps=30)
     kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(manifest))
 
-    # A PyTorchJob owned by the TrainingJob appears.
-    jobs = client.CustomObjectsApi(api_client)
-    child = eventually(lambda: _get_or_none(lambda: jobs.get_namespaced_custom_object(
-        "kubeflow.org", "v1", job_namespace, "pytorchjobs", "sd15-e2e")), timeout=60,
-        message=lambda: "PyTorchJob created; operator log:\n" + operator_log(control_plane, core))
+    # A child job of the backend's kind, owned by the TrainingJob, appears.
+    child = eventually(lambda: get_child(api_client, backend, job_namespace, "sd15-e2e"), timeout=60,
+                       message=lambda: f"{backend} created; operator log:\n" + operator_log(control_plane, core))
     owner = child["metadata"]["ownerReferences"][0]
     assert owner["kind"] == "TrainingJob" and owner["name"] == "sd15-e2e" and owner["controller"] is True
 
@@ -70,15 +63,27 @@ def test_an_applied_example_trains_to_succeeded_and_its_lora_lands_in_s3(
     final = eventually(lambda: phase(api_client, job_namespace, "sd15-e2e") in ("Succeeded", "Failed")
                        and get_job(api_client, job_namespace, "sd15-e2e"), timeout=600, interval=2,
                        message="TrainingJob finished")
-    logs = control_plane.pod_log("sd15-e2e-master-0", job_namespace, "pytorch").read_text()
-    assert final["status"]["phase"] == "Succeeded", logs[-3000:]
+    logs = rank0_pod_logs(control_plane, backend, job_namespace, "sd15-e2e")
+    assert final["status"]["phase"] == "Succeeded", logs[-1][-3000:] if logs else "no trainer log"
     assert final["status"]["startTime"] and final["status"]["completionTime"]
+    assert final["status"]["backend"] == backend
     run = f"runs/sd15-e2e/{job_namespace}/sd15-e2e/v0"  # <checkpoints.uri>/<namespace>/<job>/v<N>
     assert final["status"]["outputUri"] == f"s3://{BUCKET}/{run}"
     assert final["status"]["latestCheckpoint"] == f"s3://{BUCKET}/{run}/checkpoint-30"
     objects = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{run}/")["Contents"]}
     assert f"{run}/pytorch_lora_weights.safetensors" in objects
     assert f"{run}/checkpoint-30/manifest.json" in objects
+
+    # The status ends true: the final step, 100% and no ETA, whatever the last poll saw.
+    assert final["status"]["progress"]["step"] == 30 and final["status"]["progress"]["percent"] == 100
+    assert "etaSeconds" not in final["status"]["progress"]
+    table = kubectl(control_plane, "get", "tj", "sd15-e2e", "-n", job_namespace, "-o", "wide").stdout.splitlines()
+    row = printed_columns(table[0], table[1])
+    assert (row["PHASE"], row["STEP"], row["PROGRESS"], row["ETA"], row["BACKEND"]) == (
+        "Succeeded", "30", "100", "", backend), table
+    if backend == "trainjob":  # also where Kubeflow Trainer's own tools read progress
+        trainer_status = get_child(api_client, backend, job_namespace, "sd15-e2e")["status"]["trainerStatus"]
+        assert trainer_status["progressPercentage"] == 100
 
     # A user finds the run through the cluster and downloads from S3 with `kubetune checkpoints`.
     cli_env = {**os_env(), **control_plane.env()}
@@ -97,23 +102,27 @@ def test_an_applied_example_trains_to_succeeded_and_its_lora_lands_in_s3(
     reasons = {e["reason"] for e in json.loads(events)["items"]}
     assert {"Created", "Running", "Succeeded"} <= reasons
 
-    # The secret's value never reached the ConfigMap or the pod spec.
+    # The secret's value never reached the ConfigMap, the child job or the pod spec.
     secret = control_plane.env()["AWS_SECRET_ACCESS_KEY"]
-    for kind in ("configmap", "pytorchjob", "pod"):
+    for kind in ("configmap", f"{backend_of(backend).plural}.{backend_of(backend).group}", "pod"):
         dumped = kubectl(control_plane, "get", kind, "-n", job_namespace, "-o", "yaml").stdout
         assert secret not in dumped, kind
 
 
-def test_a_two_node_job_succeeds(control_plane, api_client, operator_release, job_namespace, inputs_in_s3):
+def test_a_two_node_job_succeeds(control_plane, api_client, core, backend, operator_release, job_namespace,
+                                 inputs_in_s3):
     manifest = example_job(inputs_in_s3, "two-nodes", "runs/two-nodes", maxSteps=2)
     manifest["spec"]["resources"]["nodes"] = 2
     kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(manifest))
     final = eventually(lambda: phase(api_client, job_namespace, "two-nodes") in ("Succeeded", "Failed")
                        and get_job(api_client, job_namespace, "two-nodes"), timeout=600, interval=2,
                        message="two-node TrainingJob finished")
-    logs = {pod: control_plane.pod_log(pod, job_namespace, "pytorch").read_text()[-2000:]
-            for pod in ("two-nodes-master-0", "two-nodes-worker-0")}
+    pods = job_pods(core, job_namespace, "two-nodes")
+    logs = {p.metadata.name: control_plane.pod_log(p.metadata.name, job_namespace, backend_of(backend).container)
+            .read_text()[-2000:] for p in pods}
     assert final["status"]["phase"] == "Succeeded", logs
+    assert len(pods) == 2, f"one pod per node: {sorted(logs)}"
+    assert sum("node 0 of 2" in log for log in logs.values()) == 1, logs
 
 
 @pytest.mark.parametrize("field,value,expected", BAD_INPUTS, ids=[f"{f}={v!r}" for f, v, _ in BAD_INPUTS])
@@ -147,57 +156,53 @@ def test_the_webhook_gives_the_trainers_own_message(control_plane, operator_rele
     assert "spec.model.pretrained" in result.stderr
 
 
-def test_deleting_a_trainingjob_removes_everything_it_created(control_plane, api_client, core, operator_release,
-                                                              job_namespace, inputs_in_s3):
+def test_deleting_a_trainingjob_removes_everything_it_created(control_plane, api_client, core, backend,
+                                                              operator_release, job_namespace, inputs_in_s3):
     manifest = example_job(inputs_in_s3, "short-lived", "runs/short-lived", maxSteps=1000)
     kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(manifest))
-    eventually(lambda: _pods(core, job_namespace, "short-lived"), timeout=120, message="trainer pod started")
+    eventually(lambda: job_pods(core, job_namespace, "short-lived"), timeout=120, message="trainer pod started")
     kubectl(control_plane, "delete", "tj", "short-lived", "-n", job_namespace, "--wait=true", "--timeout=120s")
-    jobs = client.CustomObjectsApi(api_client)
 
     def all_gone():
-        pytorchjobs = jobs.list_namespaced_custom_object("kubeflow.org", "v1", job_namespace, "pytorchjobs")["items"]
         config_maps = core.list_namespaced_config_map(
             job_namespace, label_selector="kubetune.dev/trainingjob=short-lived").items
-        return not pytorchjobs and not config_maps and not _pods(core, job_namespace, "short-lived")
+        return (not children(api_client, backend, job_namespace) and not config_maps
+                and not job_pods(core, job_namespace, "short-lived"))
 
     eventually(all_gone, timeout=180, interval=1, message="children garbage-collected")
 
 
-def test_the_operator_service_account_can_do_its_work_and_nothing_else(control_plane, operator_release):
+def test_the_operator_service_account_can_do_its_work_and_nothing_else(control_plane, backend, operator_release):
     account = f"system:serviceaccount:{OPERATOR_NAMESPACE}:kubetune"
 
     def can(verb, resource, namespace="default"):
         result = kubectl(control_plane, "auth", "can-i", verb, resource, "--as", account, "-n", namespace, check=False)
         return result.stdout.strip() == "yes"
 
+    own = {"pytorchjob": [("create", "pytorchjobs.kubeflow.org"), ("patch", "pytorchjobs.kubeflow.org")],
+           "trainjob": [("create", "trainjobs.trainer.kubeflow.org"), ("patch", "trainjobs.trainer.kubeflow.org"),
+                        ("delete", "trainjobs.trainer.kubeflow.org"), ("patch", "trainjobs.trainer.kubeflow.org/status"),
+                        ("get", "clustertrainingruntimes.trainer.kubeflow.org/kubetune-trainer")]}
+    # The other backend's jobs are out of reach: RBAC follows the enabled backends.
+    other = {"pytorchjob": [("create", "trainjobs.trainer.kubeflow.org"), ("list", "trainjobs.trainer.kubeflow.org")],
+             "trainjob": [("create", "pytorchjobs.kubeflow.org"), ("list", "pytorchjobs.kubeflow.org"),
+                          ("create", "jobsets.jobset.x-k8s.io"),
+                          ("get", "clustertrainingruntimes.trainer.kubeflow.org/someone-elses")]}
     for verb, resource in [("watch", "trainingjobs.kubetune.dev"), ("patch", "trainingjobs.kubetune.dev/status"),
-                           ("create", "pytorchjobs.kubeflow.org"), ("patch", "pytorchjobs.kubeflow.org"),
+                           *own[backend],
                            ("create", "configmaps"), ("patch", "configmaps"), ("get", "secrets"), ("list", "pods"), ("create", "events"),
                            ("patch", "validatingwebhookconfigurations/trainingjobs.kubetune.dev")]:
         assert can(verb, resource), f"the operator cannot {verb} {resource}"
     for verb, resource in [("delete", "trainingjobs.kubetune.dev"), ("create", "trainingjobs.kubetune.dev"),
                            ("list", "secrets"), ("create", "pods"), ("delete", "pods"), ("delete", "pytorchjobs.kubeflow.org"),
+                           *other[backend],
                            ("update", "configmaps"), ("create", "deployments.apps"), ("create", "clusterroles.rbac.authorization.k8s.io"),
                            ("patch", "validatingwebhookconfigurations/someone-elses")]:
         assert not can(verb, resource), f"the operator may {verb} {resource}, which it does not need"
 
 
-def _pods(core, namespace, job):
-    return core.list_namespaced_pod(namespace, label_selector=f"training.kubeflow.org/job-name={job}").items
-
-
-def _get_or_none(read):
-    try:
-        return read()
-    except client.exceptions.ApiException as err:
-        if err.status == 404:
-            return None
-        raise
-
-
 def test_killing_the_operator_while_it_reconciles_leaves_one_child_per_job(
-        control_plane, api_client, core, operator_release, job_namespace, inputs_in_s3):
+        control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3):
     """20 jobs applied at once, the operator pod killed mid-way; its successor finishes the work."""
     names = [f"burst-{i:02d}" for i in range(20)]
     documents = []
@@ -206,41 +211,40 @@ def test_killing_the_operator_while_it_reconciles_leaves_one_child_per_job(
         manifest["spec"]["suspend"] = True  # reconcile only: no trainer pods for this test
         documents.append(yaml.safe_dump(manifest))
     kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input="---\n".join(documents))
-    jobs = client.CustomObjectsApi(api_client)
 
-    def children() -> list[dict]:
-        return jobs.list_namespaced_custom_object("kubeflow.org", "v1", job_namespace, "pytorchjobs")["items"]
-
-    eventually(lambda: len(children()) >= 3, timeout=120, interval=0.2, message="reconciling started")
+    eventually(lambda: len(children(api_client, backend, job_namespace)) >= 3, timeout=120, interval=0.2,
+               message="reconciling started")
     kubectl(control_plane, "delete", "pod", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=kubetune-operator",
             "--grace-period=0", "--force", "--wait=false")
-    eventually(lambda: len(children()) >= len(names), timeout=300, interval=1,
-               message=lambda: f"{len(children())} of {len(names)} children; operator log:\n"
-                               + operator_log(control_plane, core))
+    eventually(lambda: len(children(api_client, backend, job_namespace)) >= len(names), timeout=300, interval=1,
+               message=lambda: f"{len(children(api_client, backend, job_namespace))} of {len(names)} children; "
+                               "operator log:\n" + operator_log(control_plane, core))
     time.sleep(5)  # a duplicate would show up now, if one were being made
-    owners = sorted(c["metadata"]["ownerReferences"][0]["name"] for c in children())
-    assert owners == names, "exactly one PyTorchJob per TrainingJob"
+    owners = sorted(c["metadata"]["ownerReferences"][0]["name"] for c in children(api_client, backend, job_namespace))
+    assert owners == names, f"exactly one {backend_of(backend).kind} per TrainingJob"
     for name in names:
         job = get_job(api_client, job_namespace, name)
         assert (job.get("status") or {}).get("phase") == "Suspended", name
 
 
-def test_suspend_maps_to_the_child_and_back(control_plane, api_client, operator_release, job_namespace,
+def test_suspend_maps_to_the_child_and_back(control_plane, api_client, backend, operator_release, job_namespace,
                                             inputs_in_s3):
     manifest = example_job(inputs_in_s3, "pausable", "runs/pausable")
     manifest["spec"]["suspend"] = True
     kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(manifest))
-    jobs = client.CustomObjectsApi(api_client)
 
     def child_suspend():
-        child = _get_or_none(lambda: jobs.get_namespaced_custom_object(
-            "kubeflow.org", "v1", job_namespace, "pytorchjobs", "pausable"))
-        return child and child["spec"]["runPolicy"].get("suspend")
+        child = get_child(api_client, backend, job_namespace, "pausable")
+        return child and backend_of(backend).is_suspended(child)
 
     assert eventually(lambda: child_suspend() is True, timeout=60, message="child created suspended")
+    assert eventually(lambda: phase(api_client, job_namespace, "pausable") == "Suspended", timeout=60,
+                      message="phase Suspended")
     kubectl(control_plane, "patch", "tj", "pausable", "-n", job_namespace, "--type=merge",
             "-p", '{"spec": {"suspend": false}}')
     eventually(lambda: child_suspend() is False, timeout=60, message="child resumed")
+    eventually(lambda: phase(api_client, job_namespace, "pausable") in ("Running", "Succeeded"), timeout=120,
+               message="phase Running after the resume")
 
     # Any other change to a started job is refused, visibly, and the child keeps its spec.
     kubectl(control_plane, "patch", "tj", "pausable", "-n", job_namespace, "--type=merge",
@@ -258,8 +262,10 @@ def test_suspend_maps_to_the_child_and_back(control_plane, api_client, operator_
     condition = eventually(lambda: "suspend first" in refused()["message"] and refused(), timeout=60,
                            message="SpecChangeRefused for the size")
     assert "from 1x1 process to 2x1 processes while it runs" in condition["message"]
-    child = jobs.get_namespaced_custom_object("kubeflow.org", "v1", job_namespace, "pytorchjobs", "pausable")
-    assert set(child["spec"]["pytorchReplicaSpecs"]) == {"Master"}
+    child = get_child(api_client, backend, job_namespace, "pausable")
+    nodes = (len(child["spec"]["pytorchReplicaSpecs"]) if backend == "pytorchjob"
+             else child["spec"]["trainer"]["numNodes"])
+    assert nodes == 1, child["spec"]
     kubectl(control_plane, "delete", "tj", "pausable", "-n", job_namespace, "--wait=false")
 
 
@@ -269,8 +275,8 @@ def test_helm_test_passes(control_plane, operator_release):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_deleting_the_master_pod_mid_run_still_ends_at_the_full_step_count(
-        control_plane, api_client, core, operator_release, job_namespace, inputs_in_s3, s3):
+def test_deleting_the_rank_0_pod_mid_run_still_ends_at_the_full_step_count(
+        control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3, s3):
     """A lost pod (preemption, node failure) costs at most the steps since the last checkpoint."""
     manifest = example_job(inputs_in_s3, "preempted", "runs/preempted", maxSteps=40)
     manifest["spec"]["checkpoints"].update(everySteps=5, keepLast=2)
@@ -284,12 +290,13 @@ def test_deleting_the_master_pod_mid_run_still_ends_at_the_full_step_count(
 
     eventually(past_first_checkpoint, timeout=300, interval=0.5,
                message=lambda: "step 8; operator log:\n" + operator_log(control_plane, core))
-    core.delete_namespaced_pod("preempted-master-0", job_namespace)
+    core.delete_namespaced_pod(rank0_pod(core, backend, job_namespace, "preempted"), job_namespace)
 
     final = eventually(lambda: phase(api_client, job_namespace, "preempted") in ("Succeeded", "Failed")
                        and get_job(api_client, job_namespace, "preempted"), timeout=600, interval=2,
                        message="TrainingJob finished after losing its pod")
     assert final["status"]["phase"] == "Succeeded", final["status"]
+    assert final["status"]["progress"]["step"] == 40 and final["status"]["progress"]["percent"] == 100
     run = f"runs/preempted/{job_namespace}/preempted/v0"  # the replacement pod continued the same version
     state = json.loads(s3.get_object(Bucket=BUCKET, Key=f"{run}/checkpoint-40/trainer_state.json")["Body"].read())
     assert state["position"]["step"] == 40
@@ -297,16 +304,15 @@ def test_deleting_the_master_pod_mid_run_still_ends_at_the_full_step_count(
     assert f"{run}/pytorch_lora_weights.safetensors" in objects
     assert not any(key.startswith(f"runs/preempted/{job_namespace}/preempted/v1/") for key in objects)
     # The deleted pod checkpointed on SIGTERM; its replacement resumed there, not from step 0.
-    logs = [d / "logs" / "pytorch.log" for d in sorted(
-        control_plane.kubelet_state.glob(f"pods/{job_namespace}_preempted-master-0_*"), key=lambda d: d.stat().st_mtime)]
-    assert len(logs) == 2, logs
-    first, second = (log.read_text() for log in logs)
+    logs = rank0_pod_logs(control_plane, backend, job_namespace, "preempted")
+    assert len(logs) == 2, [log[-500:] for log in logs]
+    first, second = logs
     stopped = re.search(r"stopped by SIGTERM after step (\d+)", first)
     assert stopped and int(stopped.group(1)) >= 8, first[-2000:]
     assert f"at step {stopped.group(1)}" in second, second[-2000:]
 
 
-def test_an_enabled_embedding_cache_is_filled_before_training(control_plane, api_client, operator_release,
+def test_an_enabled_embedding_cache_is_filled_before_training(control_plane, api_client, backend, operator_release,
                                                               job_namespace, inputs_in_s3, s3):
     manifest = example_job(inputs_in_s3, "cached", "runs/cached", maxSteps=2)
     manifest["spec"]["data"]["cache"] = {"enabled": True}
@@ -315,8 +321,10 @@ def test_an_enabled_embedding_cache_is_filled_before_training(control_plane, api
     final = eventually(lambda: phase(api_client, job_namespace, "cached") in ("Succeeded", "Failed")
                        and get_job(api_client, job_namespace, "cached"), timeout=600, interval=2,
                        message="cached TrainingJob finished")
-    stage_log = control_plane.pod_log("cached-master-0", job_namespace, "cache").read_text()
-    train_log = control_plane.pod_log("cached-master-0", job_namespace, "pytorch").read_text()
+    train_log = rank0_pod_logs(control_plane, backend, job_namespace, "cached")[-1]
+    # PyTorchJob: the Master's init container; TrainJob: node 0's main container, before its trainers.
+    stage_log = (control_plane.pod_log("cached-master-0", job_namespace, "cache").read_text()
+                 if backend == "pytorchjob" else train_log)
     assert final["status"]["phase"] == "Succeeded", stage_log[-2000:] + train_log[-2000:]
     cached = s3.list_objects_v2(Bucket=BUCKET, Prefix="runs/cached/cache/").get("KeyCount", 0)
     assert cached > 0, "the cache stage wrote entries to S3"

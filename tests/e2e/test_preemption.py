@@ -1,9 +1,10 @@
 """Preemption, elastic resume and resizing of a 2-node x 2-process CPU job on the local control plane.
 
 A lost pod (preemption, eviction, node failure) stops the whole job: every rank takes a last
-checkpoint together and exits 143, which the PyTorchJob's ExitCode policy retries; the pods the
-training operator re-creates continue the same run version. A suspended job may change its size
-and resumes from the same checkpoint on the new number of processes.
+checkpoint together and exits 143, which the child job retries (a PyTorchJob's ExitCode policy; a
+TrainJob's runtime restarts its JobSet); the re-created pods continue the same run version. A
+suspended job may change its size and resumes from the same checkpoint on the new number of
+processes. Each test runs once per backend.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 import yaml
 from kubernetes import client, watch
 
-from tests.e2e.jobs import BUCKET, example_job, get_job, kubectl, operator_log, phase
+from tests.e2e.jobs import BUCKET, backend_of, example_job, get_child, get_job, kubectl, operator_log, phase
 from tests.e2e.waiting import eventually
 
 pytestmark = pytest.mark.e2e
@@ -34,12 +35,24 @@ def two_by_two(inputs: dict, name: str) -> dict:
     return manifest
 
 
-class PodHistory:
-    """Every state of a namespace's pods, as a controller watching them sees it (a pod deleted
-    and re-created under the same name is a new UID)."""
+def node_rank(pod, backend: str) -> int | None:
+    """Which node of its job a pod is, from the labels its Kubeflow controller sets."""
+    labels = pod.metadata.labels or {}
+    if backend == "pytorchjob":  # the Master is node 0, Worker i is node i + 1
+        replica = labels.get("training.kubeflow.org/replica-type")
+        index = labels.get("training.kubeflow.org/replica-index")
+        return None if replica is None or index is None else (0 if replica == "master" else int(index) + 1)
+    index = labels.get("batch.kubernetes.io/job-completion-index")  # TrainJob: the node Job's pod index
+    return None if index is None else int(index)
 
-    def __init__(self, core: client.CoreV1Api, namespace: str):
+
+class PodHistory:
+    """Every state of a namespace's pods, as a controller watching them sees it, by node rank (a
+    pod re-created for the same node is a new UID, under the same name or, in a JobSet, a new one)."""
+
+    def __init__(self, core: client.CoreV1Api, namespace: str, backend: str):
         self.events: list[dict] = []
+        self.backend, self.container = backend, backend_of(backend).container
         self._watch = watch.Watch()
         self._stopping = False
         self._thread = threading.Thread(target=self._follow, args=(core, namespace), daemon=True)
@@ -55,9 +68,11 @@ class PodHistory:
     def _record(self, core, namespace) -> None:
         for event in self._watch.stream(core.list_namespaced_pod, namespace):
             pod = event["object"]
-            container = next((s for s in pod.status.container_statuses or [] if s.name == "pytorch"), None)
+            container = next((s for s in pod.status.container_statuses or [] if s.name == self.container), None)
             terminated = container.state.terminated if container and container.state else None
             self.events.append({"type": event["type"], "name": pod.metadata.name, "uid": pod.metadata.uid,
+                                "job": (pod.metadata.labels or {}).get("kubetune.dev/trainingjob"),
+                                "node": node_rank(pod, self.backend),
                                 "phase": pod.status.phase, "restarts": container.restart_count if container else 0,
                                 "exit_code": terminated.exit_code if terminated else None})
 
@@ -65,30 +80,30 @@ class PodHistory:
         self._stopping = True
         self._watch.stop()
 
-    def uids(self, name: str) -> list[str]:
-        """The pods of that name in order of creation."""
-        return list(dict.fromkeys(e["uid"] for e in self.events if e["name"] == name))
+    def pods(self, job: str, node: int) -> list[tuple[str, str]]:
+        """(name, uid) of the pods that ran node NODE of JOB, in order of creation."""
+        return list(dict.fromkeys((e["name"], e["uid"]) for e in self.events if e["job"] == job and e["node"] == node))
 
-    def exit_codes(self, name: str) -> list[set[int]]:
-        """Per pod of that name, in order: the exit codes its trainer container reported."""
+    def exit_codes(self, job: str, node: int) -> list[set[int]]:
+        """Per pod of that node, in order: the exit codes its trainer container reported."""
         return [{e["exit_code"] for e in self.events if e["uid"] == uid and e["exit_code"] is not None}
-                for uid in self.uids(name)]
+                for _, uid in self.pods(job, node)]
 
-    def max_restarts(self, name: str) -> int:
-        return max((e["restarts"] for e in self.events if e["name"] == name), default=0)
+    def max_restarts(self, job: str, node: int) -> int:
+        return max((e["restarts"] for e in self.events if e["job"] == job and e["node"] == node), default=0)
 
 
 @pytest.fixture
-def pods(core, job_namespace):
-    history = PodHistory(core, job_namespace)
+def pods(core, job_namespace, backend):
+    history = PodHistory(core, job_namespace, backend)
     yield history
     history.stop()
 
 
-def trainer_logs(control_plane, namespace: str, pod: str, history: PodHistory) -> list[str]:
-    """The trainer's log of every pod of that name, oldest first."""
-    return [(control_plane.kubelet_state / "pods" / f"{namespace}_{pod}_{uid}" / "logs" / "pytorch.log").read_text()
-            for uid in history.uids(pod)]
+def trainer_logs(control_plane, namespace: str, job: str, node: int, history: PodHistory) -> list[str]:
+    """The trainer's log of every pod that ran node NODE of JOB, oldest first."""
+    return [(control_plane.kubelet_state / "pods" / f"{namespace}_{pod}_{uid}" / "logs" / f"{history.container}.log")
+            .read_text() for pod, uid in history.pods(job, node)]
 
 
 def wait_for_step(api_client, core, control_plane, namespace: str, name: str, step: int) -> int:
@@ -130,42 +145,42 @@ def stopped_and_resumed(first_log: str, resumed_log: str) -> tuple[int, int]:
     return int(stopped.group(1)), int(resumed.group(1))
 
 
-def test_a_2x2_job_whose_master_pod_is_deleted_continues_its_run(
-        control_plane, api_client, core, operator_release, job_namespace, inputs_in_s3, s3, pods):
-    lose_a_pod_mid_run("master", control_plane, api_client, core, job_namespace, inputs_in_s3, s3, pods)
+def test_a_2x2_job_whose_rank_0_pod_is_deleted_continues_its_run(
+        control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3, s3, pods):
+    lose_a_pod_mid_run(0, control_plane, api_client, core, job_namespace, inputs_in_s3, s3, pods)
 
 
-def test_a_2x2_job_whose_worker_pod_is_deleted_continues_its_run(
-        control_plane, api_client, core, operator_release, job_namespace, inputs_in_s3, s3, pods):
-    lose_a_pod_mid_run("worker", control_plane, api_client, core, job_namespace, inputs_in_s3, s3, pods)
+def test_a_2x2_job_whose_other_pod_is_deleted_continues_its_run(
+        control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3, s3, pods):
+    lose_a_pod_mid_run(1, control_plane, api_client, core, job_namespace, inputs_in_s3, s3, pods)
 
 
-def lose_a_pod_mid_run(lost: str, control_plane, api_client, core, job_namespace, inputs_in_s3, s3, pods) -> None:
-    """A pod deleted mid-run: both nodes checkpoint and exit 143 (the deleted one on SIGTERM, the other
-    because its ranks agree to stop with them), both are re-created, and the run ends in the same
-    version having lost no step beyond the last checkpoint."""
-    name = f"lost-{lost}"
+def lose_a_pod_mid_run(lost: int, control_plane, api_client, core, job_namespace, inputs_in_s3, s3, pods) -> None:
+    """Node LOST's pod deleted mid-run: both nodes checkpoint and exit 143 (the deleted one on SIGTERM,
+    the other because its ranks agree to stop with them), both are re-created, and the run ends in the
+    same version having lost no step beyond the last checkpoint."""
+    name = f"lost-node-{lost}"
     started = time.monotonic()
     kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(two_by_two(inputs_in_s3, name)))
     seen = wait_for_step(api_client, core, control_plane, job_namespace, name, PAST_FIRST_CHECKPOINT)
-    core.delete_namespaced_pod(f"{name}-{lost}-0", job_namespace)
+    victim = pods.pods(name, lost)[-1][0]
+    core.delete_namespaced_pod(victim, job_namespace)
 
     final = wait_until_finished(api_client, job_namespace, name)
-    master_logs = trainer_logs(control_plane, job_namespace, f"{name}-master-0", pods)
-    worker_logs = trainer_logs(control_plane, job_namespace, f"{name}-worker-0", pods)
-    assert final["status"]["phase"] == "Succeeded", (final["status"], master_logs[-1][-3000:], worker_logs[-1][-3000:])
+    logs = {node: trainer_logs(control_plane, job_namespace, name, node, pods) for node in (0, 1)}
+    assert final["status"]["phase"] == "Succeeded", (final["status"], logs[0][-1][-3000:], logs[1][-1][-3000:])
     assert_one_run_to_the_end(s3, job_namespace, name)
 
     # Each node stopped once with 143 (the kubelet reports a deleted pod's exit too) and was
-    # re-created by the training operator as a new pod: no container restarts in place.
-    for pod in (f"{name}-master-0", f"{name}-worker-0"):
-        eventually(lambda: len(pods.exit_codes(pod)) == 2 and pods.exit_codes(pod)[1], timeout=30,
-                   message=lambda: f"{pod} ended twice: {pods.exit_codes(pod)}")
-        assert pods.exit_codes(pod) == [{143}, {0}], pod
-        assert pods.max_restarts(pod) == 0
+    # re-created by its controller as a new pod: no container restarts in place.
+    for node in (0, 1):
+        eventually(lambda: len(pods.exit_codes(name, node)) == 2 and pods.exit_codes(name, node)[1], timeout=30,
+                   message=lambda: f"node {node} ended twice: {pods.exit_codes(name, node)}")
+        assert pods.exit_codes(name, node) == [{143}, {0}], node
+        assert pods.max_restarts(name, node) == 0
     # Both nodes stopped at the same step boundary; the new pods resumed there.
-    signalled, other = (worker_logs, master_logs) if lost == "worker" else (master_logs, worker_logs)
-    stopped, resumed = stopped_and_resumed(signalled[0], master_logs[1])  # rank 0 (the master) logs the resume
+    signalled, other = logs[lost], logs[1 - lost]
+    stopped, resumed = stopped_and_resumed(signalled[0], logs[0][1])  # rank 0 (node 0) logs the resume
     assert re.search(rf"stopped\b.* after step {stopped};", other[0]), other[0][-3000:]
     assert resumed == stopped and resumed >= seen - EVERY, (seen, stopped, resumed)
     print(f"\n{name}: {time.monotonic() - started:.0f} s; step {seen} seen, stopped after {stopped}, "
@@ -173,7 +188,7 @@ def lose_a_pod_mid_run(lost: str, control_plane, api_client, core, job_namespace
 
 
 def test_a_suspended_2x2_job_resized_to_1x2_resumes_its_run_on_2_processes(
-        control_plane, api_client, core, operator_release, job_namespace, inputs_in_s3, s3, pods):
+        control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3, s3, pods):
     name = "resized"
     started = time.monotonic()
     kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(two_by_two(inputs_in_s3, name)))
@@ -185,20 +200,27 @@ def test_a_suspended_2x2_job_resized_to_1x2_resumes_its_run_on_2_processes(
                and not core.list_namespaced_pod(job_namespace, label_selector=f"kubetune.dev/trainingjob={name}").items,
                timeout=180, interval=1, message="Suspended with no pods left")
 
-    assert pods.exit_codes(f"{name}-master-0") == [{143}] and pods.exit_codes(f"{name}-worker-0") == [{143}]
+    assert pods.exit_codes(name, 0) == [{143}] and pods.exit_codes(name, 1) == [{143}]
 
-    # Resize while suspended: the child and the trainer config follow, with an Event saying so.
+    # Resize while suspended: the child (patched, or for a TrainJob replaced) and the trainer config
+    # follow, with an Event saying so.
     kubectl(control_plane, "patch", "tj", name, "-n", job_namespace, "--type=merge",
             "-p", '{"spec": {"resources": {"nodes": 1}}}')
-    jobs = client.CustomObjectsApi(api_client)
 
     def child_resized():
-        child = jobs.get_namespaced_custom_object("kubeflow.org", "v1", job_namespace, "pytorchjobs", name)["spec"]
-        return set(child["pytorchReplicaSpecs"]) == {"Master"} and child["nprocPerNode"] == "2" and child
+        child = get_child(api_client, backend, job_namespace, name)
+        if not child:
+            return None
+        spec = child["spec"]
+        if backend == "pytorchjob":
+            done = set(spec["pytorchReplicaSpecs"]) == {"Master"} and spec["nprocPerNode"] == "2"
+        else:
+            done = spec["trainer"]["numNodes"] == 1 and spec["trainer"]["numProcPerNode"] == 2
+        return done and child
 
-    child = eventually(child_resized, timeout=60, message=lambda: "child resized; operator log:\n"
+    child = eventually(child_resized, timeout=120, message=lambda: "child resized; operator log:\n"
                        + operator_log(control_plane, core))
-    assert child["runPolicy"]["suspend"] is True, "resizing does not resume"
+    assert backend_of(backend).is_suspended(child), "resizing does not resume"
     config = yaml.safe_load(core.read_namespaced_config_map(f"{name}-config", job_namespace).data["trainingjob.yaml"])
     assert config["spec"]["resources"]["nodes"] == 1 and config["spec"]["distributed"]["processesPerNode"] == 2
     events = json.loads(kubectl(control_plane, "get", "events", "-n", job_namespace, "--field-selector",
@@ -210,12 +232,12 @@ def test_a_suspended_2x2_job_resized_to_1x2_resumes_its_run_on_2_processes(
     # Resume: one pod of 2 processes continues the same run from the checkpoint 4 processes wrote.
     kubectl(control_plane, "patch", "tj", name, "-n", job_namespace, "--type=merge", "-p", '{"spec": {"suspend": false}}')
     final = wait_until_finished(api_client, job_namespace, name)
-    master_logs = trainer_logs(control_plane, job_namespace, f"{name}-master-0", pods)
-    assert final["status"]["phase"] == "Succeeded", (final["status"], master_logs[-1][-3000:])
+    rank0_logs = trainer_logs(control_plane, job_namespace, name, 0, pods)
+    assert final["status"]["phase"] == "Succeeded", (final["status"], rank0_logs[-1][-3000:])
     assert_one_run_to_the_end(s3, job_namespace, name)
-    assert len(master_logs) == 2 and len(pods.uids(f"{name}-worker-0")) == 1, "no worker after the resize"
-    stopped, resumed = stopped_and_resumed(master_logs[0], master_logs[1])
+    assert len(rank0_logs) == 2 and len(pods.pods(name, 1)) == 1, "no second node after the resize"
+    stopped, resumed = stopped_and_resumed(rank0_logs[0], rank0_logs[1])
     assert resumed == stopped
-    assert "the checkpoint was written by 4 process(es), this run has 2" in master_logs[1], master_logs[1][-3000:]
-    assert "training resized: 40 steps, 2 process(es)" in master_logs[1], master_logs[1][-3000:]
+    assert "the checkpoint was written by 4 process(es), this run has 2" in rank0_logs[1], rank0_logs[1][-3000:]
+    assert "training resized: 40 steps, 2 process(es)" in rank0_logs[1], rank0_logs[1][-3000:]
     print(f"\n{name}: {time.monotonic() - started:.0f} s; stopped after {stopped}, resumed at {resumed}")
