@@ -122,12 +122,14 @@ def operator_release(control_plane, backend):
 
 
 def helm_values(env: dict, backend: str) -> list[str]:
-    """The chart values of the e2e release: local images and S3, fast progress polls, BACKEND."""
+    """The chart values of the e2e release: local images and S3, fast progress polls, BACKEND, and
+    Kueue's Workloads readable (this control plane runs Kueue)."""
     return ["--set", "operator.image.repository=kubetune/operator", "--set", "operator.image.tag=dev",
             "--set", "trainer.image=kubetune/trainer:dev",
             "--set", f"s3.endpointUrl={env['AWS_ENDPOINT_URL']}", "--set-string", "s3.pathStyle=true",
             "--set", f"s3.region={env['AWS_DEFAULT_REGION']}",
-            "--set", "operator.progressIntervalSeconds=1", "--set", f"backend={backend}"]
+            "--set", "operator.progressIntervalSeconds=1", "--set", f"backend={backend}",
+            "--set", "kueue.enabled=true"]
 
 
 @pytest.fixture

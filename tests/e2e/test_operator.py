@@ -191,13 +191,15 @@ def test_the_operator_service_account_can_do_its_work_and_nothing_else(control_p
     for verb, resource in [("watch", "trainingjobs.kubetune.dev"), ("patch", "trainingjobs.kubetune.dev/status"),
                            *own[backend],
                            ("create", "configmaps"), ("patch", "configmaps"), ("get", "secrets"), ("list", "pods"), ("create", "events"),
-                           ("patch", "validatingwebhookconfigurations/trainingjobs.kubetune.dev")]:
+                           ("patch", "validatingwebhookconfigurations/trainingjobs.kubetune.dev"),
+                           ("list", "workloads.kueue.x-k8s.io")]:
         assert can(verb, resource), f"the operator cannot {verb} {resource}"
     for verb, resource in [("delete", "trainingjobs.kubetune.dev"), ("create", "trainingjobs.kubetune.dev"),
                            ("list", "secrets"), ("create", "pods"), ("delete", "pods"), ("delete", "pytorchjobs.kubeflow.org"),
                            *other[backend],
                            ("update", "configmaps"), ("create", "deployments.apps"), ("create", "clusterroles.rbac.authorization.k8s.io"),
-                           ("patch", "validatingwebhookconfigurations/someone-elses")]:
+                           ("patch", "validatingwebhookconfigurations/someone-elses"),
+                           ("patch", "workloads.kueue.x-k8s.io"), ("delete", "workloads.kueue.x-k8s.io")]:
         assert not can(verb, resource), f"the operator may {verb} {resource}, which it does not need"
 
 

@@ -123,7 +123,7 @@ def test_a_trainjob_pod_gets_the_same_environment_as_a_pytorchjob_pod(job_of):
 def test_the_runtime_patch_mounts_this_jobs_config_and_sets_its_pods_placement(job_of):
     scheduling = {"nodeSelector": {"gpu": "h100"}, "serviceAccountName": "trainer", "imagePullSecrets": ["regcred"],
                   "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                  "queueName": "team-a-queue"}
+                  "queueName": "team-a-queue", "workloadPriorityClass": "research"}
     train_job = TRAINJOB.build(job_of(scheduling=scheduling, resources__shmSize="8Gi"), UID, SETTINGS)
     assert train_job["spec"]["runtimePatches"][0]["manager"] == "kubetune.dev/operator"
     template = pod_patch(train_job)
@@ -137,6 +137,7 @@ def test_the_runtime_patch_mounts_this_jobs_config_and_sets_its_pods_placement(j
     assert template["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
     # Kueue reads the queue from the TrainJob itself (its TrainJob integration).
     assert train_job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a-queue"
+    assert train_job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "research"
 
 
 def test_suspend_deadline_and_the_cache_stage_reach_the_trainjob(job_of):

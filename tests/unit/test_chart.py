@@ -248,3 +248,13 @@ def test_one_pod_monitor_per_backend_selects_the_pod_its_backend_runs_rank_0_in(
         pod_labels = {**own, **rank0}
         assert selector["matchLabels"].items() <= pod_labels.items(), name
         assert all(e["key"] in pod_labels for e in selector["matchExpressions"]), name
+
+
+def test_reading_kueues_workloads_is_granted_only_with_kueue_enabled(helm):
+    default = documents_of(render(helm))
+    assert not any(key.startswith("kueue.x-k8s.io") for key in rbac_rules(default))
+    assert "KUBETUNE_KUEUE_WORKLOADS" not in operator_env(default)
+    enabled = documents_of(render(helm, "--set", "kueue.enabled=true"))
+    assert {k: v for k, v in rbac_rules(enabled).items() if k.startswith("kueue.x-k8s.io")} == {
+        "kueue.x-k8s.io/workloads": {"list"}}, "read only, and only the Workloads"
+    assert operator_env(enabled)["KUBETUNE_KUEUE_WORKLOADS"] == "true"

@@ -120,7 +120,7 @@ def test_scheduling_fields_pass_through(job_of):
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}},
         "priorityClassName": "training", "queueName": "team-a-queue", "serviceAccountName": "trainer",
-        "imagePullSecrets": ["regcred"],
+        "imagePullSecrets": ["regcred"], "workloadPriorityClass": "research",
     }
     child = PyTorchJobBackend().build(job_of(scheduling=scheduling), UID, SETTINGS)
     pod = master(child)["spec"]
@@ -130,6 +130,7 @@ def test_scheduling_fields_pass_through(job_of):
     assert pod["priorityClassName"] == "training" and pod["serviceAccountName"] == "trainer"
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
     assert child["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a-queue"
+    assert child["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "research"
 
 
 def test_run_policy_maps_suspend_deadline_and_ttl(job_of):

@@ -92,6 +92,8 @@ BAD_INPUTS = [
     ("spec.distributed", {"cpuOffload": True}, ["spec.distributed.cpuOffload", "needs strategy fsdp"]),
     ("spec.distributed", {"processesPerNode": 2}, ["spec.distributed.processesPerNode", "one process per GPU"]),
     ("spec.distributed", {"processesPerNode": 0}, ["spec.distributed.processesPerNode", "greater than or equal to 1"]),
+    ("spec.scheduling", {"workloadPriorityClass": "urgent"}, ["spec.scheduling.workloadPriorityClass",
+                                                              "set spec.scheduling.queueName too"]),
     # CUDA-only options on a CPU job (spec.resources.gpusPerNode 0).
     ("spec.model.quantization", OnCpu("nf4"), [
         "spec.model.quantization nf4 needs a CUDA GPU: this job has spec.resources.gpusPerNode 0; "

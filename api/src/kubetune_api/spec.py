@@ -497,8 +497,17 @@ class Toleration(_Model):
     toleration_seconds: Optional[int] = Field(default=None, ge=0, description="For NoExecute: seconds to stay.")
 
 
+WORKLOAD_PRIORITY_NEEDS_QUEUE = ("spec.scheduling.workloadPriorityClass orders jobs in a Kueue queue: set "
+                                 "spec.scheduling.queueName too, or use priorityClassName for a pod priority")
+
+
 class SchedulingSpec(_Model):
     """Where and under which identity the training pods run; passed through to the pods."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
+        "rule": "!has(self.workloadPriorityClass) || has(self.queueName)",
+        "message": WORKLOAD_PRIORITY_NEEDS_QUEUE,
+    }]})
 
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the pods require.")
     tolerations: list[Toleration] = Field(default_factory=list, max_length=64, description="Taints the pods tolerate.")
@@ -507,12 +516,22 @@ class SchedulingSpec(_Model):
     queue_name: Optional[DnsName] = Field(
         default=None, description="Kueue LocalQueue: set as the kueue.x-k8s.io/queue-name label.",
     )
+    workload_priority_class: Optional[DnsName] = Field(
+        default=None, description="Kueue WorkloadPriorityClass: the job's priority in its queue (who waits, who is "
+        "preempted), set as the kueue.x-k8s.io/priority-class label; needs queueName. Works with every backend.",
+    )
     service_account_name: Optional[DnsName] = Field(
         default=None, description="ServiceAccount of the training pods (e.g. one bound to an IAM role).",
     )
     image_pull_secrets: list[DnsName] = Field(
         default_factory=list, max_length=16, description="Secrets for pulling the trainer image.",
     )
+
+    @model_validator(mode="after")
+    def _workload_priority_needs_a_queue(self) -> "SchedulingSpec":
+        if self.workload_priority_class and not self.queue_name:
+            raise ValueError(WORKLOAD_PRIORITY_NEEDS_QUEUE)
+        return self
 
 
 class RunPolicySpec(_Model):

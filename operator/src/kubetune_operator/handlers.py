@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from kubetune_api.contract import API_GROUP, API_VERSION, PLURAL, TRAINER_METRIC_PREFIX
 from kubetune_api.manifest import describe_errors
 from kubetune_api.spec import TrainingJob
-from kubetune_operator import backend_check, fit_check, metrics, naming, spec_change, status
+from kubetune_operator import backend_check, fit_check, metrics, naming, queueing, spec_change, status
 from kubetune_operator.backends import BACKENDS, Backend, backend_name
 from kubetune_operator.settings import Settings
 from kubetune_operator.trainer_config import build_config_map, job_from_config_map
@@ -465,6 +465,54 @@ def report_progress(backend: Backend, namespace: str, job_name: str, progress: d
                                                            naming.child_name(job_name), child_patch)
     except ApiException as err:  # a courtesy copy: never fail the TrainingJob's own status over it
         log.debug("progress not reported on the %s: %s", backend.kind, err.reason)
+
+
+def in_kueue(spec: kopf.Spec, body: kopf.Body, **_) -> bool:
+    """A job Kueue holds: in a queue, not finished, not suspended by its author (then it is not waiting)."""
+    return (bool((spec.get("scheduling") or {}).get("queueName")) and not spec.get("suspend")
+            and (body.get("status") or {}).get("phase") not in status.FINISHED)
+
+
+def read_workload(namespace: str, child_uid: str) -> dict | None:
+    """Kueue's Workload of the child job (Kueue labels it with the job's UID), or None: none yet, Kueue
+    not installed, or reading Workloads not granted (the chart's kueue.enabled is false)."""
+    if not SETTINGS.kueue_workloads:
+        return None
+    group, version, plural = queueing.WORKLOADS
+    try:
+        found = custom_api().list_namespaced_custom_object(
+            group, version, namespace, plural, label_selector=f"{queueing.WORKLOAD_JOB_UID_LABEL}={child_uid}")
+    except ApiException as err:
+        if err.status in (403, 404):
+            log.debug("Kueue Workloads not readable in %s: %s", namespace, err.reason)
+            return None
+        raise
+    return found["items"][0] if found["items"] else None
+
+
+@kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=SETTINGS.progress_interval_seconds, idle=0, when=in_kueue)
+def follow_queue(name: str, namespace: str, spec: kopf.Spec, body: kopf.Body, **_) -> None:
+    """Say in the Queued condition where a queued job stands: waiting (and Kueue's reason), preempted,
+    admitted. The child's own state only says suspended; Kueue's Workload says why."""
+    backend = backend_of(spec, body.get("status"))
+    child = read_child(backend, namespace, name)
+    if child is None:
+        return
+    state = queueing.queue_state(spec["scheduling"]["queueName"], backend.is_suspended(child),
+                                 read_workload(namespace, child["metadata"]["uid"]))
+    if state is None:
+        return
+    before = {}
+
+    def queued(job: dict) -> dict:
+        current = list((job.get("status") or {}).get("conditions") or [])
+        before["reason"] = next((c.get("reason") for c in current if c.get("type") == queueing.CONDITION), None)
+        conditions = status.set_condition(current, queueing.CONDITION, state.status, state.reason, state.message, now())
+        return {"conditions": conditions} if conditions != current else {}
+
+    if update_status(namespace, name, queued) and before["reason"] != state.reason:
+        kind, reason = queueing.event_for(state)
+        kopf.event(body, type=kind, reason=reason, message=state.message)
 
 
 def read_trainer_gauges(address: str, port: int) -> dict[str, float]:

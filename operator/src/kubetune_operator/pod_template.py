@@ -18,6 +18,7 @@ from kubetune_operator import naming
 from kubetune_operator.settings import Settings
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"  # a WorkloadPriorityClass, read by Kueue from the job
 CACHE_DIR = "/var/cache/kubetune"
 NON_ROOT_UID = 1000
 METRICS_PORT_NAME = "metrics"  # the PodMonitor scrapes the port of this name
@@ -42,6 +43,8 @@ def pod_labels(job: TrainingJob) -> dict[str, str]:
     labels = naming.labels(job.metadata.name)
     if job.spec.scheduling.queue_name:
         labels[QUEUE_LABEL] = job.spec.scheduling.queue_name
+    if job.spec.scheduling.workload_priority_class:
+        labels[PRIORITY_LABEL] = job.spec.scheduling.workload_priority_class
     return labels
 
 

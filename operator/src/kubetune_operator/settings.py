@@ -32,6 +32,9 @@ class Settings:
     trainjob_max_restarts: int = 3
     # Also write progress into a TrainJob's status.trainerStatus (Kubeflow Trainer's progress API).
     trainjob_report_progress: bool = True
+    # Read Kueue's Workloads (the chart grants it with kueue.enabled) to say in the Queued condition
+    # why a queued job waits or that it was preempted.
+    kueue_workloads: bool = False
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "Settings":
@@ -52,6 +55,7 @@ class Settings:
             trainjob_runtime=env.get("KUBETUNE_TRAINJOB_RUNTIME") or cls.trainjob_runtime,
             trainjob_max_restarts=int(env.get("KUBETUNE_TRAINJOB_MAX_RESTARTS") or cls.trainjob_max_restarts),
             trainjob_report_progress=env.get("KUBETUNE_TRAINJOB_REPORT_PROGRESS", "true").lower() != "false",
+            kueue_workloads=env.get("KUBETUNE_KUEUE_WORKLOADS", "").lower() == "true",
         )
 
     def backend_enabled(self, name: str) -> bool:
