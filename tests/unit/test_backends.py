@@ -169,6 +169,11 @@ def test_trainjob_state_maps_to_a_phase(conditions, jobs_status, phase, reason):
     assert (state.phase, state.reason) == (phase, reason)
 
 
+def test_a_trainjob_created_suspended_is_suspended_before_the_trainer_says_so():
+    assert TRAINJOB.read_state({"spec": {"suspend": True}, "status": {}}).phase == "Suspended"
+    assert TRAINJOB.read_state({"spec": {"suspend": False}, "status": {}}).phase == "Pending"
+
+
 def test_a_finished_trainjob_reports_when_it_finished():
     state = TRAINJOB.read_state({"status": {"conditions": [
         {"type": "Complete", "status": "True", "reason": "AllJobsCompleted", "lastTransitionTime": "T9"}]}})

@@ -164,6 +164,15 @@ def test_child_conditions_map_to_a_phase(conditions, phase):
     assert PyTorchJobBackend().read_state({"status": {"conditions": conditions}}).phase == phase
 
 
+@pytest.mark.parametrize("conditions", [[], [{"type": "Created", "status": "True"}]])
+def test_a_child_created_suspended_is_suspended_before_its_controller_says_so(conditions):
+    """A suspended job's phase is ours to write at once, not after the training operator's work queue."""
+    child = {"spec": {"runPolicy": {"suspend": True}}, "status": {"conditions": conditions}}
+    assert PyTorchJobBackend().read_state(child).phase == "Suspended"
+    resumed = {"spec": {"runPolicy": {"suspend": False}}, "status": {"conditions": conditions}}
+    assert PyTorchJobBackend().read_state(resumed).phase == "Pending"
+
+
 def test_a_transition_sets_phase_conditions_times_and_one_event():
     patch, events = status_for_child({"phase": "Pending"}, ChildState("Running", "Running", "pods up", "T0"), "T1")
     assert patch["phase"] == "Running" and patch["startTime"] == "T0"

@@ -25,6 +25,12 @@ class ChildState:
     completion_time: str | None = None
 
 
+# A child created suspended (spec.suspend, or held by Kueue) whose controller has not said so yet:
+# suspended from the start, not pending.
+SUSPENDED_BEFORE_START = ChildState("Suspended", "Suspended",
+                                    "suspended: no pods run until it is resumed (spec.suspend, or its Kueue queue)")
+
+
 @dataclass(frozen=True)
 class Prerequisite:
     """Something a backend needs in the cluster before its child job can run.
