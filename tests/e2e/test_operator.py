@@ -314,6 +314,34 @@ def test_deleting_the_rank_0_pod_mid_run_still_ends_at_the_full_step_count(
     assert f"at step {stopped.group(1)}" in second, second[-2000:]
 
 
+def test_a_job_that_fails_mid_run_shows_the_last_step_it_reached_and_no_eta(
+        control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3):
+    """Status that ends true on failure too: here the run outlives spec.runPolicy.activeDeadlineSeconds,
+    which each backend's controller enforces by failing the job while it trains."""
+    manifest = example_job(inputs_in_s3, "deadline", "runs/deadline", maxSteps=100000)
+    manifest["spec"]["runPolicy"] = {"activeDeadlineSeconds": 90}
+    kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(manifest))
+
+    def training() -> int:
+        status = get_job(api_client, job_namespace, "deadline").get("status") or {}
+        if status.get("phase") in ("Succeeded", "Failed"):
+            pytest.fail(f"finished before any progress was seen: {status}\n" + operator_log(control_plane, core))
+        return (status.get("progress") or {}).get("step", 0) >= 2 and status["progress"]["step"]
+
+    seen = eventually(training, timeout=300, interval=0.5,
+                      message=lambda: "progress while running; operator log:\n" + operator_log(control_plane, core))
+    final = eventually(lambda: phase(api_client, job_namespace, "deadline") in ("Succeeded", "Failed")
+                       and get_job(api_client, job_namespace, "deadline"), timeout=300, interval=2,
+                       message=lambda: "the deadline failed the job; operator log:\n" + operator_log(control_plane, core))
+    assert final["status"]["phase"] == "Failed", final["status"]
+    progress = final["status"]["progress"]
+    assert seen <= progress["step"] < 100000 and progress["percent"] < 100, progress
+    assert "etaSeconds" not in progress, "nothing is coming: no ETA"
+    table = kubectl(control_plane, "get", "tj", "deadline", "-n", job_namespace, "-o", "wide").stdout.splitlines()
+    row = printed_columns(table[0], table[1])
+    assert (row["PHASE"], row["STEP"], row["ETA"]) == ("Failed", str(progress["step"]), ""), table
+
+
 def test_an_enabled_embedding_cache_is_filled_before_training(control_plane, api_client, backend, operator_release,
                                                               job_namespace, inputs_in_s3, s3):
     manifest = example_job(inputs_in_s3, "cached", "runs/cached", maxSteps=2)
