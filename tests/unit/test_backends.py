@@ -225,7 +225,7 @@ def test_the_runtimes_pod_is_a_pytorchjob_pod_less_what_each_job_sets(job_of):
     """Same entry point, security context, mounts, volumes and grace period as today's PyTorchJob pods."""
     master = PyTorchJobBackend().build(job_of(), UID, Settings())["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
     reference, pod = master["spec"], runtime_pod()
-    for key in ("securityContext", "terminationGracePeriodSeconds"):
+    for key in ("securityContext", "automountServiceAccountToken", "terminationGracePeriodSeconds"):
         assert pod[key] == reference[key], key
     ours, theirs = pod["containers"][0], reference["containers"][0]
     assert ours["name"] == "node", "the container the Trainer's torch plugin injects PET_* into"

@@ -110,6 +110,8 @@ def test_the_pod_passes_the_restricted_pod_security_standard(job_of):
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert main["securityContext"]["allowPrivilegeEscalation"] is False
     assert main["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert main["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["automountServiceAccountToken"] is False, "the trainer never calls the Kubernetes API"
     assert all(set(v) - {"name"} <= {"configMap", "emptyDir"} for v in pod["volumes"])
     assert "hostNetwork" not in pod and "hostPID" not in pod
 

@@ -101,12 +101,22 @@ def resources(job: TrainingJob) -> dict:
 
 
 def container_security_context() -> dict:
+    # A read-only image: the trainer writes only to its volumes (HOME and HF_HOME point into the
+    # cache volume, scratch files go to /tmp, shared memory to /dev/shm).
     return {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
         "runAsNonRoot": True,
         "seccompProfile": {"type": "RuntimeDefault"},
     }
+
+
+def pod_identity() -> dict:
+    """The trainer never calls the Kubernetes API, so its pods get no service-account token (a
+    serviceAccountName still works for cloud identity: IRSA and GKE Workload Identity use their
+    own token volume or the metadata server)."""
+    return {"automountServiceAccountToken": False}
 
 
 def cache_stage(container: dict) -> dict:
@@ -198,6 +208,7 @@ def pod_template(job: TrainingJob, job_uid: str, settings: Settings, shape: Cont
                                   settings, resources(job))
     pod_spec = {
         "securityContext": pod_security_context(),
+        **pod_identity(),
         "containers": [container],
         "volumes": volumes(naming.config_map_name(job.metadata.name), spec.resources.shm_size),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,

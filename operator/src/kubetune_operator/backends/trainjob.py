@@ -23,9 +23,9 @@ from kubetune_api import contract
 from kubetune_api.spec import TrainingJob
 from kubetune_operator import naming
 from kubetune_operator.backends.base import SUSPENDED_BEFORE_START, ChildState, Prerequisite
-from kubetune_operator.pod_template import (TERMINATION_GRACE_SECONDS, ContainerShape, job_env, pod_labels,
-                                            pod_security_context, resources, scheduling_fields, scrape_annotations,
-                                            static_env, trainer_container, volumes)
+from kubetune_operator.pod_template import (TERMINATION_GRACE_SECONDS, ContainerShape, job_env, pod_identity,
+                                            pod_labels, pod_security_context, resources, scheduling_fields,
+                                            scrape_annotations, static_env, trainer_container, volumes)
 from kubetune_operator.settings import Settings
 
 GROUP = "trainer.kubeflow.org"
@@ -70,6 +70,7 @@ def runtime(values: RuntimeValues, labels: dict[str, str] | None = None) -> dict
             if value not in ([], {})}
     pod = {
         "securityContext": pod_security_context(),
+        **pod_identity(),
         # A failed pod fails its Job (podFailurePolicy needs Never); the JobSet then restarts every node.
         "restartPolicy": "Never",
         "containers": [main],
