@@ -11,6 +11,7 @@ import hashlib
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import boto3
@@ -64,7 +65,23 @@ def namespace(core, request) -> str:
     name = namespace_name(request.node.name)
     core.create_namespace({"metadata": {"name": name}})
     yield name
+    delete_namespace_and_wait(core, name)
+
+
+def delete_namespace_and_wait(core, name: str, timeout: float = 180) -> None:
+    """Delete a test namespace and wait until it is gone, while the operator that holds its jobs'
+    finalizers still runs: a job left behind would be counted by the next module's operator."""
     core.delete_namespace(name)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            core.read_namespace(name)
+        except client.exceptions.ApiException as err:
+            if err.status == 404:
+                return
+            raise
+        time.sleep(1)
+    raise AssertionError(f"namespace {name} still there {timeout:.0f} s after its deletion (a finalizer not released?)")
 
 
 def namespace_name(test: str) -> str:

@@ -258,3 +258,28 @@ def test_reading_kueues_workloads_is_granted_only_with_kueue_enabled(helm):
     assert {k: v for k, v in rbac_rules(enabled).items() if k.startswith("kueue.x-k8s.io")} == {
         "kueue.x-k8s.io/workloads": {"list"}}, "read only, and only the Workloads"
     assert operator_env(enabled)["KUBETUNE_KUEUE_WORKLOADS"] == "true"
+
+
+def test_watched_namespaces_get_roles_and_the_cluster_role_keeps_only_what_is_cluster_scoped(helm):
+    documents = documents_of(render(helm, "--set", "operator.watchNamespaces={team-a,team-b}",
+                                    "--set", "trainjob.enabled=true", "--set", "kueue.enabled=true"))
+    cluster_rules = rbac_rules(documents)
+    assert set(cluster_rules) == {
+        "/namespaces", "apiextensions.k8s.io/customresourcedefinitions",
+        "admissionregistration.k8s.io/validatingwebhookconfigurations",
+        "admissionregistration.k8s.io/mutatingwebhookconfigurations",
+        "trainer.kubeflow.org/clustertrainingruntimes"}, "no Secret, pod or job anywhere else"
+    roles = {d["metadata"]["namespace"]: d for d in documents if d["kind"] == "Role"}
+    bindings = {d["metadata"]["namespace"]: d for d in documents if d["kind"] == "RoleBinding"}
+    assert set(roles) == set(bindings) == {"team-a", "team-b"}
+    for namespace, role in roles.items():
+        rules = {f"{group}/{resource}": set(rule["verbs"]) for rule in role["rules"]
+                 for group in rule["apiGroups"] for resource in rule["resources"]}
+        assert rules["/secrets"] == {"get"} and rules["kubetune.dev/trainingjobs"] == {"get", "list", "watch", "patch"}
+        assert {"kubeflow.org/pytorchjobs", "trainer.kubeflow.org/trainjobs", "kueue.x-k8s.io/workloads"} <= set(rules)
+        assert bindings[namespace]["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                                  "name": role["metadata"]["name"]}
+        assert bindings[namespace]["subjects"][0]["kind"] == "ServiceAccount"
+    # Cluster-wide (the default), the same namespaced rules sit in the ClusterRole and there is no Role.
+    default = documents_of(render(helm))
+    assert "/secrets" in rbac_rules(default) and not [d for d in default if d["kind"] in ("Role", "RoleBinding")]

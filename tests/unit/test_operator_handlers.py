@@ -32,7 +32,7 @@ class FakeCustomObjects:
         if status:
             raise ApiException(status=status, reason={403: "Forbidden", 404: "Not Found", 422: "Invalid"}[status])
 
-    def list_cluster_custom_object(self, group, version, plural, **_):
+    def list_namespaced_custom_object(self, group, version, namespace, plural, **_):
         self.calls.append(("list", plural))
         self._fail(plural, None)
         return {"items": [o for (p, _), o in self.objects.items() if p == plural]}

@@ -109,6 +109,8 @@ def missing_secret(job: TrainingJob) -> str | None:
         if err.status == 404:
             return (f"spec.s3.credentialsSecret: Secret {secret!r} does not exist in namespace "
                     f"{job.metadata.namespace!r}; create it with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+        if err.status == 403:  # a namespace this operator does not watch (operator.watchNamespaces): not ours
+            return None
         raise
     return None
 
@@ -208,7 +210,9 @@ def ensure_children(body: kopf.Body, uid: str, patch: kopf.Patch) -> None:
                  lambda obj: core.create_namespaced_config_map(namespace, obj),
                  lambda: [ref.uid for ref in core.read_namespaced_config_map(
                      config_map["metadata"]["name"], namespace).metadata.owner_references or []])
-    child = create_child(body, uid, backend, job)
+    child, child_created = create_child(body, uid, backend, job)
+    if child_created:  # said once, whoever writes the first phase (this handler or the child's state)
+        kopf.event(body, type="Normal", reason="Created", message=f"{backend.kind} {child['metadata']['name']} created")
 
     def created(found: dict) -> dict:
         current, fields = found.get("status") or {}, {}
@@ -224,8 +228,7 @@ def ensure_children(body: kopf.Body, uid: str, patch: kopf.Patch) -> None:
             fields["observedGeneration"] = body.metadata.get("generation")
         return fields
 
-    if "phase" in update_status(namespace, job.metadata.name, created):
-        kopf.event(body, type="Normal", reason="Created", message=f"{backend.kind} {child['metadata']['name']} created")
+    update_status(namespace, job.metadata.name, created)
 
 
 # A status write retried this often when other handlers keep changing the object meanwhile.
@@ -254,8 +257,9 @@ def update_status(namespace: str, name: str, change) -> dict:
     raise kopf.TemporaryError(f"the status of {name} kept changing while it was written", delay=1)
 
 
-def create_child(body: kopf.Body, uid: str, backend: Backend, job: TrainingJob) -> dict:
-    """Create the child job, or accept the one this TrainingJob already owns; returns what was built."""
+def create_child(body: kopf.Body, uid: str, backend: Backend, job: TrainingJob) -> tuple[dict, bool]:
+    """Create the child job, or accept the one this TrainingJob already owns; returns what was built
+    and whether it was created now."""
     namespace, custom = job.metadata.namespace, custom_api()
     child = backend.build(job, uid, SETTINGS)
     kopf.adopt(child, owner=body)
@@ -267,7 +271,7 @@ def create_child(body: kopf.Body, uid: str, backend: Backend, job: TrainingJob) 
                                child["metadata"]["name"])["metadata"].get("ownerReferences", [])])
     if created:
         metrics.CHILD_JOBS_CREATED.labels(backend.kind).inc()
-    return child
+    return child, created
 
 
 # Prerequisites seen present recently: one look per this many seconds, not one per job.
@@ -275,8 +279,10 @@ PREREQUISITE_CACHE_SECONDS = 30.0
 _present_since: dict[tuple[str, str, str | None], float] = {}
 
 
-def missing_prerequisite(backend: Backend) -> backend_check.Problem | None:
-    """Ask the API server for what the backend needs; the first thing missing, or None."""
+def missing_prerequisite(backend: Backend, namespace: str) -> backend_check.Problem | None:
+    """Ask the API server for what the backend needs; the first thing missing, or None. An API is
+    looked for in the job's NAMESPACE: with operator.watchNamespaces the operator may list the child
+    jobs there only."""
     custom = custom_api()
     for need in backend.prerequisites(SETTINGS):
         key = (need.group, need.plural, need.name)
@@ -286,7 +292,7 @@ def missing_prerequisite(backend: Backend) -> backend_check.Problem | None:
             if need.name:
                 custom.get_cluster_custom_object(need.group, need.version, need.plural, need.name)
             else:  # the API is served when listing works (an empty list included)
-                custom.list_cluster_custom_object(need.group, need.version, need.plural, limit=1)
+                custom.list_namespaced_custom_object(need.group, need.version, namespace, need.plural, limit=1)
         except ApiException as err:
             if err.status == 404:
                 return backend_check.missing(need)
@@ -301,7 +307,7 @@ def check_backend(body: kopf.Body, job: TrainingJob, backend: Backend) -> None:
     """Stop here, visibly, while the backend cannot run the job: a BackendReady=False condition and a
     Warning event when the reason is new; retried (or, for a refused field, not) until it can."""
     problem = (backend_check.not_enabled(backend, SETTINGS) or backend_check.unsupported(job, backend, SETTINGS)
-               or missing_prerequisite(backend))
+               or missing_prerequisite(backend, job.metadata.namespace))
     if problem is None:
         return
 
