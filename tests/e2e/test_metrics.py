@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from tests import dashboards
+from tests.e2e.conftest import delete_namespace_and_wait
 from tests.e2e.jobs import (OPERATOR_NAMESPACE, backend_of, example_job, get_job, kubectl, operator_log, phase,
                             rank0_pod)
 from tests.e2e.waiting import eventually
@@ -116,7 +117,7 @@ def job_namespace_for_module(control_plane, core, backend):
     core.create_namespaced_secret(namespace, {"metadata": {"name": "s3-credentials"}, "stringData": {
         "AWS_ACCESS_KEY_ID": env["AWS_ACCESS_KEY_ID"], "AWS_SECRET_ACCESS_KEY": env["AWS_SECRET_ACCESS_KEY"]}})
     yield namespace
-    core.delete_namespace(namespace)
+    delete_namespace_and_wait(core, namespace)
 
 
 @pytest.fixture(scope="module")

@@ -314,10 +314,16 @@ def test_deleting_the_rank_0_pod_mid_run_still_ends_at_the_full_step_count(
     assert f"at step {stopped.group(1)}" in second, second[-2000:]
 
 
+@pytest.mark.parametrize("backend", ["trainjob"], indirect=True)
 def test_a_job_that_fails_mid_run_shows_the_last_step_it_reached_and_no_eta(
         control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3):
     """Status that ends true on failure too: here the run outlives spec.runPolicy.activeDeadlineSeconds,
-    which each backend's controller enforces by failing the job while it trains."""
+    which the backend's controller enforces by failing the job while it trains.
+
+    TrainJob only: the Training Operator v1.9 enforced a PyTorchJob's deadline of 90 s only after
+    about 5 minutes (its periodic resync, measured once), too slow and too loose for a test. The
+    final status comes from the same backend-independent code (status.finished_patch, unit-tested).
+    """
     manifest = example_job(inputs_in_s3, "deadline", "runs/deadline", maxSteps=100000)
     manifest["spec"]["runPolicy"] = {"activeDeadlineSeconds": 90}
     kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(manifest))
