@@ -9,6 +9,7 @@ import pytest
 from kubetune_api.manifest import parse_manifest
 from kubetune_operator import backend_check, naming
 from kubetune_operator.backends import BACKENDS, PyTorchJobBackend, TrainJobBackend, backend_name
+from kubetune_operator.backends.base import observed_state
 from kubetune_operator.backends.trainjob import RETRYABLE_EXIT_CODES, RuntimeValues, runtime
 from kubetune_operator.settings import Settings
 from tests.conftest import REPO
@@ -170,8 +171,8 @@ def test_trainjob_state_maps_to_a_phase(conditions, jobs_status, phase, reason):
 
 
 def test_a_trainjob_created_suspended_is_suspended_before_the_trainer_says_so():
-    assert TRAINJOB.read_state({"spec": {"suspend": True}, "status": {}}).phase == "Suspended"
-    assert TRAINJOB.read_state({"spec": {"suspend": False}, "status": {}}).phase == "Pending"
+    assert observed_state(TRAINJOB, {"spec": {"suspend": True}, "status": {}}).phase == "Suspended"
+    assert observed_state(TRAINJOB, {"spec": {"suspend": False}, "status": {}}).phase == "Pending"
 
 
 def test_a_finished_trainjob_reports_when_it_finished():

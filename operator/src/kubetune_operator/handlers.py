@@ -25,6 +25,7 @@ from kubetune_api.manifest import describe_errors
 from kubetune_api.spec import TrainingJob
 from kubetune_operator import backend_check, fit_check, metrics, naming, queueing, spec_change, status
 from kubetune_operator.backends import BACKENDS, Backend, backend_name
+from kubetune_operator.backends.base import observed_state
 from kubetune_operator.settings import Settings
 from kubetune_operator.trainer_config import build_config_map, job_from_config_map
 from kubetune_operator.webhook import configure_server as configure_webhook
@@ -423,7 +424,7 @@ def follow_children(backend: Backend):
                      None)
         if owner is None:
             return
-        state, seen = backend.read_state(dict(body)), {}
+        state, seen = observed_state(backend, dict(body)), {}
 
         def mirrored(job: dict) -> dict:
             if job["metadata"]["uid"] != owner["uid"]:  # a new TrainingJob of the same name: not ours

@@ -29,14 +29,10 @@ class QueueState:
     message: str
 
 
-def _true(workload: dict, kind: str) -> dict | None:
+def _condition(workload: dict, kind: str, status: str = "True") -> dict | None:
+    """The Workload's condition KIND when it has STATUS, else None."""
     return next((c for c in (workload.get("status") or {}).get("conditions") or []
-                 if c.get("type") == kind and c.get("status") == "True"), None)
-
-
-def _false(workload: dict, kind: str) -> dict | None:
-    return next((c for c in (workload.get("status") or {}).get("conditions") or []
-                 if c.get("type") == kind and c.get("status") == "False"), None)
+                 if c.get("type") == kind and c.get("status") == status), None)
 
 
 def queue_state(queue: str, child_suspended: bool, workload: dict | None) -> QueueState | None:
@@ -47,18 +43,18 @@ def queue_state(queue: str, child_suspended: bool, workload: dict | None) -> Que
         if not child_suspended:
             return None
         return QueueState("True", "Waiting", f"waiting in queue '{queue}' for Kueue to admit it")
-    if _true(workload, "Finished"):
+    if _condition(workload, "Finished"):
         return None
-    if _true(workload, "Admitted"):
+    if _condition(workload, "Admitted"):
         cluster_queue = ((workload.get("status") or {}).get("admission") or {}).get("clusterQueue", "")
         by = f" by ClusterQueue '{cluster_queue}'" if cluster_queue else ""
         return QueueState("False", "Admitted", f"admitted{by} from queue '{queue}'")
-    preempted = _true(workload, "Preempted") or _evicted_by_preemption(workload)
+    preempted = _condition(workload, "Preempted") or _evicted_by_preemption(workload)
     if preempted:
         why = preempted.get("message") or "preempted"
         return QueueState("True", "Preempted", f"preempted in queue '{queue}': {why}; it took a checkpoint and "
                                                "continues from it once Kueue readmits it")
-    pending = _false(workload, "QuotaReserved")
+    pending = _condition(workload, "QuotaReserved", "False")
     why = (pending or {}).get("message") or "not admitted yet"
     if (pending or {}).get("reason") == "Inadmissible":
         return QueueState("True", "Inadmissible", f"waiting in queue '{queue}': {why}{_fix_for(why, queue)}")
@@ -76,7 +72,7 @@ def _fix_for(why: str, queue: str) -> str:
 
 
 def _evicted_by_preemption(workload: dict) -> dict | None:
-    evicted = _true(workload, "Evicted")
+    evicted = _condition(workload, "Evicted")
     return evicted if evicted and evicted.get("reason") == "Preempted" else None
 
 

@@ -25,10 +25,6 @@ class ChildState:
     completion_time: str | None = None
 
 
-# A child created suspended (spec.suspend, or held by Kueue) whose controller has not said so yet:
-# suspended from the start, not pending.
-SUSPENDED_BEFORE_START = ChildState("Suspended", "Suspended",
-                                    "suspended: no pods run until it is resumed (spec.suspend, or its Kueue queue)")
 
 
 @dataclass(frozen=True)
@@ -87,3 +83,15 @@ class Backend(Protocol):
     def progress_patch(self, progress: dict, now: str) -> dict | None:
         """A status patch reporting PROGRESS (status.progress) on the child, where its API has a
         place for it; None where it has none."""
+
+
+SUSPENDED_BEFORE_START = ChildState("Suspended", "Suspended",
+                                    "suspended: no pods run until it is resumed (spec.suspend, or its Kueue queue)")
+
+
+def observed_state(backend: "Backend", child: dict) -> ChildState:
+    """The child's state as the TrainingJob shows it: what its controller reports, except that a child
+    told to run no pods (spec.suspend, or held by Kueue) is Suspended from the start, not Pending
+    until its controller's work queue gets to it."""
+    state = backend.read_state(child)
+    return SUSPENDED_BEFORE_START if state.phase == "Pending" and backend.is_suspended(child) else state

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from kubetune_api.spec import TrainingJob
 from kubetune_operator import naming
-from kubetune_operator.backends.base import SUSPENDED_BEFORE_START, ChildState, Prerequisite
+from kubetune_operator.backends.base import ChildState, Prerequisite
 from kubetune_operator.pod_template import ContainerShape, pod_labels, pod_template
 from kubetune_operator.settings import Settings
 
@@ -81,8 +81,6 @@ class PyTorchJobBackend:
         true_conditions = {c["type"]: c for c in status.get("conditions") or [] if c.get("status") == "True"}
         for condition_type, phase in _PHASE_BY_CONDITION:
             if condition_type in true_conditions:
-                if phase == "Pending" and self.is_suspended(child):
-                    return SUSPENDED_BEFORE_START
                 condition = true_conditions[condition_type]
                 return ChildState(
                     phase=phase,
@@ -91,8 +89,6 @@ class PyTorchJobBackend:
                     start_time=status.get("startTime"),
                     completion_time=status.get("completionTime"),
                 )
-        if self.is_suspended(child):  # told to run no pods, before the training operator said so itself
-            return SUSPENDED_BEFORE_START
         return ChildState(phase="Pending", reason="Created", message="waiting for the training operator")
 
     def suspend_patch(self, suspend: bool) -> dict:

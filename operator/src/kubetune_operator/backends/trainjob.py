@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from kubetune_api import contract
 from kubetune_api.spec import TrainingJob
 from kubetune_operator import naming
-from kubetune_operator.backends.base import SUSPENDED_BEFORE_START, ChildState, Prerequisite
+from kubetune_operator.backends.base import ChildState, Prerequisite
 from kubetune_operator.pod_template import (TERMINATION_GRACE_SECONDS, ContainerShape, job_env, pod_identity,
                                             pod_labels, pod_security_context, resources, scheduling_fields,
                                             scrape_annotations, static_env, trainer_container, volumes)
@@ -192,8 +192,6 @@ class TrainJobBackend:
         nodes = next((s for s in status.get("jobsStatus") or [] if s.get("name") == NODE), {})
         if (nodes.get("active") or 0) > 0 or (nodes.get("ready") or 0) > 0:
             return ChildState("Running", "Running", "the training pods are running")
-        if self.is_suspended(child):  # told to run no pods, before the Trainer said so itself
-            return SUSPENDED_BEFORE_START
         return ChildState("Pending", "Created", "waiting for the Kubeflow Trainer controller to start the pods")
 
     def suspend_patch(self, suspend: bool) -> dict:
