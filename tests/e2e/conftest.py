@@ -127,15 +127,24 @@ def backend(request) -> str:
 def operator_release(control_plane, backend):
     """`helm install` the chart with BACKEND; the operator runs as a pod. One release per test module
     and backend."""
+    install_chart(control_plane, backend)
+    yield "kubetune"
+    uninstall_chart(control_plane)
+
+
+def install_chart(control_plane, backend: str, *extra_values: str) -> None:
+    """`helm install` the e2e release (helm_values for BACKEND, then EXTRA_VALUES) and wait for it."""
     env = control_plane.env()
     installed = subprocess.run(
         ["helm", "install", "kubetune", str(REPO / "charts" / "kubetune"), "-n", OPERATOR_NAMESPACE,
-         "--create-namespace", "--wait", "--timeout", "180s", *helm_values(env, backend)],
+         "--create-namespace", "--wait", "--timeout", "180s", *helm_values(env, backend), *extra_values],
         env={**os_env(), **env}, capture_output=True, text=True)
     assert installed.returncode == 0, installed.stdout + installed.stderr
-    yield "kubetune"
+
+
+def uninstall_chart(control_plane) -> None:
     subprocess.run(["helm", "uninstall", "kubetune", "-n", OPERATOR_NAMESPACE, "--wait"],
-                   env={**os_env(), **env}, capture_output=True)
+                   env={**os_env(), **control_plane.env()}, capture_output=True)
 
 
 def helm_values(env: dict, backend: str) -> list[str]:

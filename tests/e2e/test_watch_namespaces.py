@@ -2,15 +2,13 @@
 (Secrets, pods, child jobs) there only: a Role per watched namespace, no cluster-wide grant."""
 from __future__ import annotations
 
-import subprocess
 import time
 
 import pytest
 import yaml
 
-from tests.conftest import REPO
-from tests.e2e.conftest import delete_namespace_and_wait, helm_values
-from tests.e2e.jobs import OPERATOR_NAMESPACE, example_job, get_job, kubectl, operator_log, os_env, phase
+from tests.e2e.conftest import delete_namespace_and_wait, install_chart, uninstall_chart
+from tests.e2e.jobs import OPERATOR_NAMESPACE, example_job, get_job, kubectl, operator_log, phase
 from tests.e2e.waiting import eventually
 
 pytestmark = pytest.mark.e2e
@@ -25,17 +23,11 @@ def namespaced_operator(control_plane, core):
         core.create_namespace({"metadata": {"name": namespace}})
         core.create_namespaced_secret(namespace, {"metadata": {"name": "s3-credentials"}, "stringData": {
             "AWS_ACCESS_KEY_ID": env["AWS_ACCESS_KEY_ID"], "AWS_SECRET_ACCESS_KEY": env["AWS_SECRET_ACCESS_KEY"]}})
-    installed = subprocess.run(
-        ["helm", "install", "kubetune", str(REPO / "charts" / "kubetune"), "-n", OPERATOR_NAMESPACE,
-         "--create-namespace", "--wait", "--timeout", "180s", *helm_values(env, "pytorchjob"),
-         "--set", f"operator.watchNamespaces={{{WATCHED}}}"],
-        env={**os_env(), **env}, capture_output=True, text=True)
-    assert installed.returncode == 0, installed.stdout + installed.stderr
+    install_chart(control_plane, "pytorchjob", "--set", f"operator.watchNamespaces={{{WATCHED}}}")
     yield
     for namespace in (WATCHED, UNWATCHED):  # while the operator runs to release its finalizers
         delete_namespace_and_wait(core, namespace)
-    subprocess.run(["helm", "uninstall", "kubetune", "-n", OPERATOR_NAMESPACE, "--wait"],
-                   env={**os_env(), **env}, capture_output=True)
+    uninstall_chart(control_plane)
 
 
 def test_the_operator_may_act_in_watched_namespaces_only(control_plane, namespaced_operator):
