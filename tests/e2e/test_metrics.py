@@ -25,6 +25,10 @@ from tests.e2e.waiting import eventually
 
 pytestmark = pytest.mark.e2e
 JOB = "metrics-run"
+# Long enough that Prometheus scrapes rank 0 several times while it trains: a new pod is found up to
+# 5 s after it starts (Prometheus batches discovery updates), and rate() over 10 s needs two scrapes
+# with progress between them. 60 steps (about 5 s on CI) once left the ratio panels without data.
+MAX_STEPS, CHECKPOINT_EVERY = 240, 20
 # What Grafana's $__rate_interval becomes for the devcluster's 2 s scrape interval (4 scrapes, plus one).
 RATE_INTERVAL = "10s"
 
@@ -139,8 +143,8 @@ def run(control_plane, api_client, core, backend, operator_release, job_namespac
             control_plane, "apply", "--dry-run=server", "-n", namespace, "-f", "-", input=yaml.safe_dump(refused),
             check=False).stderr, timeout=120, interval=1, message="the webhook refusing a missing Secret")
 
-        manifest = example_job(inputs_in_s3, JOB, f"runs/{JOB}", maxSteps=60)
-        manifest["spec"]["checkpoints"].update(everySteps=5, keepLast=2)
+        manifest = example_job(inputs_in_s3, JOB, f"runs/{JOB}", maxSteps=MAX_STEPS)
+        manifest["spec"]["checkpoints"].update(everySteps=CHECKPOINT_EVERY, keepLast=2)
         kubectl(control_plane, "apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest))
         # The GPU of rank 0's pod, as DCGM would report it (a TrainJob's pod gets its name only now).
         pod = eventually(lambda: rank0_pod(core, backend, namespace, JOB), timeout=120, interval=0.5,
@@ -207,8 +211,8 @@ def test_the_trainer_reported_its_checkpoints_and_steps(prometheus, run):
     def last(expr):
         return finite_values(prometheus.query_range(expr, run["start"], run["end"]))[-1]
 
-    assert last(f"max(kubetune_trainer_planned_steps{{{selector}}})") == 60
-    assert 0 < last(f"max(kubetune_trainer_step{{{selector}}})") <= 60
+    assert last(f"max(kubetune_trainer_planned_steps{{{selector}}})") == MAX_STEPS
+    assert 0 < last(f"max(kubetune_trainer_step{{{selector}}})") <= MAX_STEPS
     assert last(f"max(kubetune_trainer_checkpoint_upload_duration_seconds_count{{{selector}}})") >= 1
     assert last(f"max(kubetune_trainer_checkpoint_uploaded_bytes_total{{{selector}}})") > 0
     assert last(f'max(kubetune_trainer_pod_info{{{selector}, trainer_pod="{run["pod"]}", node_rank="0"}})') == 1
