@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -125,17 +126,21 @@ def test_sigterm_while_models_load_ends_every_process_at_once_with_143(tiny_job,
     assert not list((tmp_path / "out").rglob("checkpoint-*")), "nothing to save yet"
 
 
+def two_nodes_of_two_processes(manifest: dict, directory: Path, **popen) -> list[subprocess.Popen]:
+    """Two launchers (the container entry point two pods run) of one job, two processes each."""
+    config = write_manifest(manifest, directory)
+    port = free_port()
+    return [subprocess.Popen([sys.executable, "-m", "kubetune_trainer.entrypoint", "--config", str(config)],
+                             env={**trainer_env(), "PET_NNODES": "2", "PET_NODE_RANK": str(rank),
+                                  "PET_NPROC_PER_NODE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                                  "KUBETUNE_RUN_ID": "uid-2"},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **popen)
+            for rank in (0, 1)]
+
+
 def test_a_worker_node_stopped_alone_stops_the_other_node_too_both_retryably(tiny_job, tmp_path):
     """Two nodes x two processes (two launchers, as two pods get them); SIGTERM to node 1 only."""
-    manifest = tiny_job(maxSteps=1000, logEverySteps=1)
-    config = write_manifest(manifest, tmp_path)
-    port = free_port()
-    nodes = [subprocess.Popen([sys.executable, "-m", "kubetune_trainer.entrypoint", "--config", str(config)],
-                              env={**trainer_env(), "PET_NNODES": "2", "PET_NODE_RANK": str(rank),
-                                   "PET_NPROC_PER_NODE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                                   "KUBETUNE_RUN_ID": "uid-2"},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for rank in (0, 1)]
+    nodes = two_nodes_of_two_processes(tiny_job(maxSteps=1000, logEverySteps=1), tmp_path)
     log = stop_after(nodes[0], "step 6/", target_pid=nodes[1].pid)
     _, worker_log = nodes[1].communicate(timeout=300)
     assert [n.returncode for n in nodes] == [143, 143], log[-2000:] + worker_log[-2000:]
@@ -147,6 +152,28 @@ def test_a_worker_node_stopped_alone_stops_the_other_node_too_both_retryably(tin
     files = json.loads((last / "manifest.json").read_text())["files"]
     assert {f"state/__{rank}_0.distcp" for rank in range(4)} <= set(files), "every rank of both nodes saved"
     assert "training tiny: 1000 steps, 4 process(es)" in log
+
+
+def test_sigterm_to_each_pods_whole_process_group_at_once_stops_all_ranks_together_with_143(tiny_job, tmp_path):
+    """What a suspend (Kueue, spec.suspend) does to a 2-node job when the runtime signals process
+    groups (tini/dumb-init -g, our process kubelet): every worker gets SIGTERM twice, from the group
+    signal and from its launcher, microseconds apart; once that deadlocked a rank until SIGKILL."""
+    nodes = two_nodes_of_two_processes(tiny_job(maxSteps=1000, logEverySteps=1), tmp_path, start_new_session=True)
+    seen = []
+    for line in nodes[0].stderr:
+        seen.append(line)
+        if "step 6/" in line:
+            for node in nodes:
+                os.killpg(node.pid, signal.SIGTERM)
+            break
+    logs = ["".join(seen) + nodes[0].communicate(timeout=300)[1], nodes[1].communicate(timeout=300)[1]]
+    assert [n.returncode for n in nodes] == [143, 143], logs[0][-2000:] + logs[1][-2000:]
+    # Each rank names its own signal, or (had it not run its handler by the step boundary) another's.
+    stops = [int(step) for log in logs for step in re.findall(r"stopped by .+? after step (\d+);", log)]
+    assert len(stops) == 4 and len(set(stops)) == 1, f"all four ranks stopped at one agreed step: {stops}"
+    steps = set(stops)
+    files = json.loads((run_dir(tmp_path / "out") / f"checkpoint-{steps.pop()}" / "manifest.json").read_text())["files"]
+    assert {f"state/__{rank}_0.distcp" for rank in range(4)} <= set(files), "every rank of both nodes saved"
 
 
 def test_a_run_resumes_on_3_then_2_then_1_processes_training_each_sample_of_each_epoch_once(

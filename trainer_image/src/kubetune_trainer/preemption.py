@@ -9,7 +9,6 @@ PyTorchJob ExitCode restart policy treats as retryable.
 from __future__ import annotations
 
 import signal
-import threading
 
 RETRYABLE_EXIT_CODE = 128 + signal.SIGTERM
 CONFIG_ERROR_EXIT_CODE = 2  # the job itself is wrong: retrying cannot help
@@ -35,10 +34,16 @@ class Preempted(Exception):
 
 
 class StopRequest:
-    """Records SIGTERM/SIGINT; raises Preempted at once until `defer()` (the loop checks `requested`)."""
+    """Records SIGTERM/SIGINT; raises Preempted at once until `defer()` (the loop checks `requested`).
+
+    The handler only assigns attributes and takes no lock: a pod's processes often get SIGTERM
+    twice within microseconds (the runtime signals the container's process group and the launcher
+    forwards its own), and a second handler run while the first held a lock — as
+    `threading.Event.set` does — deadlocked the main thread until SIGKILL.
+    """
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self._requested = False
         self._deferred = False
         self.signal_name = "SIGTERM"
 
@@ -52,15 +57,17 @@ class StopRequest:
             signal.signal(sig, handler)
 
     def _on_signal(self, signum: int, frame) -> None:
+        if self._requested:
+            return  # a repeat (the group's and the launcher's SIGTERM): raising again would break the exit path
         self.signal_name = signal.Signals(signum).name
-        self._event.set()
+        self._requested = True
         if not self._deferred:
             raise Preempted(None, self.signal_name)
 
     def check(self) -> None:
         """Raise Preempted if a stop was requested: the handler's own raise can be swallowed (e.g.
         by logging, which catches whatever happens while it writes), so phases check too."""
-        if self._event.is_set():
+        if self._requested:
             raise Preempted(None, self.signal_name)
 
     def defer(self) -> None:
@@ -68,7 +75,7 @@ class StopRequest:
         self._deferred = True
 
     def requested(self) -> bool:
-        return self._event.is_set()
+        return self._requested
 
     def cause(self) -> str:
         """Why this process stops at an agreed step: its own signal, or another process's."""
