@@ -348,6 +348,34 @@ def test_a_job_that_fails_mid_run_shows_the_last_step_it_reached_and_no_eta(
     assert (row["PHASE"], row["STEP"], row["ETA"]) == ("Failed", str(progress["step"]), ""), table
 
 
+def test_a_run_that_diverges_fails_at_once_without_a_retry_and_keeps_its_checkpoints(
+        control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3, s3):
+    """A fault in the middle of a run, on both backends: a full fine-tune at learning rate 1 with no
+    clipping blows up after a few steps; the trainer exits 3, which the PyTorchJob's ExitCode policy
+    and the TrainJob runtime's podFailurePolicy both treat as final (a retry would diverge again)."""
+    manifest = example_job(inputs_in_s3, "diverging", "runs/diverging", maxSteps=200, optimizer="sgd",
+                           learningRate=1.0, maxGradNorm=0.0, lrScheduler="constant")
+    manifest["spec"]["adapter"] = {"type": "full"}
+    manifest["spec"]["checkpoints"].update(everySteps=2)
+    kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(manifest))
+    final = eventually(lambda: phase(api_client, job_namespace, "diverging") in ("Succeeded", "Failed")
+                       and get_job(api_client, job_namespace, "diverging"), timeout=600, interval=2,
+                       message=lambda: "the diverged run failed; operator log:\n" + operator_log(control_plane, core))
+    logs = rank0_pod_logs(control_plane, backend, job_namespace, "diverging")
+    assert final["status"]["phase"] == "Failed", (final["status"], [log[-2000:] for log in logs])
+    assert len(logs) == 1, "no retry: exit 3 is final"
+    diverged = re.search(r"training diverged: step (\d+) gave a loss", logs[0])
+    assert diverged, logs[0][-3000:]
+    step = int(diverged.group(1))
+    assert "etaSeconds" not in (final["status"].get("progress") or {}), "nothing is coming: no ETA"
+    # The checkpoints before the fault reached the bucket whole; nothing after it was written.
+    run = f"runs/diverging/{job_namespace}/diverging/v0"
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{run}/").get("Contents", [])}
+    complete = sorted(int(k.split("/checkpoint-")[1].split("/")[0]) for k in keys if k.endswith("/manifest.json"))
+    assert complete and max(complete) < step <= max(complete) + 2, (complete, step)
+    assert not any(k.startswith(f"{run}/unet/") for k in keys), "no final weights"
+
+
 def test_an_enabled_embedding_cache_is_filled_before_training(control_plane, api_client, backend, operator_release,
                                                               job_namespace, inputs_in_s3, s3):
     manifest = example_job(inputs_in_s3, "cached", "runs/cached", maxSteps=2)

@@ -176,6 +176,28 @@ def test_sigterm_to_each_pods_whole_process_group_at_once_stops_all_ranks_togeth
     assert {f"state/__{rank}_0.distcp" for rank in range(4)} <= set(files), "every rank of both nodes saved"
 
 
+def test_a_diverging_run_stops_every_rank_of_both_nodes_at_one_step_exits_3_and_keeps_its_checkpoints(
+        tiny_job, tmp_path):
+    """A real fault mid-run: a full fine-tune at learning rate 1 with no clipping blows up in a few
+    steps. Every rank sees the same all-reduced loss, so all stop at that step (none waits in a
+    collective), and 3 tells the restart policy that a retry would diverge again."""
+    manifest = tiny_job(maxSteps=40, logEverySteps=1, optimizer="sgd", learningRate=1.0, maxGradNorm=0.0)
+    manifest["spec"]["adapter"] = {"type": "full"}
+    manifest["spec"]["checkpoints"].update(everySteps=2)
+    nodes = two_nodes_of_two_processes(manifest, tmp_path)
+    logs = [node.communicate(timeout=300)[1] for node in nodes]
+    assert [n.returncode for n in nodes] == [3, 3], logs[0][-2000:] + logs[1][-2000:]
+    diverged = [int(step) for log in logs for step in re.findall(r"training diverged: step (\d+) gave a loss", log)]
+    assert len(diverged) == 4 and len(set(diverged)) == 1, diverged
+    step = diverged[0]
+    assert 2 < step < 40, "it diverged mid-run, after a checkpoint"
+    run = run_dir(tmp_path / "out")
+    complete = sorted(int(p.parent.name.split("-")[1]) for p in run.glob("checkpoint-*/manifest.json"))
+    assert complete and max(complete) < step and step - max(complete) <= 2, (complete, step)
+    published = [p for p in run.rglob("*.safetensors") if not p.relative_to(run).parts[0].startswith("checkpoint-")]
+    assert not published, "no final weights from a diverged run"
+
+
 def test_a_run_resumes_on_3_then_2_then_1_processes_training_each_sample_of_each_epoch_once(
         tiny_sd15, tiny_dataset, tmp_path):
     from kubetune_trainer.tiny_data import write_tiny_data

@@ -1,7 +1,7 @@
 """`python -m kubetune_trainer --config JOB.yaml`: what each training process runs.
 
 Exit codes say what a restart policy should do: 0 done; 2 the job itself is wrong (retrying
-cannot help); 143 stopped (SIGTERM/SIGINT, or another process of the job stopped) after saving
+cannot help); 3 training diverged (a retry would diverge again at the same step); 143 stopped (SIGTERM/SIGINT, or another process of the job stopped) after saving
 what there was to save — retry, the run resumes from its checkpoint; anything else: a failure.
 """
 from __future__ import annotations
@@ -13,6 +13,8 @@ from pathlib import Path
 
 from kubetune_trainer.preemption import (CONFIG_ERROR_EXIT_CODE, RETRYABLE_EXIT_CODE, Preempted, StopRequest,
                                          is_lost_peer)
+
+DIVERGED_EXIT_CODE = 3
 
 # Out of room: the disk, the quota, or the process's file-size limit.
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -41,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         except ManifestError as err:
             print(f"{args.config}: invalid\n{err}", file=sys.stderr)
             return CONFIG_ERROR_EXIT_CODE
-        from kubetune_trainer.errors import ConfigError
+        from kubetune_trainer.errors import ConfigError, TrainingDiverged
         from kubetune_trainer.run import Run
 
         try:
@@ -49,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         except (ConfigError, FileNotFoundError) as err:
             print(f"kubetune trainer: {err}", file=sys.stderr)
             return CONFIG_ERROR_EXIT_CODE
+        except TrainingDiverged as err:
+            print(f"kubetune trainer: {err}", file=sys.stderr)
+            return DIVERGED_EXIT_CODE
     except Preempted as stopped:
         print(f"kubetune trainer: {stopped}", file=sys.stderr)
         return RETRYABLE_EXIT_CODE

@@ -7,3 +7,15 @@ traceback.
 
 class ConfigError(ValueError):
     """The spec asks for something this machine, this data or this trainer version cannot do."""
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss stopped being a number. The weights are lost from this step on, and a retry from
+    the last checkpoint would diverge again at the same step (every draw is seeded per sample),
+    so the entry point exits with DIVERGED_EXIT_CODE, which restart policies treat as final."""
+
+    def __init__(self, step: int, loss: float):
+        super().__init__(f"training diverged: step {step} gave a loss of {loss}; the checkpoints before it are "
+                         "intact and nothing after it was saved. Lower spec.training.learningRate, keep "
+                         "spec.training.maxGradNorm above 0, or use mixedPrecision bf16 rather than fp16")
+        self.step = step

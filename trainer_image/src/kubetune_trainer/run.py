@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import socket
@@ -28,7 +29,7 @@ from kubetune_trainer.consistency import check_replicas_agree
 from kubetune_trainer.data.cache import EmbeddingCache, open_store
 from kubetune_trainer.data.sampler import Batching, check_enough_samples, epoch_steps, shard_for_encoding, steps_per_epoch
 from kubetune_trainer.ema import EMA
-from kubetune_trainer.errors import ConfigError
+from kubetune_trainer.errors import ConfigError, TrainingDiverged
 from kubetune_trainer.families import family_for
 from kubetune_trainer.loop import SampleLog, Stepper, iterate_steps, plan_steps, step_micro_batches
 from kubetune_trainer.phase_clock import PhaseClock
@@ -250,6 +251,8 @@ class Run:
                                                    micro, self.spec.training.seed + self.position.epoch):
                     sample_log.record(self.position.step, micro_batches)
                     loss, lr = stepper.step(self.position.step, micro_batches)
+                    if not math.isfinite(loss):  # the all-reduced loss: every rank stops here together
+                        raise TrainingDiverged(self.position.step + 1, loss)
                     self.position.step += 1
                     self.position.steps_in_epoch += 1
                     self.position.loss = loss
