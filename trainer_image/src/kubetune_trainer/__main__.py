@@ -11,10 +11,8 @@ import errno
 import sys
 from pathlib import Path
 
-from kubetune_trainer.preemption import (CONFIG_ERROR_EXIT_CODE, RETRYABLE_EXIT_CODE, Preempted, StopRequest,
-                                         is_lost_peer)
-
-DIVERGED_EXIT_CODE = 3
+from kubetune_trainer.preemption import (CONFIG_ERROR_EXIT_CODE, DIVERGED_EXIT_CODE, RETRYABLE_EXIT_CODE, Preempted,
+                                         StopRequest, is_lost_peer)
 
 # Out of room: the disk, the quota, or the process's file-size limit.
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)

@@ -12,6 +12,7 @@ import signal
 
 RETRYABLE_EXIT_CODE = 128 + signal.SIGTERM
 CONFIG_ERROR_EXIT_CODE = 2  # the job itself is wrong: retrying cannot help
+DIVERGED_EXIT_CODE = 3  # the loss became inf/NaN: a retry would diverge again at the same step
 
 # How long a stopping run waits for its queued uploads: the operator's pods get
 # terminationGracePeriodSeconds 120, and saving the last checkpoint comes first.
