@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from kubetune_api.contract import API_GROUP, API_VERSION, PLURAL, TRAINER_METRIC_PREFIX
 from kubetune_api.manifest import describe_errors
 from kubetune_api.spec import TrainingJob
-from kubetune_operator import backend_check, fit_check, metrics, naming, queueing, spec_change, status
+from kubetune_operator import backend_check, fit_check, image_policy, metrics, naming, queueing, spec_change, status
 from kubetune_operator.backends import BACKENDS, Backend, backend_name
 from kubetune_operator.backends.base import observed_state
 from kubetune_operator.settings import Settings
@@ -154,6 +154,10 @@ def validate_new_job(body: kopf.Body, warnings: list[str], **_) -> None:
     if problem:
         metrics.ADMISSION_REJECTIONS.labels("missing_secret").inc()
         raise kopf.AdmissionError(problem, code=422)
+    image_refused = image_policy.refusal(job.spec.image, SETTINGS.allowed_image_prefixes, SETTINGS.trainer_image)
+    if image_refused:
+        metrics.ADMISSION_REJECTIONS.labels("image_not_allowed").inc()
+        raise kopf.AdmissionError(image_refused, code=422)
     backend = backend_of(body.get("spec"), None)
     refused = backend_check.unsupported(job, backend, SETTINGS)
     if refused:
@@ -201,6 +205,7 @@ def ensure_children(body: kopf.Body, uid: str, patch: kopf.Patch) -> None:
     job = parse_job(body)
     backend = backend_of(body.get("spec"), body.get("status"))
     check_backend(body, job, backend)
+    check_image(body, job)
     check_secret(job)
     namespace = job.metadata.namespace
     core = core_api()
@@ -220,6 +225,9 @@ def ensure_children(body: kopf.Body, uid: str, patch: kopf.Patch) -> None:
         conditions = backend_check.conditions(current, None, backend, child["metadata"]["name"], now())
         conditions = fit_check.fits_gpu_conditions({"conditions": conditions}, job, SETTINGS.default_gpu_memory,
                                                    now()) or conditions
+        if any(c.get("type") == image_policy.CONDITION for c in conditions):  # refused before: passes now
+            conditions = status.set_condition(conditions, image_policy.CONDITION, "True", "Allowed",
+                                              "spec.image is allowed", now())
         if conditions != (current.get("conditions") or []):
             fields["conditions"] = conditions
         if not current.get("backend"):
@@ -328,6 +336,28 @@ def check_backend(body: kopf.Body, job: TrainingJob, backend: Backend) -> None:
     if problem.permanent:
         raise kopf.PermanentError(problem.message)
     raise kopf.TemporaryError(problem.message, delay=30)
+
+
+def check_image(body: kopf.Body, job: TrainingJob) -> None:
+    """The image allow-list again at reconcile (admission fails open): ImageAllowed=False, a Warning
+    event and no child until the spec names an allowed image."""
+    refused = image_policy.refusal(job.spec.image, SETTINGS.allowed_image_prefixes, SETTINGS.trainer_image)
+    if refused is None:
+        return
+
+    def refusing(found: dict) -> dict:
+        current, fields = found.get("status") or {}, {}
+        conditions = status.set_condition(list(current.get("conditions") or []), image_policy.CONDITION, "False",
+                                          "ImageNotAllowed", refused, now())
+        if conditions != (current.get("conditions") or []):
+            fields["conditions"] = conditions
+        if not current.get("phase"):
+            fields["phase"] = "Pending"
+        return fields
+
+    if "conditions" in update_status(job.metadata.namespace, job.metadata.name, refusing):
+        kopf.warn(body, reason="ImageNotAllowed", message=refused)
+    raise kopf.PermanentError(refused)
 
 
 def read_child(backend: Backend, namespace: str, job_name: str) -> dict | None:

@@ -17,7 +17,7 @@ from kubetune_operator.status import PHASES
 RECONCILE_RESULTS = ("ok", "retry", "error")
 # Why the admission webhook refused a TrainingJob: the typed model refused the spec, the S3
 # credentials Secret it names is not there, or its backend cannot honour a field it sets.
-ADMISSION_REASONS = ("invalid_spec", "missing_secret", "backend")
+ADMISSION_REASONS = ("invalid_spec", "missing_secret", "backend", "image_not_allowed")
 
 RECONCILES = Counter("kubetune_operator_reconciles_total",
                      "TrainingJob reconciliations, by result (ok, retry, error).", ["result"])

@@ -4,10 +4,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from kubetune_operator import image_policy
+
 
 @dataclass(frozen=True)
 class Settings:
     trainer_image: str = "ghcr.io/kubetune/trainer:0.1.0"
+    # Images a job's spec.image may name (image_policy); empty = any.
+    allowed_image_prefixes: tuple[str, ...] = ()
     # Defaults for spec.s3 fields a job leaves out.
     s3_endpoint_url: str | None = None
     s3_region: str | None = None
@@ -42,6 +46,7 @@ class Settings:
         path_style = env.get("KUBETUNE_S3_PATH_STYLE", "").lower()
         return cls(
             trainer_image=env.get("KUBETUNE_TRAINER_IMAGE", cls.trainer_image),
+            allowed_image_prefixes=image_policy.parse_prefixes(env.get("KUBETUNE_ALLOWED_IMAGE_PREFIXES", "")),
             s3_endpoint_url=env.get("KUBETUNE_S3_ENDPOINT_URL") or None,
             s3_region=env.get("KUBETUNE_S3_REGION") or None,
             s3_path_style={"true": True, "false": False}.get(path_style),
