@@ -22,7 +22,7 @@ export GOPROXY="${GOPROXY:-https://proxy.golang.org}"
 mkdir -p "$cache"
 
 step=0
-steps=9
+steps=10
 total_start=$SECONDS
 
 # build_component NAME VERSION FUNCTION: runs FUNCTION in a fresh scratch module unless cached.
@@ -191,6 +191,16 @@ build_prometheus() {
     -ldflags "-s -w -X github.com/prometheus/common/version.Version=$release" "$mod/cmd/prometheus@$version"
 }
 
+# kube-score, the Kubernetes manifest linter `make lint` runs (scripts/lint-manifests.sh). It
+# stands in for kube-linter, whose module (golang.stackrox.io/kube-linter) the module proxy does not
+# serve here; kube-score covers the same pod-level ground (security contexts, resources, probes,
+# network policies, PodDisruptionBudgets), and checkov adds RBAC checks.
+build_kube_score() {
+  local version=$1 dest=$2 mod=github.com/zegl/kube-score
+  echo "  go install $mod/cmd/kube-score@$version"
+  GOBIN="$dest/bin" go install -ldflags "-s -w -X main.version=$version" "$mod/cmd/kube-score@$version"
+}
+
 build_component etcd "$ETCD_VERSION" build_etcd
 build_component kubernetes "$KUBERNETES_VERSION" build_kubernetes
 build_component helm "$HELM_VERSION" build_helm
@@ -200,4 +210,5 @@ build_component prometheus "$PROMETHEUS_VERSION" build_prometheus
 build_component jobset "$JOBSET_VERSION" build_jobset
 build_component trainer "$TRAINER_VERSION" build_trainer
 build_component kueue "$KUEUE_VERSION" build_kueue
+build_component kube-score "$KUBE_SCORE_VERSION" build_kube_score
 echo "control-plane binaries ready in $cache ($((SECONDS - total_start)) s)"

@@ -25,6 +25,8 @@ _COMPONENTS = {
     "jobset": ("jobset", "JOBSET_VERSION"),
     "trainer-controller-manager": ("trainer", "TRAINER_VERSION"),
     "kueue": ("kueue", "KUEUE_VERSION"),
+    # Not part of the control plane: the manifest linter of `make lint` (kubetune_dev.lint).
+    "kube-score": ("kube-score", "KUBE_SCORE_VERSION"),
 }
 
 
