@@ -31,9 +31,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default (include "kubetune.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}
 
-{{/* kubetune.operatorImage: repository:tag, the tag defaulting to the chart's appVersion. */}}
+{{/* kubetune.operatorImage: repository:tag, the tag defaulting to the chart's appVersion; a tag
+that is a digest (sha256:...) gives repository@sha256:... */}}
 {{- define "kubetune.operatorImage" -}}
-{{- printf "%s:%s" .Values.operator.image.repository (default .Chart.AppVersion .Values.operator.image.tag) -}}
+{{- $tag := default .Chart.AppVersion .Values.operator.image.tag -}}
+{{- printf "%s%s%s" .Values.operator.image.repository (ternary "@" ":" (hasPrefix "sha256:" $tag)) $tag -}}
 {{- end -}}
 
 {{/*
