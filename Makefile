@@ -6,8 +6,11 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= out/demo
+# checkov's own virtualenv: its pinned dependencies conflict with the main one's (requirements-lint.txt).
+LINT_VENV ?= .venv-lint
+LINT_STAMP := $(LINT_VENV)/.installed
 
-.PHONY: demo test unit e2e install cluster-bins crd manifests bench clean
+.PHONY: demo test unit e2e install cluster-bins crd manifests lint lint-tools bench clean
 
 # The Python environment: one virtualenv in the checkout, rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -18,6 +21,21 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+$(LINT_STAMP): requirements-lint.txt
+	test -x $(LINT_VENV)/bin/python || python3 -m venv $(LINT_VENV)
+	$(LINT_VENV)/bin/pip install -q --upgrade pip
+	$(LINT_VENV)/bin/pip install -q -r requirements-lint.txt
+	touch $(LINT_STAMP)
+
+# The linters of `make lint`: checkov (PyPI, .venv-lint) and kube-score (built with the cluster binaries).
+lint-tools: $(LINT_STAMP) cluster-bins
+
+# kube-score and checkov over the chart (several value sets), manifests/install.yaml and the trainer
+# pods the operator creates; every finding kept on purpose is explained in lint/exceptions.yaml.
+# `make test` runs it too (tests/unit/test_lint.py).
+lint: $(STAMP) lint-tools
+	CHECKOV=$(abspath $(LINT_VENV))/bin/checkov $(PY) -m kubetune_dev.lint
 
 # Go-built Kubernetes, etcd, helm, the training operator, JobSet, Kubeflow Trainer, Kueue, the S3
 # server and Prometheus, cached per version (devcluster/versions.env).
@@ -35,14 +53,14 @@ manifests: $(STAMP) cluster-bins
 demo: $(STAMP)
 	bash scripts/demo.sh $(DEMO_DIR)
 
-unit: $(STAMP)
-	$(PY) -m pytest tests/unit -q
+unit: $(STAMP) lint-tools
+	CHECKOV=$(abspath $(LINT_VENV))/bin/checkov $(PY) -m pytest tests/unit -q
 
 e2e: $(STAMP) cluster-bins
 	$(PY) -m pytest tests/e2e -q
 
-test: $(STAMP) cluster-bins
-	$(PY) -m pytest tests -q -ra
+test: $(STAMP) cluster-bins lint-tools
+	CHECKOV=$(abspath $(LINT_VENV))/bin/checkov $(PY) -m pytest tests -q -ra
 
 bench: $(STAMP) cluster-bins
 	$(PY) benchmarks/trainer_throughput.py
