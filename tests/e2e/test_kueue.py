@@ -25,7 +25,7 @@ LOCAL_QUEUE = "training"
 
 @pytest.fixture
 def queue(api_client, job_namespace):
-    """Make a ResourceFlavor, a ClusterQueue of CPU quota and the LocalQueue `training`."""
+    """Make a ResourceFlavor, a ClusterQueue of CPU (and ample memory) quota and the LocalQueue `training`."""
     custom = client.CustomObjectsApi(api_client)
     made = []
 
@@ -33,8 +33,11 @@ def queue(api_client, job_namespace):
         name = f"{job_namespace}-cq"
         custom.create_cluster_custom_object(*KUEUE, "resourceflavors", {
             "apiVersion": "/".join(KUEUE), "kind": "ResourceFlavor", "metadata": {"name": name}})
-        spec = {"namespaceSelector": {}, "resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
-            {"name": name, "resources": [{"name": "cpu", "nominalQuota": str(cpus)}]}]}]}
+        # Memory as well, as Kueue's own examples do: the trainer pods request the chart's default
+        # memory per process. Plenty of it, so CPU is what queues the jobs.
+        spec = {"namespaceSelector": {}, "resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": [
+            {"name": name, "resources": [{"name": "cpu", "nominalQuota": str(cpus)},
+                                         {"name": "memory", "nominalQuota": "1Ti"}]}]}]}
         if preemption:
             spec["preemption"] = preemption
         custom.create_cluster_custom_object(*KUEUE, "clusterqueues", {

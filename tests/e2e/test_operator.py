@@ -191,7 +191,7 @@ def test_the_operator_service_account_can_do_its_work_and_nothing_else(control_p
     for verb, resource in [("watch", "trainingjobs.kubetune.dev"), ("patch", "trainingjobs.kubetune.dev/status"),
                            *own[backend],
                            ("create", "configmaps"), ("patch", "configmaps"), ("get", "secrets"), ("list", "pods"), ("create", "events"),
-                           ("patch", "validatingwebhookconfigurations/trainingjobs.kubetune.dev"),
+                           ("patch", "validatingwebhookconfigurations/kubetune-trainingjobs"),
                            ("list", "workloads.kueue.x-k8s.io")]:
         assert can(verb, resource), f"the operator cannot {verb} {resource}"
     for verb, resource in [("delete", "trainingjobs.kubetune.dev"), ("create", "trainingjobs.kubetune.dev"),
@@ -199,6 +199,8 @@ def test_the_operator_service_account_can_do_its_work_and_nothing_else(control_p
                            *other[backend],
                            ("update", "configmaps"), ("create", "deployments.apps"), ("create", "clusterroles.rbac.authorization.k8s.io"),
                            ("patch", "validatingwebhookconfigurations/someone-elses"),
+                           ("create", "validatingwebhookconfigurations"), ("create", "mutatingwebhookconfigurations"),
+                           ("patch", "mutatingwebhookconfigurations/kubetune-trainingjobs"),
                            ("patch", "workloads.kueue.x-k8s.io"), ("delete", "workloads.kueue.x-k8s.io")]:
         assert not can(verb, resource), f"the operator may {verb} {resource}, which it does not need"
 

@@ -267,7 +267,6 @@ def test_watched_namespaces_get_roles_and_the_cluster_role_keeps_only_what_is_cl
     assert set(cluster_rules) == {
         "/namespaces", "apiextensions.k8s.io/customresourcedefinitions",
         "admissionregistration.k8s.io/validatingwebhookconfigurations",
-        "admissionregistration.k8s.io/mutatingwebhookconfigurations",
         "trainer.kubeflow.org/clustertrainingruntimes"}, "no Secret, pod or job anywhere else"
     roles = {d["metadata"]["namespace"]: d for d in documents if d["kind"] == "Role"}
     bindings = {d["metadata"]["namespace"]: d for d in documents if d["kind"] == "RoleBinding"}
@@ -283,3 +282,104 @@ def test_watched_namespaces_get_roles_and_the_cluster_role_keeps_only_what_is_cl
     # Cluster-wide (the default), the same namespaced rules sit in the ClusterRole and there is no Role.
     default = documents_of(render(helm))
     assert "/secrets" in rbac_rules(default) and not [d for d in default if d["kind"] in ("Role", "RoleBinding")]
+
+
+# ---- the admission webhook: owned by the chart, reached through its Service ---------------------
+
+def cluster_role(documents: list[dict]) -> dict:
+    return next(d for d in documents if d["kind"] == "ClusterRole")
+
+
+def webhook_rules(documents: list[dict]) -> list[dict]:
+    return [rule for rule in cluster_role(documents)["rules"] if "admissionregistration.k8s.io" in rule["apiGroups"]]
+
+
+def one(documents: list[dict], kind: str, name: str | None = None) -> dict:
+    found = [d for d in documents if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def test_the_operator_may_only_set_the_ca_bundle_of_the_charts_own_webhook_configuration(helm):
+    documents = documents_of(render(helm))
+    configuration = one(documents, "ValidatingWebhookConfiguration")
+    name = configuration["metadata"]["name"]
+    assert webhook_rules(documents) == [{
+        "apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingwebhookconfigurations"],
+        "resourceNames": [name], "verbs": ["get", "patch"]}], "no create (it cannot be narrowed by name), no mutating hooks"
+    assert not [r for r in cluster_role(documents)["rules"] if "create" in r["verbs"] and
+                {"validatingwebhookconfigurations", "mutatingwebhookconfigurations"} & set(r["resources"])]
+
+    [hook] = configuration["webhooks"]
+    assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None" and "caBundle" not in hook["clientConfig"]
+    assert hook["rules"][0]["operations"] == ["CREATE"] and hook["rules"][0]["resources"] == ["trainingjobs"]
+    service_ref = hook["clientConfig"]["service"]
+    assert "url" not in hook["clientConfig"], "reached through its Service, not a pod address"
+    service = one(documents, "Service", service_ref["name"])
+    deployment = one(documents, "Deployment")
+    assert service_ref["namespace"] == service["metadata"]["namespace"] == "kubetune-system"
+    assert service_ref["path"] == "/validate" and service_ref["port"] == service["spec"]["ports"][0]["port"] == 443
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "webhook", "containerPort": 9443, "protocol": "TCP"} in container["ports"]
+
+    env = operator_env(documents)
+    assert env["KUBETUNE_WEBHOOK_CERTIFICATES"] == "operator" and env["KUBETUNE_WEBHOOK_CONFIGURATION"] == name
+    assert f"{service_ref['name']}.kubetune-system.svc" in env["KUBETUNE_WEBHOOK_DNS_NAMES"].split(","), \
+        "the certificate must carry the name the API server calls"
+    assert "KUBETUNE_WEBHOOK_CERT_DIR" not in env
+
+
+def test_with_cert_manager_the_certificate_is_mounted_and_injected_and_the_operator_touches_no_configuration(helm):
+    documents = documents_of(render(helm, "--set", "webhook.certificates=cert-manager"))
+    assert webhook_rules(documents) == []
+    configuration = one(documents, "ValidatingWebhookConfiguration")
+    service_name = configuration["webhooks"][0]["clientConfig"]["service"]["name"]
+    serving = next(d for d in documents if d["kind"] == "Certificate" and not d["spec"].get("isCA"))
+    assert configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == \
+        f"kubetune-system/{serving['metadata']['name']}"
+    assert f"{service_name}.kubetune-system.svc" in serving["spec"]["dnsNames"]
+    # Its own CA: renewing the serving certificate keeps the injected caBundle.
+    ca = one(documents, "Certificate", serving["spec"]["issuerRef"]["name"])
+    assert ca["spec"]["isCA"] and one(documents, "Issuer", serving["spec"]["issuerRef"]["name"])["spec"]["ca"] == {
+        "secretName": ca["spec"]["secretName"]}
+    deployment = one(documents, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "webhook-tls")
+    assert volume["secret"]["secretName"] == serving["spec"]["secretName"]
+    env = operator_env(documents)
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "webhook-tls")
+    assert env["KUBETUNE_WEBHOOK_CERTIFICATES"] == "files" and env["KUBETUNE_WEBHOOK_CERT_DIR"] == mount["mountPath"]
+    assert mount["readOnly"]
+
+    own_issuer = documents_of(render(helm, "--set", "webhook.certificates=cert-manager", "--set",
+                                     "webhook.certManager.issuerRef.name=corp-ca", "--set",
+                                     "webhook.certManager.issuerRef.kind=ClusterIssuer"))
+    assert not [d for d in own_issuer if d["kind"] == "Issuer"]
+    assert one(own_issuer, "Certificate")["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer",
+                                                                  "group": "cert-manager.io"}
+
+
+def test_the_webhook_covers_only_the_watched_namespaces(helm):
+    documents = documents_of(render(helm, "--set", "operator.watchNamespaces={team-a,team-b}"))
+    hook = one(documents, "ValidatingWebhookConfiguration")["webhooks"][0]
+    assert hook["namespaceSelector"] == {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}]}
+
+
+@pytest.mark.parametrize("setting", ["webhook.certificates=letsencrypt", "webhook.timeoutSeconds=60",
+                                     "webhook.certManager.duration=90d"])
+def test_malformed_webhook_values_are_refused(helm, setting):
+    result = render(helm, "--set", setting)
+    assert result.returncode != 0 and setting.split("=")[0].rsplit(".", 1)[-1] in result.stderr
+
+
+def test_the_trainers_default_requests_and_cache_limit_reach_the_operator_and_must_be_quantities(helm):
+    env = operator_env(documents_of(render(helm)))
+    assert (env["KUBETUNE_DEFAULT_CPU_PER_PROCESS"], env["KUBETUNE_DEFAULT_MEMORY_PER_PROCESS"],
+            env["KUBETUNE_CACHE_SIZE_LIMIT"]) == ("2", "8Gi", "200Gi")
+    off = operator_env(documents_of(render(helm, "--set", "trainer.defaultRequests.memoryPerProcess=")))
+    assert off["KUBETUNE_DEFAULT_MEMORY_PER_PROCESS"] == ""
+    for setting in ("trainer.defaultRequests.cpuPerProcess=two", "trainer.cacheSizeLimit=lots"):
+        result = render(helm, "--set", setting)
+        assert result.returncode != 0 and setting.split("=")[0].rsplit(".", 1)[-1] in result.stderr, result.stderr

@@ -230,3 +230,61 @@ def test_the_run_directory_and_latest_checkpoint_come_from_the_trainer_and_are_c
     assert final_checkpoint(spec, {}) is None, "the run's version was never reported"
     early = {**spec, "validation": {"earlyStoppingPatience": 3}}
     assert final_checkpoint(early, {}) is None, "an early stop may end sooner: keep the reported one"
+
+
+# ---- requests, limits and volume sizes: no BestEffort pod, no unbounded scratch volume -----------
+
+DEFAULTED = Settings(default_cpu_per_process="2", default_memory_per_process="8Gi", cache_size_limit="100Gi")
+
+
+def _volumes(template):
+    return {v["name"]: v for v in template["spec"]["volumes"]}
+
+
+def test_cpu_and_memory_a_job_leaves_out_are_requested_per_process_without_a_limit(job_of):
+    job = job_of(resources__gpusPerNode=4)
+    resources = container(master(PyTorchJobBackend().build(job, UID, DEFAULTED)))["resources"]
+    assert resources["requests"] == {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "4"}, "4 processes, one per GPU"
+    assert resources["limits"] == {"nvidia.com/gpu": "4"}, "a coarse default never OOM-kills a run"
+
+    exact = job_of(resources__gpusPerNode=0, resources__cpu="6", resources__memory="20Gi")
+    resources = container(master(PyTorchJobBackend().build(exact, UID, DEFAULTED)))["resources"]
+    assert resources == {"requests": {"cpu": "6", "memory": "20Gi"}, "limits": {"cpu": "6", "memory": "20Gi"}}
+
+    cpu_processes = job_of(resources__gpusPerNode=0, distributed__processesPerNode=3)
+    requests = container(master(PyTorchJobBackend().build(cpu_processes, UID, DEFAULTED)))["resources"]["requests"]
+    assert requests == {"cpu": "6", "memory": "24Gi"}
+    none = container(master(PyTorchJobBackend().build(cpu_processes, UID, Settings())))["resources"]
+    assert none == {}, "no defaults configured: nothing is added"
+
+
+def test_the_cache_volume_is_size_limited_and_a_declared_cache_size_is_requested(job_of):
+    template = master(PyTorchJobBackend().build(job_of(), UID, DEFAULTED))
+    volumes = _volumes(template)
+    assert volumes["cache"]["emptyDir"] == {"sizeLimit": "100Gi"}
+    assert volumes["tmp"]["emptyDir"]["sizeLimit"] and volumes["dshm"]["emptyDir"]["sizeLimit"] == "1Gi"
+    assert "ephemeral-storage" not in container(template)["resources"].get("requests", {})
+
+    declared = master(PyTorchJobBackend().build(job_of(resources__cacheSize="300Gi"), UID, DEFAULTED))
+    assert _volumes(declared)["cache"]["emptyDir"] == {"sizeLimit": "300Gi"}
+    assert container(declared)["resources"]["requests"]["ephemeral-storage"] == "300Gi"
+    assert "ephemeral-storage" not in container(declared)["resources"].get("limits", {})
+
+
+def test_a_trainjob_gets_the_same_requests_and_cache_limit(job_of):
+    from kubetune_operator.backends import TrainJobBackend
+
+    train_job = TrainJobBackend().build(job_of(resources__cacheSize="50Gi"), UID, DEFAULTED)
+    assert train_job["spec"]["trainer"]["resourcesPerNode"]["requests"] == {
+        "cpu": "2", "memory": "8Gi", "nvidia.com/gpu": "1", "ephemeral-storage": "50Gi"}
+    patch = train_job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    volumes = {v["name"]: v for v in patch["template"]["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["cache"]["emptyDir"] == {"sizeLimit": "50Gi"}
+
+
+@pytest.mark.parametrize("variable,helm_value", [("KUBETUNE_DEFAULT_CPU_PER_PROCESS", "trainer.defaultRequests.cpuPerProcess"),
+                                                 ("KUBETUNE_DEFAULT_MEMORY_PER_PROCESS", "trainer.defaultRequests.memoryPerProcess"),
+                                                 ("KUBETUNE_CACHE_SIZE_LIMIT", "trainer.cacheSizeLimit")])
+def test_a_malformed_default_stops_the_operator_naming_the_helm_value(variable, helm_value):
+    with pytest.raises(ValueError, match=helm_value):
+        Settings.from_env({variable: "eight gigs"})

@@ -20,3 +20,19 @@ def parse_quantity(value: str, field: str) -> int:
                          "80Gi, 81920Mi or 85G")
     number, suffix = match.groups()
     return int(Decimal(number) * SUFFIXES[suffix or ""])
+
+
+# Any quantity Kubernetes accepts for cpu or memory: a number, then an optional milli or size suffix.
+_ANY_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m|" + "|".join(s for s in SUFFIXES if s) + r")?$")
+
+
+def scale_quantity(value: str, factor: int, field: str) -> str:
+    """VALUE times FACTOR in VALUE's own unit ("8Gi" x 2 = "16Gi", "500m" x 3 = "1500m"); ValueError
+    naming FIELD when VALUE is not a quantity."""
+    match = _ANY_QUANTITY.match(str(value).strip())
+    if not match:
+        raise ValueError(f"{field}: {value!r} is not a quantity; write e.g. 2, 500m or 8Gi")
+    number, suffix = match.groups()
+    scaled = Decimal(number) * factor
+    text = format(scaled.normalize(), "f") if scaled != scaled.to_integral() else str(int(scaled))
+    return text + (suffix or "")

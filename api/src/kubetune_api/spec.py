@@ -409,6 +409,13 @@ class ResourcesSpec(_Model):
     shm_size: Quantity = Field(
         default="1Gi", description="Size of the memory-backed /dev/shm (data loader workers and NCCL use it).",
     )
+    cache_size: Optional[Quantity] = Field(
+        default=None,
+        description="Disk for the cache volume of each pod (models and data mirrored from S3, the embedding "
+        "cache, checkpoints before upload): its size limit, and requested as ephemeral storage so the pod "
+        "lands on a node with that much. Unset: limited to the operator's default (Helm value "
+        "trainer.cacheSizeLimit), nothing requested.",
+    )
     gpu_memory: Optional[MemoryQuantity] = Field(
         default=None,
         description="Memory of one GPU, e.g. 80Gi (1Gi-4Ti), for the fit check: `kubectl apply` warns and the "

@@ -90,3 +90,31 @@ matchLabels:
 matchExpressions:
   - {key: kubetune.dev/trainingjob, operator: Exists}
 {{- end -}}
+
+{{/*
+The admission webhook's objects: its Service, the ValidatingWebhookConfiguration the chart owns
+(the operator may patch only this one, and only its caBundle), cert-manager's Certificate and the
+Secret it writes, and the DNS names the serving certificate must carry (the API server calls
+https://<service>.<namespace>.svc).
+*/}}
+{{- define "kubetune.webhookService" -}}
+{{- printf "%s-webhook" (include "kubetune.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "kubetune.webhookConfiguration" -}}
+{{- printf "%s-trainingjobs" (include "kubetune.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "kubetune.webhookCertificate" -}}
+{{- printf "%s-webhook-tls" (include "kubetune.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "kubetune.webhookDnsNames" -}}
+{{- $service := include "kubetune.webhookService" . -}}
+{{- $ns := .Release.Namespace -}}
+{{- list $service (printf "%s.%s" $service $ns) (printf "%s.%s.svc" $service $ns) (printf "%s.%s.svc.cluster.local" $service $ns) | join "," -}}
+{{- end -}}
+
+{{- define "kubetune.webhookFromCertManager" -}}
+{{- if and .Values.webhook.enabled (eq .Values.webhook.certificates "cert-manager") }}true{{ end -}}
+{{- end -}}

@@ -55,7 +55,7 @@ def ensure_pki(pki: Path) -> None:
         _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
                  "-days", "3650", "-subj", "/CN=kubetune-dev-ca", cwd=pki)
     if not (pki / "apiserver.crt").exists():
-        sans = ",".join(["IP:127.0.0.1", "IP:10.0.0.1"] + [f"DNS:{n}" for n in SERVING_NAMES])
+        sans = ",".join(["IP:127.0.0.1", "IP:127.2.0.1"] + [f"DNS:{n}" for n in SERVING_NAMES])
         _sign(pki, "apiserver", "/CN=kube-apiserver", f"subjectAltName={sans}\n{SERVING_KEY_USAGE}")
     if not (pki / "webhooks.crt").exists():
         _sign(pki, "webhooks", "/CN=kubetune-dev-webhooks",

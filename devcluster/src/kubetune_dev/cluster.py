@@ -171,7 +171,9 @@ class Cluster:
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
-                "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true", "--profiling=false",
+                # Cluster IPs on loopback, so the kubelet's proxy can listen on them and the API server
+                # reaches Services (a webhook's clientConfig.service) as in a cluster (serviceproxy.py).
+                "--service-cluster-ip-range=127.2.0.0/16", "--allow-privileged=true", "--profiling=false",
                 # Endpoints may not hold loopback addresses; pods reach the API server directly.
                 "--endpoint-reconciler-type=none"],
                 lambda: self.api_get("/readyz")[0] == 200, timeout=90),

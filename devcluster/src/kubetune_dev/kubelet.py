@@ -9,6 +9,7 @@ Each second it reconciles the API's view with the processes it runs:
   * on deletion, stops the pod (SIGTERM, SIGKILL after the grace period) and then removes it
     from the API, which is the kubelet's part in graceful deletion;
   * rewrites every running pod's hosts file from the current pods and services;
+  * forwards each Service's cluster IP and port to a ready pod it selects (serviceproxy.py);
   * lists pods annotated `prometheus.io/scrape: "true"` (port and path from `prometheus.io/port`
     and `prometheus.io/path`) as Prometheus file_sd targets, standing in for Kubernetes service
     discovery.
@@ -28,7 +29,7 @@ from pathlib import Path
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from kubetune_dev import hosts, processes
+from kubetune_dev import hosts, processes, serviceproxy
 from kubetune_dev.podrunner import PodRunner, now
 
 log = logging.getLogger("kubelet")
@@ -61,6 +62,7 @@ class Kubelet:
                          "KUBERNETES_PORT": f"tcp://127.0.0.1:{api_port}"}
         self.stopped = threading.Event()
         self._last_heartbeat = 0.0
+        self.proxy = serviceproxy.ServiceProxy()
 
     # ---- node ---------------------------------------------------------------------------------
     def register(self) -> None:
@@ -184,6 +186,7 @@ class Kubelet:
             shutil.rmtree(runner.dir / "volumes", ignore_errors=True)
 
     def write_hosts(self, pods: list[dict]) -> None:
+        """Names (hosts files) and service addresses (the proxy) for the pods running now."""
         services = self._list(self.api.list_service_for_all_namespaces)
         live = []
         for pod in pods:
@@ -193,6 +196,7 @@ class Kubelet:
                 live.append((pod, runner))
         for pod, runner in live:
             hosts.write_in_place(runner.hosts_file, hosts.render(pod, [p for p, _ in live], services))
+        self.proxy.update(serviceproxy.routes(services, [p for p, _ in live]))
         if self.prometheus_targets is not None:
             self.write_scrape_targets([pod for pod, _ in live])
 
@@ -216,6 +220,7 @@ class Kubelet:
     # ---- shutdown -----------------------------------------------------------------------------
     def shutdown(self) -> None:
         """Stop every pod (kubelet exit means its containers go too: nothing outlives `dev down`)."""
+        self.proxy.close()
         for runner in self.runners.values():
             runner.stop(5)
         for runner in self.runners.values():

@@ -35,8 +35,20 @@ REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "manifests" / "examples" / "sd15-lora.yaml"
 NAMESPACE = "team-a"
 UID = "00000000-0000-4000-8000-000000000000"  # any UID: it only names the run and the rendezvous port
-# The operator as the chart's defaults configure it (values.yaml), with both backends allowed.
-SETTINGS = Settings(backends=("pytorchjob", "trainjob"))
+CHART_VALUES = REPO / "charts" / "kubetune" / "values.yaml"
+
+
+def chart_default_settings() -> Settings:
+    """The operator as the chart's defaults configure it (values.yaml: the default requests and the
+    cache size limit), with both backends allowed."""
+    trainer = yaml.safe_load(CHART_VALUES.read_text())["trainer"]
+    return Settings(backends=("pytorchjob", "trainjob"),
+                    default_cpu_per_process=trainer["defaultRequests"]["cpuPerProcess"],
+                    default_memory_per_process=trainer["defaultRequests"]["memoryPerProcess"],
+                    cache_size_limit=trainer["cacheSizeLimit"])
+
+
+SETTINGS = chart_default_settings()
 
 
 def as_pod(name: str, template: dict) -> dict:

@@ -7,12 +7,12 @@ here names a Kubeflow label, container or environment variable.
 """
 from __future__ import annotations
 
+import asyncio
 import datetime
 import functools
 import logging
 import time
 import urllib.request
-from pathlib import Path
 
 import kopf
 from kubernetes import client
@@ -123,7 +123,7 @@ def check_secret(job: TrainingJob) -> None:
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_) -> None:
+async def configure(settings: kopf.OperatorSettings, **_) -> None:
     load_kubernetes_config()
     settings.persistence.finalizer = f"{API_GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
@@ -134,7 +134,15 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     # Handlers are synchronous (the Kubernetes client): enough threads for bursts of new jobs.
     settings.execution.max_workers = 16
     if SETTINGS.webhook_address:
-        configure_webhook(settings, SETTINGS.webhook_address, SETTINGS.webhook_port, Path(SETTINGS.webhook_cert_dir))
+        # The certificate is kept fresh (rotated or reloaded) for as long as the operator runs, by
+        # a task on kopf's own event loop: the one whose server uses it. (Start-up blocks nothing
+        # yet, so the one API call configure_webhook makes may block here.)
+        keeper = configure_webhook(settings, SETTINGS)
+        _BACKGROUND_TASKS.add(asyncio.get_running_loop().create_task(keeper.run(), name="webhook-certificate"))
+
+
+# Tasks the operator starts itself; held here because the event loop keeps only weak references.
+_BACKGROUND_TASKS: set[asyncio.Task] = set()
 
 
 @kopf.on.validate(API_GROUP, API_VERSION, PLURAL, id="validate", operations=["CREATE"], ignore_failures=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from typing import Iterable, Iterator
 
-from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -28,6 +28,10 @@ CHILD_JOBS_CREATED = Counter("kubetune_operator_child_jobs_created_total",
 ADMISSION_REJECTIONS = Counter("kubetune_operator_admission_rejections_total",
                                "TrainingJobs the admission webhook refused, by reason "
                                f"({', '.join(ADMISSION_REASONS)}).", ["reason"])
+# When the certificate the webhook serves expires (webhook.py keeps it fresh; an alert on
+# `kubetune_operator_webhook_certificate_expiry_timestamp_seconds - time() < 86400` catches a keeper that stopped).
+WEBHOOK_CERTIFICATE_EXPIRY = Gauge("kubetune_operator_webhook_certificate_expiry_timestamp_seconds",
+                                   "When the admission webhook's serving certificate expires (Unix time).")
 for _result in RECONCILE_RESULTS:
     RECONCILES.labels(_result)
 for _reason in ADMISSION_REASONS:

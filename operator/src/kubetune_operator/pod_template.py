@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from kubetune_api import contract
 from kubetune_api.contract import TrainerEnv
+from kubetune_api.quantity import scale_quantity
 from kubetune_api.spec import TrainingJob
 from kubetune_operator import naming
 from kubetune_operator.settings import Settings
@@ -24,6 +25,8 @@ NON_ROOT_UID = 1000
 METRICS_PORT_NAME = "metrics"  # the PodMonitor scrapes the port of this name
 # Room for the trainer's last checkpoint after SIGTERM (preemption, suspend).
 TERMINATION_GRACE_SECONDS = 120
+# Scratch files only: downloads, caches and checkpoints go to the cache volume.
+TMP_SIZE_LIMIT = "16Gi"
 
 
 @dataclass(frozen=True)
@@ -88,16 +91,36 @@ def trainer_env(job: TrainingJob, job_uid: str, settings: Settings) -> list[dict
     return static_env(settings) + job_env(job, job_uid, settings)
 
 
-def resources(job: TrainingJob) -> dict:
+def resources(job: TrainingJob, settings: Settings) -> dict:
+    """The trainer container's requests and limits.
+
+    What the job sets is requested and limited exactly (GPUs, and cpu/memory when given). CPU and
+    memory it leaves out are requested per training process from the operator's defaults, with no
+    limit (a coarse default must not OOM-kill a run), so no trainer pod is BestEffort. A declared
+    spec.resources.cacheSize is requested as ephemeral storage (the cache volume's size limit).
+    """
     spec = job.spec.resources
-    amounts: dict[str, str] = {}
+    exact: dict[str, str] = {}
     if spec.cpu:
-        amounts["cpu"] = spec.cpu
+        exact["cpu"] = spec.cpu
     if spec.memory:
-        amounts["memory"] = spec.memory
+        exact["memory"] = spec.memory
     if spec.gpus_per_node:
-        amounts[spec.gpu_resource_name] = str(spec.gpus_per_node)
-    return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
+        exact[spec.gpu_resource_name] = str(spec.gpus_per_node)
+    requests = dict(exact)
+    processes = job.spec.processes_per_node
+    for name, per_process, setting in (("cpu", settings.default_cpu_per_process, "the default cpu per process"),
+                                       ("memory", settings.default_memory_per_process, "the default memory per process")):
+        if name not in exact and per_process:
+            requests[name] = scale_quantity(per_process, processes, setting)
+    if spec.cache_size:
+        requests["ephemeral-storage"] = spec.cache_size
+    amounts = {}
+    if requests:
+        amounts["requests"] = requests
+    if exact:
+        amounts["limits"] = exact
+    return amounts
 
 
 def container_security_context() -> dict:
@@ -152,13 +175,15 @@ def volume_mounts() -> list[dict]:
     ]
 
 
-def volumes(config_map: str, shm_size: str) -> list[dict]:
-    """The trainer config (CONFIG_MAP), shared memory for the data loaders, and scratch space."""
+def volumes(config_map: str, shm_size: str, cache_size: str) -> list[dict]:
+    """The trainer config (CONFIG_MAP), shared memory for the data loaders, the cache and scratch
+    space, each size-limited: a pod that writes past a limit is evicted (and restarted from its
+    last checkpoint) instead of filling the node's disk."""
     return [
         {"name": "config", "configMap": {"name": config_map}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}},
-        {"name": "cache", "emptyDir": {}},
-        {"name": "tmp", "emptyDir": {}},
+        {"name": "cache", "emptyDir": {"sizeLimit": cache_size}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}},
     ]
 
 
@@ -205,12 +230,13 @@ def pod_template(job: TrainingJob, job_uid: str, settings: Settings, shape: Cont
     """
     spec = job.spec
     container = trainer_container(shape, spec.image or settings.trainer_image, trainer_env(job, job_uid, settings),
-                                  settings, resources(job))
+                                  settings, resources(job, settings))
     pod_spec = {
         "securityContext": pod_security_context(),
         **pod_identity(),
         "containers": [container],
-        "volumes": volumes(naming.config_map_name(job.metadata.name), spec.resources.shm_size),
+        "volumes": volumes(naming.config_map_name(job.metadata.name), spec.resources.shm_size,
+                           spec.resources.cache_size or settings.cache_size_limit),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
     }
     pod_spec.update(scheduling_fields(job))

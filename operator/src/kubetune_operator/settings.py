@@ -23,7 +23,21 @@ class Settings:
     # The admission webhook: served on this address (the pod's IP); None = no webhook.
     webhook_address: str | None = None
     webhook_port: int = 9443
+    # Where its certificate comes from (webhook.py): "operator" issues, publishes and rotates its
+    # own; "files" serves tls.crt/tls.key in webhook_cert_dir (cert-manager's Secret), reloaded on change.
+    webhook_certificates: str = "operator"
     webhook_cert_dir: str = "/tmp/kubetune-webhook"
+    # "operator" certificates: the chart's ValidatingWebhookConfiguration whose caBundle the operator
+    # sets, the webhook Service's DNS names, and how long each certificate lives.
+    webhook_configuration: str = "kubetune-trainingjobs"
+    webhook_dns_names: tuple[str, ...] = ()
+    webhook_certificate_lifetime_seconds: float = 30 * 24 * 3600.0
+    # CPU and memory requested per training process for jobs that set no spec.resources.cpu/memory
+    # (requests only, no limit), so no trainer pod is BestEffort; "" requests none.
+    default_cpu_per_process: str = ""
+    default_memory_per_process: str = ""
+    # The size limit of a trainer pod's cache volume when its job sets no spec.resources.cacheSize.
+    cache_size_limit: str = "200Gi"
     # Memory of one GPU for jobs without spec.resources.gpuMemory (the fit check), a quantity.
     default_gpu_memory: str = "80Gi"
     # The backend of jobs without spec.backend, and every backend jobs may choose (the chart grants
@@ -54,7 +68,19 @@ class Settings:
             trainer_metrics_port=int(env.get("KUBETUNE_TRAINER_METRICS_PORT", cls.trainer_metrics_port)),
             webhook_address=env.get("KUBETUNE_WEBHOOK_ADDRESS") or None,
             webhook_port=int(env.get("KUBETUNE_WEBHOOK_PORT", cls.webhook_port)),
+            webhook_certificates=_one_of(env.get("KUBETUNE_WEBHOOK_CERTIFICATES") or cls.webhook_certificates,
+                                         ("operator", "files"), "KUBETUNE_WEBHOOK_CERTIFICATES (Helm value webhook.certificates)"),
             webhook_cert_dir=env.get("KUBETUNE_WEBHOOK_CERT_DIR", cls.webhook_cert_dir),
+            webhook_configuration=env.get("KUBETUNE_WEBHOOK_CONFIGURATION") or cls.webhook_configuration,
+            webhook_dns_names=tuple(n for n in env.get("KUBETUNE_WEBHOOK_DNS_NAMES", "").split(",") if n),
+            webhook_certificate_lifetime_seconds=float(env.get("KUBETUNE_WEBHOOK_CERTIFICATE_LIFETIME_SECONDS")
+                                                       or cls.webhook_certificate_lifetime_seconds),
+            default_cpu_per_process=_quantity(env.get("KUBETUNE_DEFAULT_CPU_PER_PROCESS", ""),
+                                              "KUBETUNE_DEFAULT_CPU_PER_PROCESS (Helm value trainer.defaultRequests.cpuPerProcess)"),
+            default_memory_per_process=_quantity(env.get("KUBETUNE_DEFAULT_MEMORY_PER_PROCESS", ""),
+                                                 "KUBETUNE_DEFAULT_MEMORY_PER_PROCESS (Helm value trainer.defaultRequests.memoryPerProcess)"),
+            cache_size_limit=_quantity(env.get("KUBETUNE_CACHE_SIZE_LIMIT") or cls.cache_size_limit,
+                                       "KUBETUNE_CACHE_SIZE_LIMIT (Helm value trainer.cacheSizeLimit)"),
             default_gpu_memory=_gpu_memory(env.get("KUBETUNE_DEFAULT_GPU_MEMORY") or cls.default_gpu_memory),
             **_backends(env.get("KUBETUNE_BACKEND") or cls.backend, env.get("KUBETUNE_BACKENDS", "")),
             trainjob_runtime=env.get("KUBETUNE_TRAINJOB_RUNTIME") or cls.trainjob_runtime,
@@ -66,12 +92,33 @@ class Settings:
     def backend_enabled(self, name: str) -> bool:
         return name in self.backends
 
+    @property
+    def webhook_check_seconds(self) -> float:
+        """How often the webhook's certificate is looked at: often enough to rotate a short-lived
+        one in time, at most once a minute."""
+        return max(1.0, min(60.0, self.webhook_certificate_lifetime_seconds / 20))
+
 
 def _gpu_memory(value: str) -> str:
     """The default GPU memory, checked at start-up so a typo stops the operator, naming the setting."""
     from kubetune_api.quantity import parse_quantity
 
     parse_quantity(value, "KUBETUNE_DEFAULT_GPU_MEMORY (Helm value trainer.gpuMemory)")
+    return value
+
+
+def _quantity(value: str, setting: str) -> str:
+    """A cpu or memory quantity (or "" for none), checked at start-up so a typo stops the operator."""
+    from kubetune_api.quantity import scale_quantity
+
+    if value:
+        scale_quantity(value, 1, setting)
+    return value
+
+
+def _one_of(value: str, allowed: tuple[str, ...], setting: str) -> str:
+    if value not in allowed:
+        raise ValueError(f"{setting} is {value!r}; use one of {', '.join(allowed)}")
     return value
 
 

@@ -74,7 +74,7 @@ def runtime(values: RuntimeValues, labels: dict[str, str] | None = None) -> dict
         # A failed pod fails its Job (podFailurePolicy needs Never); the JobSet then restarts every node.
         "restartPolicy": "Never",
         "containers": [main],
-        "volumes": volumes(CONFIG_MAP_SET_PER_JOB, DEFAULT_SHM),
+        "volumes": volumes(CONFIG_MAP_SET_PER_JOB, DEFAULT_SHM, settings.cache_size_limit),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
     }
     node_job = {
@@ -138,8 +138,9 @@ class TrainJobBackend:
             # Always explicit: the Trainer's default "auto" would mean one process per CPU core.
             "numProcPerNode": spec.processes_per_node,
         }
-        if resources(job):
-            trainer["resourcesPerNode"] = resources(job)
+        amounts = resources(job, settings)
+        if amounts:
+            trainer["resourcesPerNode"] = amounts
         train_job = {
             "apiVersion": f"{self.group}/{self.version}",
             "kind": self.kind,
@@ -160,12 +161,13 @@ class TrainJobBackend:
         return train_job
 
     def _runtime_patch(self, job: TrainingJob, settings: Settings) -> dict:
-        """What the Trainer lets a job set on its pods: the config and shm volumes, labels and
+        """What the Trainer lets a job set on its pods: the config, shm and cache volumes, labels and
         annotations, placement and identity (a pod priority it cannot set: see unsupported())."""
         spec = job.spec
-        config, shm = volumes(naming.config_map_name(job.metadata.name), spec.resources.shm_size)[:2]
+        config, shm, cache = volumes(naming.config_map_name(job.metadata.name), spec.resources.shm_size,
+                                     spec.resources.cache_size or settings.cache_size_limit)[:3]
         pod_spec = {
-            "volumes": [config, shm],  # merged by name into the runtime's volumes
+            "volumes": [config, shm, cache],  # merged by name into the runtime's volumes
             **{key: value for key, value in scheduling_fields(job).items() if key != "priorityClassName"},
         }
         # All nodes share one pod template, so every node's pod carries the scrape annotations;

@@ -1,0 +1,96 @@
+"""The admission webhook's TLS on the local control plane: the API server calls it through the
+chart's Service (the kubelet's service proxy plays kube-proxy), trusting the caBundle the operator
+publishes in the chart's ValidatingWebhookConfiguration; the operator replaces its certificate
+before it expires without a restart, and a restarted operator publishes a new one. Certificates
+live 60 s here, so a rotation happens within the test. failurePolicy is Ignore, so an untrusted
+certificate would show as a bad job being admitted: every check below applies one."""
+from __future__ import annotations
+
+import base64
+import socket
+import ssl
+import time
+
+import pytest
+import yaml
+from cryptography import x509
+from kubernetes import client
+
+from tests.e2e.conftest import install_chart, uninstall_chart
+from tests.e2e.jobs import OPERATOR_NAMESPACE, example_job, kubectl, operator_log
+from tests.e2e.waiting import eventually
+
+pytestmark = pytest.mark.e2e
+
+LIFETIME_SECONDS = 60  # replaced after 40 s; the operator looks every 3 s
+CONFIGURATION = "kubetune-trainingjobs"
+SERVICE = "kubetune-webhook"
+
+
+@pytest.fixture(scope="module")
+def short_lived_certificates(control_plane):
+    install_chart(control_plane, "pytorchjob", "--set", f"webhook.certificateLifetimeSeconds={LIFETIME_SECONDS}")
+    yield
+    uninstall_chart(control_plane)
+
+
+def trusted_serials(api_client) -> list[int]:
+    """Serial numbers of the certificates in the configuration's caBundle (what the API server trusts)."""
+    configuration = client.AdmissionregistrationV1Api(api_client).read_validating_webhook_configuration(CONFIGURATION)
+    bundle = configuration.webhooks[0].client_config.ca_bundle
+    return [c.serial_number for c in x509.load_pem_x509_certificates(base64.b64decode(bundle))] if bundle else []
+
+
+def served_serial(core) -> int | None:
+    """The serial number of the certificate the webhook presents at its Service's cluster IP, as
+    the API server reaches it; None while nothing answers there."""
+    service = core.read_namespaced_service(SERVICE, OPERATOR_NAMESPACE)
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # only reading what is served
+    try:
+        with socket.create_connection((service.spec.cluster_ip, service.spec.ports[0].port), timeout=5) as raw:
+            with context.wrap_socket(raw) as tls:
+                return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True)).serial_number
+    except OSError:
+        return None
+
+
+def refuses_a_job_without_its_secret(control_plane, namespace, inputs_in_s3) -> bool:
+    manifest = example_job(inputs_in_s3, "no-secret", "runs/no-secret")
+    manifest["spec"]["s3"]["credentialsSecret"] = "not-there"
+    result = kubectl(control_plane, "apply", "--dry-run=server", "-n", namespace, "-f", "-",
+                     input=yaml.safe_dump(manifest), check=False)
+    return result.returncode != 0 and "Secret 'not-there' does not exist" in result.stderr
+
+
+def test_the_webhook_answers_through_its_service_across_certificate_rotations(
+        control_plane, api_client, core, short_lived_certificates, job_namespace, inputs_in_s3):
+    first = eventually(lambda: (s := served_serial(core)) in trusted_serials(api_client) and s, timeout=60,
+                       message=lambda: "the served certificate is never in the caBundle; operator log:\n"
+                                       + operator_log(control_plane, core))
+    assert refuses_a_job_without_its_secret(control_plane, job_namespace, inputs_in_s3)
+
+    # Until the replacement is served, the webhook keeps answering; then the new one is trusted too.
+    deadline = time.monotonic() + LIFETIME_SECONDS + 30
+    while (served := served_serial(core)) == first and time.monotonic() < deadline:
+        time.sleep(2)
+    assert served not in (None, first), "the certificate was not replaced within its lifetime"
+    trusted = trusted_serials(api_client)
+    assert served in trusted and first in trusted, "the bundle trusts the new certificate and still the old one"
+    assert refuses_a_job_without_its_secret(control_plane, job_namespace, inputs_in_s3), \
+        "after the rotation the API server still reaches the webhook (a bad job would be admitted otherwise)"
+
+
+def test_a_restarted_operator_publishes_its_own_certificate_and_no_job_is_lost(
+        control_plane, api_client, core, short_lived_certificates, job_namespace, inputs_in_s3):
+    kept = example_job(inputs_in_s3, "kept", "runs/kept")
+    kept["spec"]["suspend"] = True  # reconcile only: no trainer pods for this test
+    kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(kept))
+    before = served_serial(core)
+    kubectl(control_plane, "delete", "pod", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=kubetune-operator",
+            "--wait=true")
+    eventually(lambda: (s := served_serial(core)) not in (None, before) and s in trusted_serials(api_client),
+               timeout=120, message=lambda: "the new operator's certificate is not served and trusted; operator log:\n"
+                                            + operator_log(control_plane, core))
+    assert refuses_a_job_without_its_secret(control_plane, job_namespace, inputs_in_s3)
+    kubectl(control_plane, "get", "trainingjob", "kept", "-n", job_namespace)
