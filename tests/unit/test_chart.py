@@ -383,3 +383,23 @@ def test_the_trainers_default_requests_and_cache_limit_reach_the_operator_and_mu
     for setting in ("trainer.defaultRequests.cpuPerProcess=two", "trainer.cacheSizeLimit=lots"):
         result = render(helm, "--set", setting)
         assert result.returncode != 0 and setting.split("=")[0].rsplit(".", 1)[-1] in result.stderr, result.stderr
+
+
+def test_network_policies_are_optional_and_the_operator_gets_what_it_needs_to_create_them(helm):
+    from kubetune_operator.network_policy import NetworkPolicySettings
+
+    default = documents_of(render(helm))
+    assert "NetworkPolicy" not in kinds(default) and "networking.k8s.io/networkpolicies" not in rbac_rules(default)
+    assert "KUBETUNE_NETWORK_POLICY" not in operator_env(default)
+
+    documents = documents_of(render(helm, "--set", "networkPolicy.enabled=true"))
+    assert rbac_rules(documents)["networking.k8s.io/networkpolicies"] == {"get", "create"}
+    policy = one(documents, "NetworkPolicy", "kubetune")
+    deployment = one(documents, "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert {"ports": [{"port": 9443, "protocol": "TCP"}]} in policy["spec"]["ingress"], "the API server calls the webhook"
+    settings = NetworkPolicySettings.from_json(operator_env(documents)["KUBETUNE_NETWORK_POLICY"])
+    assert settings.operator_namespace == "kubetune-system"
+    assert settings.operator_labels.items() <= pod_labels.items(), "the trainers' policies let the operator in"
+    assert settings.egress == [{"ports": [{"port": 443, "protocol": "TCP"}, {"port": 80, "protocol": "TCP"}]}]

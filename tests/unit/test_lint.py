@@ -40,7 +40,7 @@ def test_kubetune_manifests_pass_both_linters_with_every_exception_explained():
         f"`make lint` failed (exit {result.returncode}); fix the manifest, or add an entry with its reason to "
         f"lint/exceptions.yaml:\n{result.stdout}\n{result.stderr}")
     # Every target was linted, and the exceptions in use were applied (none stale).
-    assert "6 targets" in result.stdout and "0 failing, 0 stale" in result.stdout, result.stdout
+    assert f"{len(lint.CHART_VARIANTS) + 2} targets" in result.stdout and "0 failing, 0 stale" in result.stdout, result.stdout
 
 
 def test_each_linter_reports_a_privileged_root_container(tmp_path):
@@ -82,7 +82,11 @@ def test_exceptions_are_narrowed_by_object_target_and_text():
 
 
 def test_the_linted_trainer_pods_are_the_operators_for_both_backends():
-    pods = {pod["metadata"]["name"]: pod for pod in trainer_pods()}
+    documents = trainer_pods()
+    [policy] = [d for d in documents if d["kind"] == "NetworkPolicy"]
+    pods = {pod["metadata"]["name"]: pod for pod in documents if pod["kind"] == "Pod"}
+    for pod in pods.values():  # the policy networkPolicy.enabled adds fences in every one of them
+        assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     assert set(pods) == {"sd15-lora-demo-pytorchjob-master", "sd15-lora-demo-trainjob-node",
                          "sd15-lora-demo-2nodes-pytorchjob-master", "sd15-lora-demo-2nodes-pytorchjob-worker",
                          "sd15-lora-demo-2nodes-trainjob-node"}
@@ -91,6 +95,7 @@ def test_the_linted_trainer_pods_are_the_operators_for_both_backends():
         for container in pod["spec"]["containers"] + pod["spec"].get("initContainers", []):
             assert container["securityContext"]["readOnlyRootFilesystem"] is True
             assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}  # the example's one GPU
+            assert set(container["resources"]["requests"]) == {"cpu", "memory", "nvidia.com/gpu"}  # chart defaults
     # The cache stage: an init container on the PyTorchJob's Master, the runtime's entry point on TrainJob.
     assert pods["sd15-lora-demo-2nodes-pytorchjob-master"]["spec"]["initContainers"][0]["name"] == "cache"
     assert "--cache-stage" in pods["sd15-lora-demo-2nodes-trainjob-node"]["spec"]["containers"][0]["args"]

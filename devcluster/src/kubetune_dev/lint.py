@@ -52,7 +52,7 @@ CHART_VARIANTS: dict[str, list[str]] = {
     "chart-trainjob": ["--set", "backend=trainjob"],
     "chart-watch-namespaces": ["--set", "operator.watchNamespaces={team-a,team-b}", "--set", "kueue.enabled=true"],
     "chart-monitors": ["--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.podMonitor.enabled=true"],
-    "chart-cert-manager": ["--set", "webhook.certificates=cert-manager"],
+    "chart-hardened": ["--set", "webhook.certificates=cert-manager", "--set", "networkPolicy.enabled=true"],
 }
 TRAINER_PODS = "trainer-pods"
 INSTALL = "install-yaml"

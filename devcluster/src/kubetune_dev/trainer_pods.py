@@ -29,6 +29,7 @@ import yaml
 from kubetune_api.manifest import apply_overrides, load_manifest, parse_manifest
 from kubetune_operator.backends import PyTorchJobBackend, TrainJobBackend
 from kubetune_operator.backends.trainjob import NODE, RuntimeValues, runtime
+from kubetune_operator.network_policy import NetworkPolicySettings, trainer_network_policy
 from kubetune_operator.settings import Settings
 
 REPO = Path(__file__).resolve().parents[3]
@@ -93,8 +94,20 @@ def trainjob_pod(job, suffix: str) -> dict:
     return as_pod(f"{job.metadata.name}{suffix}-trainjob-node", pod)
 
 
+def network_policy(job) -> dict:
+    """The NetworkPolicy the operator creates beside the job with networkPolicy.enabled (the chart's
+    default rules for it), so the linters see the trainer pods fenced in as a hardened install has them."""
+    chart = yaml.safe_load(CHART_VALUES.read_text())
+    policy = NetworkPolicySettings(operator_namespace="kubetune-system",
+                                   operator_labels={"app.kubernetes.io/name": "kubetune-operator"},
+                                   metrics_from=chart["networkPolicy"]["metricsFrom"],
+                                   egress=chart["networkPolicy"]["trainerEgress"])
+    return trainer_network_policy(job, policy, SETTINGS.trainer_metrics_port)
+
+
 def trainer_pods(path: Path = EXAMPLE) -> list[dict]:
-    """Every trainer pod both backends create for the job in PATH, one node and two."""
+    """Every trainer pod both backends create for the job in PATH, one node and two, and the
+    NetworkPolicy that selects them (both variants carry the same job labels)."""
     job = load_manifest(path, [f"metadata.namespace={NAMESPACE}"])
     manifest = job.model_dump(by_alias=True, exclude_none=True, mode="json")
     multi_node = parse_manifest(apply_overrides(manifest, ["spec.resources.nodes=2", "spec.data.cache.enabled=true"]))
@@ -102,7 +115,7 @@ def trainer_pods(path: Path = EXAMPLE) -> list[dict]:
     for variant, suffix in ((job, ""), (multi_node, "-2nodes")):
         pods += pytorchjob_pods(variant, suffix)
         pods.append(trainjob_pod(variant, suffix))
-    return pods
+    return pods + [network_policy(job)]
 
 
 def main(argv: list[str]) -> None:

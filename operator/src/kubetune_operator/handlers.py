@@ -23,7 +23,8 @@ from pydantic import ValidationError
 from kubetune_api.contract import API_GROUP, API_VERSION, PLURAL, TRAINER_METRIC_PREFIX
 from kubetune_api.manifest import describe_errors
 from kubetune_api.spec import TrainingJob
-from kubetune_operator import backend_check, fit_check, image_policy, metrics, naming, queueing, spec_change, status
+from kubetune_operator import (backend_check, fit_check, image_policy, metrics, naming, network_policy, queueing,
+                               spec_change, status)
 from kubetune_operator.backends import BACKENDS, Backend, backend_name
 from kubetune_operator.backends.base import observed_state
 from kubetune_operator.settings import Settings
@@ -47,6 +48,11 @@ def core_api() -> client.CoreV1Api:
 @functools.cache
 def custom_api() -> client.CustomObjectsApi:
     return client.CustomObjectsApi(core_api().api_client)
+
+
+@functools.cache
+def networking_api() -> client.NetworkingV1Api:
+    return client.NetworkingV1Api(core_api().api_client)
 
 
 def backend_of(spec: dict, status_: dict | None) -> Backend:
@@ -224,6 +230,13 @@ def ensure_children(body: kopf.Body, uid: str, patch: kopf.Patch) -> None:
                  lambda obj: core.create_namespaced_config_map(namespace, obj),
                  lambda: [ref.uid for ref in core.read_namespaced_config_map(
                      config_map["metadata"]["name"], namespace).metadata.owner_references or []])
+    if SETTINGS.network_policy is not None:  # before the child: its pods start fenced in
+        policy = network_policy.trainer_network_policy(job, SETTINGS.network_policy, SETTINGS.trainer_metrics_port)
+        kopf.adopt(policy, owner=body)
+        networking = networking_api()
+        create_owned(policy, uid, lambda obj: networking.create_namespaced_network_policy(namespace, obj),
+                     lambda: [ref.uid for ref in networking.read_namespaced_network_policy(
+                         policy["metadata"]["name"], namespace).metadata.owner_references or []])
     child, child_created = create_child(body, uid, backend, job)
     if child_created:  # said once, whoever writes the first phase (this handler or the child's state)
         kopf.event(body, type="Normal", reason="Created", message=f"{backend.kind} {child['metadata']['name']} created")

@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass
 
 from kubetune_operator import image_policy
+from kubetune_operator.network_policy import NetworkPolicySettings
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,8 @@ class Settings:
     # Read Kueue's Workloads (the chart grants it with kueue.enabled) to say in the Queued condition
     # why a queued job waits or that it was preempted.
     kueue_workloads: bool = False
+    # A NetworkPolicy beside each job's child, fencing its trainer pods in (network_policy.py); None = none.
+    network_policy: NetworkPolicySettings | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "Settings":
@@ -87,6 +90,7 @@ class Settings:
             trainjob_max_restarts=int(env.get("KUBETUNE_TRAINJOB_MAX_RESTARTS") or cls.trainjob_max_restarts),
             trainjob_report_progress=env.get("KUBETUNE_TRAINJOB_REPORT_PROGRESS", "true").lower() != "false",
             kueue_workloads=env.get("KUBETUNE_KUEUE_WORKLOADS", "").lower() == "true",
+            network_policy=NetworkPolicySettings.from_json(env.get("KUBETUNE_NETWORK_POLICY", "")),
         )
 
     def backend_enabled(self, name: str) -> bool:

@@ -1,9 +1,16 @@
-"""The admission webhook's TLS on the local control plane: the API server calls it through the
-chart's Service (the kubelet's service proxy plays kube-proxy), trusting the caBundle the operator
-publishes in the chart's ValidatingWebhookConfiguration; the operator replaces its certificate
-before it expires without a restart, and a restarted operator publishes a new one. Certificates
-live 60 s here, so a rotation happens within the test. failurePolicy is Ignore, so an untrusted
-certificate would show as a bad job being admitted: every check below applies one."""
+"""A hardened install on the local control plane (issue 16): the webhook's TLS and the per-job
+NetworkPolicy.
+
+The API server calls the webhook through the chart's Service (the kubelet's service proxy plays
+kube-proxy), trusting the caBundle the operator publishes in the chart's
+ValidatingWebhookConfiguration; the operator replaces its certificate before it expires without a
+restart, and a restarted operator publishes a new one. Certificates live 60 s here, so a rotation
+happens within the test. failurePolicy is Ignore, so an untrusted certificate would show as a bad
+job being admitted: every check below applies one.
+
+With networkPolicy.enabled the operator creates a NetworkPolicy beside each job, owned by it. This
+control plane has no network plugin, so what is checked is the object (its selector matches the
+job's pods) and its lifetime, not the enforcement."""
 from __future__ import annotations
 
 import base64
@@ -17,7 +24,7 @@ from cryptography import x509
 from kubernetes import client
 
 from tests.e2e.conftest import install_chart, uninstall_chart
-from tests.e2e.jobs import OPERATOR_NAMESPACE, example_job, kubectl, operator_log
+from tests.e2e.jobs import OPERATOR_NAMESPACE, example_job, get_child, kubectl, operator_log
 from tests.e2e.waiting import eventually
 
 pytestmark = pytest.mark.e2e
@@ -29,7 +36,8 @@ SERVICE = "kubetune-webhook"
 
 @pytest.fixture(scope="module")
 def short_lived_certificates(control_plane):
-    install_chart(control_plane, "pytorchjob", "--set", f"webhook.certificateLifetimeSeconds={LIFETIME_SECONDS}")
+    install_chart(control_plane, "pytorchjob", "--set", f"webhook.certificateLifetimeSeconds={LIFETIME_SECONDS}",
+                  "--set", "networkPolicy.enabled=true")
     yield
     uninstall_chart(control_plane)
 
@@ -94,3 +102,22 @@ def test_a_restarted_operator_publishes_its_own_certificate_and_no_job_is_lost(
                                             + operator_log(control_plane, core))
     assert refuses_a_job_without_its_secret(control_plane, job_namespace, inputs_in_s3)
     kubectl(control_plane, "get", "trainingjob", "kept", "-n", job_namespace)
+
+
+def test_each_job_gets_a_network_policy_that_selects_its_pods_and_goes_with_it(
+        control_plane, api_client, short_lived_certificates, job_namespace, inputs_in_s3):
+    fenced = example_job(inputs_in_s3, "fenced", "runs/fenced")
+    fenced["spec"]["suspend"] = True  # reconcile only: no trainer pods for this test
+    kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(fenced))
+    networking = client.NetworkingV1Api(api_client)
+    policy = eventually(lambda: networking.list_namespaced_network_policy(job_namespace).items, timeout=60,
+                        message="no NetworkPolicy for the job")[0]
+    child = eventually(lambda: get_child(api_client, "pytorchjob", job_namespace, "fenced"), timeout=60)
+    pod_labels = child["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"]["labels"]
+    assert policy.spec.pod_selector.match_labels.items() <= pod_labels.items()
+    assert policy.metadata.owner_references[0].kind == "TrainingJob"
+    assert [r.ports[0].port for r in policy.spec.ingress if r.ports] == [9400, 9400], "only the metrics port from outside"
+
+    kubectl(control_plane, "delete", "trainingjob", "fenced", "-n", job_namespace)
+    eventually(lambda: not networking.list_namespaced_network_policy(job_namespace).items, timeout=60,
+               message="the NetworkPolicy outlived its job")
