@@ -17,7 +17,7 @@ NOW = "2026-11-23T12:00:00Z"
 def job(family="sd15", resolution=512, **spec) -> TrainingJob:
     document = {"model": {"family": family, "pretrained": "s3://models/x"},
                 "data": {"layout": LAYOUTS_BY_FAMILY[family][0], "uri": "s3://data/x", "resolution": resolution},
-                "training": {"maxSteps": 10, "mixedPrecision": "bf16"}, "checkpoints": {"uri": "s3://ck/x"}}
+                "training": {"maxSteps": 10, "mixedPrecision": "bf16"}, "checkpoints": {"uri": "s3://ckpt/x"}}
     for section, values in spec.items():
         document.setdefault(section, {}).update(values)
     return TrainingJob.model_validate({"apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingJob",
