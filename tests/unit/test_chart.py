@@ -403,3 +403,49 @@ def test_network_policies_are_optional_and_the_operator_gets_what_it_needs_to_cr
     assert settings.operator_namespace == "kubetune-system"
     assert settings.operator_labels.items() <= pod_labels.items(), "the trainers' policies let the operator in"
     assert settings.egress == [{"ports": [{"port": 443, "protocol": "TCP"}, {"port": 80, "protocol": "TCP"}]}]
+
+
+# Every right the operator may hold, with every option on: a rule outside this list fails the test,
+# so a new right is a decision written down here (templates/rbac.yaml says why for each).
+RBAC_ALLOW_LIST = {
+    ("kubetune.dev", "trainingjobs"): {"get", "list", "watch", "patch"},
+    ("kubetune.dev", "trainingjobs/status"): {"get", "patch"},
+    ("kubeflow.org", "pytorchjobs"): {"get", "list", "watch", "create", "patch"},
+    ("trainer.kubeflow.org", "trainjobs"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("trainer.kubeflow.org", "trainjobs/status"): {"patch"},
+    ("trainer.kubeflow.org", "clustertrainingruntimes"): {"get"},
+    ("kueue.x-k8s.io", "workloads"): {"list"},
+    ("networking.k8s.io", "networkpolicies"): {"get", "create"},
+    ("", "configmaps"): {"get", "create", "patch"},
+    ("", "secrets"): {"get"},
+    ("", "pods"): {"list"},
+    ("", "events"): {"create", "patch"},
+    ("events.k8s.io", "events"): {"create", "patch"},
+    ("", "namespaces"): {"list", "watch"},
+    ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+    ("admissionregistration.k8s.io", "validatingwebhookconfigurations"): {"get", "patch"},
+}
+# Rules that must name their objects (RBAC's resourceNames): never every object of the kind.
+NAMED_ONLY = {("trainer.kubeflow.org", "clustertrainingruntimes"),
+              ("admissionregistration.k8s.io", "validatingwebhookconfigurations")}
+
+
+@pytest.mark.parametrize("mode", [[], ["--set", "operator.watchNamespaces={team-a,team-b}"]],
+                         ids=["all-namespaces", "watched-namespaces"])
+def test_every_rbac_rule_is_on_the_allow_list(helm, mode):
+    everything_on = ["--set", "trainjob.enabled=true", "--set", "kueue.enabled=true", "--set", "networkPolicy.enabled=true"]
+    documents = documents_of(render(helm, *everything_on, *mode))
+    roles = [d for d in documents if d["kind"] in ("ClusterRole", "Role")]
+    assert roles
+    for role in roles:
+        for rule in role["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    key = (group, resource)
+                    assert key in RBAC_ALLOW_LIST, f"{role['kind']} grants {rule['verbs']} on {group}/{resource}"
+                    assert set(rule["verbs"]) <= RBAC_ALLOW_LIST[key], f"{role['kind']}: {group}/{resource} {rule['verbs']}"
+                    assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+                    if key in NAMED_ONLY:
+                        assert rule.get("resourceNames"), f"{group}/{resource} must be limited by name"
+    secrets_cluster_wide = any("secrets" in rule["resources"] for rule in cluster_role(documents)["rules"])
+    assert secrets_cluster_wide == (not mode), "Secrets cluster-wide only in all-namespace mode"

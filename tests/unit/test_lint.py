@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kubetune_dev import lint
 from kubetune_dev.trainer_pods import trainer_pods
@@ -107,3 +108,12 @@ def test_the_linted_trainer_pods_are_the_operators_for_both_backends():
 def test_the_linters_are_pinned():
     assert lint.versions.versions()["KUBE_SCORE_VERSION"].startswith("v")
     assert Path(REPO / "requirements-lint.txt").read_text().count("checkov==") == 1
+
+
+def test_the_trainer_pods_of_every_example_are_linted():
+    from kubetune_dev.trainer_pods import EXAMPLES, every_examples_trainer_pods
+
+    linted = {d["metadata"]["name"] for d in every_examples_trainer_pods() if d["kind"] == "Pod"}
+    for example in sorted(EXAMPLES.glob("*.yaml")):
+        job = yaml.safe_load(example.read_text())["metadata"]["name"]
+        assert {f"{job}-pytorchjob-master", f"{job}-trainjob-node", f"{job}-2nodes-pytorchjob-worker"} <= linted, example

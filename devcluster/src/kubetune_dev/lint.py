@@ -3,12 +3,14 @@
 What is linted (the targets):
   * the Helm chart, rendered with `helm template` for the value combinations users deploy:
     its defaults (backend pytorchjob), backend trainjob (with the ClusterTrainingRuntime),
-    operator.watchNamespaces (a Role per namespace) with kueue.enabled, and the Prometheus
-    Operator's ServiceMonitor and PodMonitor; the `helm test` pod is included;
+    operator.watchNamespaces (a Role per namespace) with kueue.enabled, the Prometheus
+    Operator's ServiceMonitor and PodMonitor, and a hardened install (cert-manager certificates,
+    NetworkPolicies); the `helm test` pod is included;
   * manifests/install.yaml, what `kubectl apply` users install;
-  * the trainer pods the operator creates for manifests/examples/sd15-lora.yaml through both
-    backends (kubetune_dev.trainer_pods: the linters skip the Kubeflow kinds, so each pod
-    template is linted as the Pod a Kubeflow controller makes of it).
+  * the trainer pods the operator creates for every example in manifests/examples through both
+    backends, with the NetworkPolicy networkPolicy.enabled adds (kubetune_dev.trainer_pods: the
+    linters skip the Kubeflow kinds, so each pod template is linted as the Pod a Kubeflow
+    controller makes of it).
 
 The linters: kube-score (built from the Go module proxy by devcluster/build.sh, cached per
 version; it stands in for kube-linter, which the proxy does not serve here) and checkov (PyPI,
@@ -132,7 +134,7 @@ def tool(name: str) -> str:
 
 def render_targets(workdir: Path) -> dict[str, Path]:
     """Write every target into WORKDIR as NAME.yaml; return name -> path."""
-    from kubetune_dev.trainer_pods import trainer_pods  # imports the operator: only when rendering
+    from kubetune_dev.trainer_pods import every_examples_trainer_pods  # imports the operator: only when rendering
 
     helm = tool("helm")
     kube_version = versions.versions()["KUBERNETES_VERSION"]
@@ -147,7 +149,7 @@ def render_targets(workdir: Path) -> dict[str, Path]:
     files[INSTALL] = workdir / f"{INSTALL}.yaml"
     files[INSTALL].write_text(INSTALL_MANIFEST.read_text())
     files[TRAINER_PODS] = workdir / f"{TRAINER_PODS}.yaml"
-    files[TRAINER_PODS].write_text(yaml.safe_dump_all(trainer_pods(), sort_keys=False))
+    files[TRAINER_PODS].write_text(yaml.safe_dump_all(every_examples_trainer_pods(), sort_keys=False))
     return files
 
 

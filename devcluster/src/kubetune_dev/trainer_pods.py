@@ -33,7 +33,8 @@ from kubetune_operator.network_policy import NetworkPolicySettings, trainer_netw
 from kubetune_operator.settings import Settings
 
 REPO = Path(__file__).resolve().parents[3]
-EXAMPLE = REPO / "manifests" / "examples" / "sd15-lora.yaml"
+EXAMPLES = REPO / "manifests" / "examples"
+EXAMPLE = EXAMPLES / "sd15-lora.yaml"
 NAMESPACE = "team-a"
 UID = "00000000-0000-4000-8000-000000000000"  # any UID: it only names the run and the rendezvous port
 CHART_VALUES = REPO / "charts" / "kubetune" / "values.yaml"
@@ -116,6 +117,11 @@ def trainer_pods(path: Path = EXAMPLE) -> list[dict]:
         pods += pytorchjob_pods(variant, suffix)
         pods.append(trainjob_pod(variant, suffix))
     return pods + [network_policy(job)]
+
+
+def every_examples_trainer_pods() -> list[dict]:
+    """trainer_pods() for each example in manifests/examples (each job has its own name)."""
+    return [document for path in sorted(EXAMPLES.glob("*.yaml")) for document in trainer_pods(path)]
 
 
 def main(argv: list[str]) -> None:
