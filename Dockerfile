@@ -14,6 +14,7 @@ COPY devcluster/src ./devcluster/src
 # Installs this checkout: its dependencies are pinned in pyproject.toml, hence DL3013 is moot.
 # hadolint ignore=DL3013
 RUN pip install --no-cache-dir ".[operator]" \
- && useradd --uid 1000 --create-home kubetune
-USER 1000
+ && groupadd --gid 10001 kubetune && useradd --uid 10001 --gid 10001 --create-home kubetune
+# UID/GID 10001: above 10000, so no host account shares them (the chart's runAsUser).
+USER 10001:10001
 ENTRYPOINT ["python", "-m", "kubetune_operator"]

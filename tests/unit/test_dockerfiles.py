@@ -22,5 +22,7 @@ def test_dockerfile_passes_hadolint(dockerfile):
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: str(p.relative_to(REPO)))
 def test_images_run_as_non_root(dockerfile):
     lines = dockerfile.read_text().splitlines()
-    assert "USER 1000" in lines
+    from kubetune_operator.pod_template import NON_ROOT_UID
+
+    assert f"USER {NON_ROOT_UID}:{NON_ROOT_UID}" in lines, "the pods' runAsUser/runAsGroup"
     assert any(line.startswith("ENTRYPOINT [\"python\", \"-m\", \"kubetune_") for line in lines)

@@ -21,7 +21,7 @@ from kubetune_operator.settings import Settings
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"  # a WorkloadPriorityClass, read by Kueue from the job
 CACHE_DIR = "/var/cache/kubetune"
-NON_ROOT_UID = 1000
+NON_ROOT_UID = 10001  # the trainer image's user and group (above 10000: no host account shares it)
 METRICS_PORT_NAME = "metrics"  # the PodMonitor scrapes the port of this name
 # Room for the trainer's last checkpoint after SIGTERM (preemption, suspend).
 TERMINATION_GRACE_SECONDS = 120
