@@ -264,3 +264,31 @@ def test_a_suspended_trainjob_is_replaced_at_its_new_size(api, example_manifest)
     assert "nodes: 1" in config_maps.patches[0]["data"]["trainingjob.yaml"]
     assert ("Normal", "Resized", "resized from 2x1 processes to 1x1 process; the run continues from its latest "
                                  "checkpoint") in fake.events
+
+
+# ---- the credentials Secret: its existence, never its values ----------------------------------------
+
+class MetadataOnlyClient:
+    """Records the requests the operator makes for Secrets; answers as the API server would."""
+
+    def __init__(self, existing: set[tuple[str, str]]):
+        self.existing, self.requests = existing, []
+
+    def call_api(self, path, method, path_params=None, header_params=None, **kwargs):
+        self.requests.append((path.format(**path_params), method, header_params))
+        if (path_params["namespace"], path_params["name"]) not in self.existing:
+            raise ApiException(status=404, reason="Not Found")
+        return object()
+
+
+def test_the_credentials_secret_is_checked_by_its_metadata_only(example_manifest, monkeypatch):
+    api_client = MetadataOnlyClient({("team-a", "s3-credentials")})
+    monkeypatch.setattr(handlers, "core_api", lambda: type("Core", (), {"api_client": api_client})())
+    job = parse_manifest(dict(job_body(example_manifest, s3={"credentialsSecret": "s3-credentials"})))
+    assert handlers.missing_secret(job) is None
+    path, method, headers = api_client.requests[0]
+    assert (path, method) == ("/api/v1/namespaces/team-a/secrets/s3-credentials", "GET")
+    assert headers["Accept"].startswith("application/json;as=PartialObjectMetadata"), "no data is sent back"
+
+    gone = parse_manifest(dict(job_body(example_manifest, s3={"credentialsSecret": "not-there"})))
+    assert "Secret 'not-there' does not exist in namespace 'team-a'" in handlers.missing_secret(gone)

@@ -105,13 +105,26 @@ def create_owned(obj: dict, owner_uid: str, create, read_owner_uids) -> bool:
     return False
 
 
+# Asked of the API server instead of the whole object: only the metadata comes back.
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+
+
+def read_secret_metadata(namespace: str, name: str) -> None:
+    """GET Secret NAME as metadata only, so its values never reach the operator (ApiException 404
+    when it does not exist). RBAC is still `get secrets`: a rule cannot name the Secrets jobs will pick."""
+    core_api().api_client.call_api(
+        "/api/v1/namespaces/{namespace}/secrets/{name}", "GET", path_params={"namespace": namespace, "name": name},
+        header_params={"Accept": METADATA_ONLY}, auth_settings=["BearerToken"], _preload_content=False,
+        _return_http_data_only=True)
+
+
 def missing_secret(job: TrainingJob) -> str | None:
     """Why spec.s3.credentialsSecret cannot be used, or None when it exists (or none is named)."""
     secret = job.spec.s3.credentials_secret
     if not secret:
         return None
     try:
-        core_api().read_namespaced_secret(secret, job.metadata.namespace)
+        read_secret_metadata(job.metadata.namespace, secret)
     except ApiException as err:
         if err.status == 404:
             return (f"spec.s3.credentialsSecret: Secret {secret!r} does not exist in namespace "
