@@ -16,6 +16,7 @@ from pathlib import Path
 
 import boto3
 import pytest
+import yaml
 from kubernetes import client, config
 
 from kubetune_dev.cluster import Cluster
@@ -140,6 +141,28 @@ def install_chart(control_plane, backend: str, *extra_values: str) -> None:
          "--create-namespace", "--wait", "--timeout", "180s", *helm_values(env, backend), *extra_values],
         env={**os_env(), **env}, capture_output=True, text=True)
     assert installed.returncode == 0, installed.stdout + installed.stderr
+    if "webhook.enabled=false" not in extra_values:
+        wait_for_the_webhook(control_plane)
+
+
+def wait_for_the_webhook(control_plane) -> None:
+    """Until the API server gets the webhook's verdict (a job naming a missing Secret refused).
+
+    `helm install --wait` waits for the operator pod to be Ready, which the process kubelet says as
+    soon as the container runs (it runs no probes), before the operator serves: a test applying a
+    job at once would be admitted on the schema alone (failurePolicy Ignore).
+    """
+    manifest = yaml.safe_load((REPO / "manifests" / "examples" / "sd15-lora.yaml").read_text())
+    manifest["spec"]["s3"] = {**manifest["spec"].get("s3", {}), "credentialsSecret": "webhook-probe-not-there"}
+    document = yaml.safe_dump(manifest)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        result = control_plane.kubectl("apply", "--dry-run=server", "-n", "default", "-f", "-", input=document,
+                                       check=False)
+        if "webhook-probe-not-there" in result.stderr:
+            return
+        time.sleep(1)
+    pytest.fail("the admission webhook did not answer within 120 s of helm install")
 
 
 def uninstall_chart(control_plane) -> None:
