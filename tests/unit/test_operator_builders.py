@@ -288,3 +288,26 @@ def test_a_trainjob_gets_the_same_requests_and_cache_limit(job_of):
 def test_a_malformed_default_stops_the_operator_naming_the_helm_value(variable, helm_value):
     with pytest.raises(ValueError, match=helm_value):
         Settings.from_env({variable: "eight gigs"})
+
+
+def test_the_api_token_is_mounted_only_for_a_job_that_asks_for_it(job_of):
+    from kubetune_operator.backends import TrainJobBackend
+    from kubetune_operator.pod_template import SERVICE_ACCOUNT_DIR
+
+    plain = master(PyTorchJobBackend().build(job_of(), UID, SETTINGS))
+    assert plain["spec"]["automountServiceAccountToken"] is False
+    assert SERVICE_ACCOUNT_DIR not in {m["mountPath"] for m in container(plain)["volumeMounts"]}
+
+    asks = job_of(scheduling={"serviceAccountName": "trainer-identity", "serviceAccountToken": True},
+                  data__cache={"enabled": True})
+    template = master(PyTorchJobBackend().build(asks, UID, SETTINGS))
+    token = _volumes(template)["kube-api-access"]["projected"]["sources"]
+    assert token[0]["serviceAccountToken"]["expirationSeconds"] <= 3607, "a bound, expiring token"
+    for c in [container(template), *template["spec"]["initContainers"]]:  # the cache stage too
+        assert {"name": "kube-api-access", "mountPath": SERVICE_ACCOUNT_DIR, "readOnly": True} in c["volumeMounts"]
+
+    patch = TrainJobBackend().build(asks, UID, SETTINGS)["spec"]["runtimePatches"][0]
+    pod = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert "kube-api-access" in {v["name"] for v in pod["volumes"]}
+    assert pod["containers"] == [{"name": "node", "volumeMounts": [
+        {"name": "kube-api-access", "mountPath": SERVICE_ACCOUNT_DIR, "readOnly": True}]}]

@@ -554,6 +554,12 @@ class SchedulingSpec(_Model):
     service_account_name: Optional[DnsName] = Field(
         default=None, description="ServiceAccount of the training pods (e.g. one bound to an IAM role).",
     )
+    service_account_token: bool = Field(
+        default=False,
+        description="Mount the ServiceAccount's API token in the training pods (off: the trainer never calls the "
+        "Kubernetes API; IRSA, EKS Pod Identity and GKE Workload Identity do not need it). For code of your own "
+        "that talks to the API server.",
+    )
     image_pull_secrets: list[DnsName] = Field(
         default_factory=list, max_length=16, description="Secrets for pulling the trainer image.",
     )

@@ -91,7 +91,16 @@ def trainjob_pod(job, suffix: str) -> dict:
     patch_pod = patch["template"]["spec"]["template"]
     pod["metadata"] = {**pod.get("metadata", {}), **patch_pod["metadata"]}
     for key, value in patch_pod["spec"].items():
-        pod["spec"][key] = merge_by_name(pod["spec"].get(key, []), value) if key == "volumes" else value
+        if key == "volumes":
+            pod["spec"][key] = merge_by_name(pod["spec"].get(key, []), value)
+        elif key == "containers":  # a container patch's mounts are upserted by mountPath
+            for patch_container in value:
+                target = next(c for c in pod["spec"]["containers"] if c["name"] == patch_container["name"])
+                paths = {m["mountPath"] for m in patch_container.get("volumeMounts", [])}
+                target["volumeMounts"] = [m for m in target.get("volumeMounts", []) if m["mountPath"] not in paths] \
+                    + patch_container.get("volumeMounts", [])
+        else:
+            pod["spec"][key] = value
     return as_pod(f"{job.metadata.name}{suffix}-trainjob-node", pod)
 
 

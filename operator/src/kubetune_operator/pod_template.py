@@ -138,8 +138,30 @@ def container_security_context() -> dict:
 def pod_identity() -> dict:
     """The trainer never calls the Kubernetes API, so its pods get no service-account token (a
     serviceAccountName still works for cloud identity: IRSA and GKE Workload Identity use their
-    own token volume or the metadata server)."""
+    own token volume or the metadata server). A job that asks for the token gets it as
+    api_access_volume(), the same files automounting would give."""
     return {"automountServiceAccountToken": False}
+
+
+# Where Kubernetes puts a pod's API credentials, the path client libraries read.
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+API_ACCESS_VOLUME = "kube-api-access"
+
+
+def api_access_volume() -> dict:
+    """What automountServiceAccountToken would mount, for jobs with spec.scheduling.serviceAccountToken:
+    a bound, expiring token of the pod's ServiceAccount, the cluster's CA and the namespace. Written
+    out because a TrainJob's pod patch cannot set automountServiceAccountToken; volumes it can."""
+    return {"name": API_ACCESS_VOLUME, "projected": {"sources": [
+        {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace",
+                                    "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}},
+    ]}}
+
+
+def api_access_mount() -> dict:
+    return {"name": API_ACCESS_VOLUME, "mountPath": SERVICE_ACCOUNT_DIR, "readOnly": True}
 
 
 def cache_stage(container: dict) -> dict:
@@ -231,12 +253,16 @@ def pod_template(job: TrainingJob, job_uid: str, settings: Settings, shape: Cont
     spec = job.spec
     container = trainer_container(shape, spec.image or settings.trainer_image, trainer_env(job, job_uid, settings),
                                   settings, resources(job, settings))
+    pod_volumes = volumes(naming.config_map_name(job.metadata.name), spec.resources.shm_size,
+                          spec.resources.cache_size or settings.cache_size_limit)
+    if spec.scheduling.service_account_token:
+        pod_volumes.append(api_access_volume())
+        container["volumeMounts"].append(api_access_mount())
     pod_spec = {
         "securityContext": pod_security_context(),
         **pod_identity(),
         "containers": [container],
-        "volumes": volumes(naming.config_map_name(job.metadata.name), spec.resources.shm_size,
-                           spec.resources.cache_size or settings.cache_size_limit),
+        "volumes": pod_volumes,
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
     }
     pod_spec.update(scheduling_fields(job))

@@ -23,9 +23,10 @@ from kubetune_api import contract
 from kubetune_api.spec import TrainingJob
 from kubetune_operator import naming
 from kubetune_operator.backends.base import ChildState, Prerequisite
-from kubetune_operator.pod_template import (TERMINATION_GRACE_SECONDS, ContainerShape, job_env, pod_identity,
-                                            pod_labels, pod_security_context, resources, scheduling_fields,
-                                            scrape_annotations, static_env, trainer_container, volumes)
+from kubetune_operator.pod_template import (TERMINATION_GRACE_SECONDS, ContainerShape, api_access_mount,
+                                            api_access_volume, job_env, pod_identity, pod_labels, pod_security_context,
+                                            resources, scheduling_fields, scrape_annotations, static_env,
+                                            trainer_container, volumes)
 from kubetune_operator.settings import Settings
 
 GROUP = "trainer.kubeflow.org"
@@ -170,6 +171,9 @@ class TrainJobBackend:
             "volumes": [config, shm, cache],  # merged by name into the runtime's volumes
             **{key: value for key, value in scheduling_fields(job).items() if key != "priorityClassName"},
         }
+        if spec.scheduling.service_account_token:
+            pod_spec["volumes"].append(api_access_volume())
+            pod_spec["containers"] = [{"name": NODE, "volumeMounts": [api_access_mount()]}]  # upserted by mountPath
         # All nodes share one pod template, so every node's pod carries the scrape annotations;
         # only rank 0 serves (the PodMonitor selects its pod by completion index 0).
         pod_metadata = {"labels": naming.labels(job.metadata.name), "annotations": scrape_annotations(settings)}
