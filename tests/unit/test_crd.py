@@ -69,5 +69,5 @@ def test_cuda_only_options_reach_the_api_server_in_the_python_words():
 
     rules = {r["message"]: r["rule"] for r in spec_schema()["properties"]["spec"]["x-kubernetes-validations"]}
     for option in CUDA_ONLY_OPTIONS:
-        assert rules.get(option.message) == option.cel, option.field
-        assert "has(self.resources.gpusPerNode)" in option.cel, "absent = the default, one GPU"
+        assert rules.get(option.message) == option.rule.cel, option.field
+        assert "has(self.resources.gpusPerNode)" in option.rule.cel, "absent = the default, one GPU"

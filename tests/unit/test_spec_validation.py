@@ -74,7 +74,7 @@ BAD_INPUTS = [
     ("spec.training.mixedPrecision", "fp8", ["spec.training.mixedPrecision", "'bf16'"]),
     ("spec.training.epochs", 3, ["maxSteps", "epochs", "not both"]),
     ("spec.training.maxSteps", "DELETE", ["spec.training.maxSteps or spec.training.epochs"]),
-    ("spec.data.layout", "edit-pairs", ["spec.data.layout", "does not fit family 'sd15'", "'captions'"]),
+    ("spec.data.layout", "edit-pairs", ["spec.data.layout", "does not fit spec.model.family", "sd15 reads captions"]),
     ("metadata.name", "Bad_Name", ["metadata.name", "pattern"]),
     ("spec.model.quantization", "int4", ["spec.model.quantization", "'fp8'", "'nf4'"]),
     ("spec.adapter.initFrom", "gs://b/lora", ["spec.adapter.initFrom", "unsupported URI scheme 'gs'"]),

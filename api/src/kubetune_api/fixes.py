@@ -52,7 +52,7 @@ def gpu_layouts(spec: TrainingJobSpec) -> list[tuple[int, int]]:
 
 
 def _without_fsdp_conflicts(spec: TrainingJobSpec) -> tuple[str, ...]:
-    """Overrides that drop what FSDP cannot shard (kubetune_api.spec.FSDP_CEL_RULES), in rule order."""
+    """Overrides that drop what FSDP cannot shard (kubetune_api.spec.FSDP_CONFLICTS), in their order."""
     replacements = ("spec.model.quantization=null", "spec.training.optimizer=adamw",
                     "spec.training.mixedPrecision=bf16")
     checks = (spec.model.quantization is not None, spec.training.optimizer == "adamw8bit",

@@ -11,10 +11,11 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Literal, Optional
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 from pydantic.alias_generators import to_camel
 
 from kubetune_api.contract import API_GROUP, API_VERSION, KIND  # noqa: F401  (the contract names the API)
+from kubetune_api.rules import Rule, enforce, entries
 
 # URI schemes the storage layer understands; a bare path (no scheme) is a local path.
 SUPPORTED_URI_SCHEMES = ("s3",)
@@ -229,16 +230,21 @@ class DataSpec(_Model):
 
 
 
+TRAINING_RULES = [
+    Rule("has(self.maxSteps) != has(self.epochs)",
+         lambda training: (training.max_steps is None) != (training.epochs is None),
+         "set exactly one of spec.training.maxSteps or spec.training.epochs, not both"),
+    Rule("self.optimizer != 'schedulefree-adamw' || self.lrScheduler == 'constant'",
+         lambda training: training.optimizer != "schedulefree-adamw" or training.lr_scheduler == "constant",
+         "spec.training.optimizer schedulefree-adamw replaces the schedule: set spec.training.lrScheduler to "
+         "constant (lrWarmupSteps still applies)"),
+]
+
+
 class TrainingSpec(_Model):
     """How long and how to optimise. Give maxSteps or epochs."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
-        "rule": "has(self.maxSteps) != has(self.epochs)",
-        "message": "set either spec.training.maxSteps or spec.training.epochs (exactly one)",
-    }, {
-        "rule": "self.optimizer != 'schedulefree-adamw' || self.lrScheduler == 'constant'",
-        "message": "spec.training.optimizer schedulefree-adamw replaces the schedule: set lrScheduler to constant",
-    }]})
+    model_config = ConfigDict(json_schema_extra=entries(TRAINING_RULES))
 
     max_steps: Optional[int] = Field(
         default=None, ge=1, le=10_000_000, description="Optimizer steps to train for."
@@ -312,15 +318,8 @@ class TrainingSpec(_Model):
     )
 
     @model_validator(mode="after")
-    def _one_length(self) -> "TrainingSpec":
-        if self.max_steps is None and self.epochs is None:
-            raise ValueError("set spec.training.maxSteps or spec.training.epochs")
-        if self.max_steps is not None and self.epochs is not None:
-            raise ValueError("set either spec.training.maxSteps or spec.training.epochs, not both")
-        if self.optimizer == "schedulefree-adamw" and self.lr_scheduler != "constant":
-            raise ValueError("spec.training.optimizer schedulefree-adamw replaces the schedule: "
-                             "set spec.training.lrScheduler to constant (lrWarmupSteps still applies)")
-        return self
+    def _rules(self, info: ValidationInfo) -> "TrainingSpec":
+        return enforce(TRAINING_RULES, self, info)
 
 
 class ValidationSpec(_Model):
@@ -448,13 +447,17 @@ class ResourcesSpec(_Model):
     )
 
 
+DISTRIBUTED_RULES = [
+    Rule("!has(self.cpuOffload) || !self.cpuOffload || self.strategy == 'fsdp'",
+         lambda distributed: not distributed.cpu_offload or distributed.strategy == "fsdp",
+         "spec.distributed.cpuOffload shards to CPU memory: it needs strategy fsdp"),
+]
+
+
 class DistributedSpec(_Model):
     """How the job's processes share the work: one process per GPU, across every node."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
-        "rule": "!has(self.cpuOffload) || !self.cpuOffload || self.strategy == 'fsdp'",
-        "message": "spec.distributed.cpuOffload shards to CPU memory: it needs strategy fsdp",
-    }]})
+    model_config = ConfigDict(json_schema_extra=entries(DISTRIBUTED_RULES))
 
     strategy: Literal["auto", "ddp", "fsdp"] = Field(
         default="auto",
@@ -475,10 +478,8 @@ class DistributedSpec(_Model):
     )
 
     @model_validator(mode="after")
-    def _offload_needs_fsdp(self) -> "DistributedSpec":
-        if self.cpu_offload and self.strategy != "fsdp":
-            raise ValueError("spec.distributed.cpuOffload shards to CPU memory: it needs strategy fsdp")
-        return self
+    def _rules(self, info: ValidationInfo) -> "DistributedSpec":
+        return enforce(DISTRIBUTED_RULES, self, info)
 
 
 ENDPOINT_CREDENTIALS_MESSAGE = ("spec.s3.endpointUrl must not carry credentials (user:password@host): they would "
@@ -532,13 +533,17 @@ WORKLOAD_PRIORITY_NEEDS_QUEUE = ("spec.scheduling.workloadPriorityClass orders j
                                  "spec.scheduling.queueName too, or use priorityClassName for a pod priority")
 
 
+SCHEDULING_RULES = [
+    Rule("!has(self.workloadPriorityClass) || has(self.queueName)",
+         lambda scheduling: not scheduling.workload_priority_class or bool(scheduling.queue_name),
+         WORKLOAD_PRIORITY_NEEDS_QUEUE),
+]
+
+
 class SchedulingSpec(_Model):
     """Where and under which identity the training pods run; passed through to the pods."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
-        "rule": "!has(self.workloadPriorityClass) || has(self.queueName)",
-        "message": WORKLOAD_PRIORITY_NEEDS_QUEUE,
-    }]})
+    model_config = ConfigDict(json_schema_extra=entries(SCHEDULING_RULES))
 
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the pods require.")
     tolerations: list[Toleration] = Field(default_factory=list, max_length=64, description="Taints the pods tolerate.")
@@ -565,10 +570,8 @@ class SchedulingSpec(_Model):
     )
 
     @model_validator(mode="after")
-    def _workload_priority_needs_a_queue(self) -> "SchedulingSpec":
-        if self.workload_priority_class and not self.queue_name:
-            raise ValueError(WORKLOAD_PRIORITY_NEEDS_QUEUE)
-        return self
+    def _rules(self, info: ValidationInfo) -> "SchedulingSpec":
+        return enforce(SCHEDULING_RULES, self, info)
 
 
 class RunPolicySpec(_Model):
@@ -586,16 +589,29 @@ class RunPolicySpec(_Model):
 PROCESSES_PER_GPU_MESSAGE = ("spec.distributed.processesPerNode: a GPU job runs one process per GPU; leave it "
                              "unset or equal to spec.resources.gpusPerNode")
 
-# Options that cannot run sharded, with the fix; for the API server (CEL) and for Python alike.
-FSDP_CEL_RULES = [
-    ("!has(self.distributed) || self.distributed.strategy != 'fsdp' || !has(self.model.quantization)",
-     "spec.model.quantization cannot be sharded by fsdp: train the quantized base with strategy ddp, "
-     "or shard the unquantized base with fsdp"),
-    ("!has(self.distributed) || self.distributed.strategy != 'fsdp' || self.training.optimizer != 'adamw8bit'",
-     "spec.training.optimizer adamw8bit keeps quantized state that fsdp cannot shard: use adamw with fsdp, "
-     "or adamw8bit with strategy ddp"),
-    ("!has(self.distributed) || self.distributed.strategy != 'fsdp' || self.training.mixedPrecision != 'fp16'",
-     "spec.training.mixedPrecision fp16 needs a loss scaler that fsdp does not shard: use bf16 with fsdp"),
+@dataclass(frozen=True)
+class FsdpConflict:
+    """An option fsdp cannot shard: refused with strategy fsdp (and dropped by `kubetune plan`'s fsdp fix)."""
+
+    uses: str                                       # CEL, self = the spec: true when the job uses it
+    used_by: Callable[["TrainingJobSpec"], bool]    # the same test in Python
+    message: str
+
+    @property
+    def rule(self) -> Rule:
+        return Rule(f"!has(self.distributed) || self.distributed.strategy != 'fsdp' || !({self.uses})",
+                    lambda spec: spec.distributed.strategy != "fsdp" or not self.used_by(spec), self.message)
+
+
+FSDP_CONFLICTS = [
+    FsdpConflict("has(self.model.quantization)", lambda spec: spec.model.quantization is not None,
+                 "spec.model.quantization cannot be sharded by fsdp: train the quantized base with strategy ddp, "
+                 "or shard the unquantized base with fsdp"),
+    FsdpConflict("self.training.optimizer == 'adamw8bit'", lambda spec: spec.training.optimizer == "adamw8bit",
+                 "spec.training.optimizer adamw8bit keeps quantized state that fsdp cannot shard: use adamw with "
+                 "fsdp, or adamw8bit with strategy ddp"),
+    FsdpConflict("self.training.mixedPrecision == 'fp16'", lambda spec: spec.training.mixed_precision == "fp16",
+                 "spec.training.mixedPrecision fp16 needs a loss scaler that fsdp does not shard: use bf16 with fsdp"),
 ]
 
 
@@ -604,10 +620,8 @@ QUANTIZED_FULL_MESSAGE = ("spec.model.quantization freezes the base model in fp8
 
 
 def fsdp_conflicts(spec: "TrainingJobSpec") -> list[str]:
-    """The FSDP_CEL_RULES messages that apply to a spec with strategy fsdp (the same rules in Python)."""
-    checks = [spec.model.quantization is not None, spec.training.optimizer == "adamw8bit",
-              spec.training.mixed_precision == "fp16"]
-    return [message for (_, message), broken in zip(FSDP_CEL_RULES, checks) if broken]
+    """The messages of the options in SPEC that fsdp could not shard, whatever its strategy now."""
+    return [conflict.message for conflict in FSDP_CONFLICTS if conflict.used_by(spec)]
 
 
 # gpusPerNode defaults to 1, so a job without it is a GPU job; has() guards what may be absent.
@@ -635,8 +649,9 @@ class CudaOnlyOption:
                 f"{self.fix} or request GPUs")
 
     @property
-    def cel(self) -> str:
-        return f"!({CPU_JOB_CEL}) || !({self.used})"
+    def rule(self) -> Rule:
+        return Rule(f"!({CPU_JOB_CEL}) || !({self.used})",
+                    lambda spec: spec.resources.gpus_per_node != 0 or not self.used_by(spec), self.message)
 
 
 CUDA_ONLY_OPTIONS = [
@@ -658,45 +673,39 @@ CUDA_ONLY_OPTIONS = [
 ]
 
 
-def cuda_only_conflicts(spec: "TrainingJobSpec") -> list[str]:
-    """The messages of the CUDA-only options a CPU job (gpusPerNode 0) uses; empty for a GPU job."""
-    if spec.resources.gpus_per_node != 0:
-        return []
-    return [option.message for option in CUDA_ONLY_OPTIONS if option.used_by(spec)]
+LAYOUT_MESSAGE = ("spec.data.layout does not fit spec.model.family; each family reads its own layout: "
+                  + ", ".join(f"{family} reads {' or '.join(layouts)}" for family, layouts in LAYOUTS_BY_FAMILY.items()))
+
+JOB_RULES = [
+    Rule(" || ".join(f"(self.model.family == '{family}' && self.data.layout in {list(layouts)})"
+                     for family, layouts in LAYOUTS_BY_FAMILY.items()),
+         lambda spec: spec.data.layout in LAYOUTS_BY_FAMILY[spec.model.family], LAYOUT_MESSAGE),
+    Rule("!has(self.pmg) || self.model.family == 'pmg'",
+         lambda spec: spec.pmg is None or spec.model.family == "pmg", "spec.pmg applies to family pmg only"),
+    Rule("!has(self.data.controlDropout) || self.data.controlDropout == 0.0 || self.data.layout == 'edit-pairs'",
+         lambda spec: not spec.data.control_dropout or spec.data.layout == "edit-pairs",
+         "spec.data.controlDropout applies to the edit-pairs layout only"),
+    Rule("!has(self.validation) || !has(self.validation.monitor) || self.validation.monitor == 'loss' "
+         "|| self.model.family == 'classifier'",
+         lambda spec: spec.validation.monitor == "loss" or spec.model.family == "classifier",
+         "spec.validation.monitor accuracy and f1 are classifier metrics; use loss for diffusion families"),
+    Rule("!has(self.distributed) || !has(self.distributed.processesPerNode) || !has(self.resources) "
+         "|| !has(self.resources.gpusPerNode) || self.resources.gpusPerNode == 0 "
+         "|| self.distributed.processesPerNode == self.resources.gpusPerNode",
+         lambda spec: (spec.distributed.processes_per_node is None or not spec.resources.gpus_per_node
+                       or spec.distributed.processes_per_node == spec.resources.gpus_per_node),
+         PROCESSES_PER_GPU_MESSAGE),
+    Rule("!has(self.model.quantization) || !has(self.adapter) || !has(self.adapter.type) || self.adapter.type == 'lora'",
+         lambda spec: spec.model.quantization is None or spec.adapter.type == "lora", QUANTIZED_FULL_MESSAGE),
+    *[conflict.rule for conflict in FSDP_CONFLICTS],
+    *[option.rule for option in CUDA_ONLY_OPTIONS],
+]
 
 
 class TrainingJobSpec(_Model):
     """The desired training run."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
-        "rule": " || ".join(
-            f"(self.model.family == '{family}' && self.data.layout in {list(layouts)})"
-            for family, layouts in LAYOUTS_BY_FAMILY.items()
-        ),
-        "message": "spec.data.layout does not fit spec.model.family: sd15/sdxl read captions, "
-        "flux-kontext/qwen-image-edit read edit-pairs, pmg reads pmg, classifier reads image-folder",
-    }, {
-        # The cross-field rules of _layout_fits_family below, for the API server.
-        "rule": "!has(self.pmg) || self.model.family == 'pmg'",
-        "message": "spec.pmg applies to family pmg only",
-    }, {
-        "rule": "!has(self.data.controlDropout) || self.data.controlDropout == 0.0 || self.data.layout == 'edit-pairs'",
-        "message": "spec.data.controlDropout applies to the edit-pairs layout only",
-    }, {
-        "rule": "!has(self.validation) || !has(self.validation.monitor) || self.validation.monitor == 'loss' "
-                "|| self.model.family == 'classifier'",
-        "message": "spec.validation.monitor accuracy and f1 are classifier metrics; use loss for diffusion families",
-    }, {
-        "rule": "!has(self.distributed) || !has(self.distributed.processesPerNode) || !has(self.resources) "
-                "|| !has(self.resources.gpusPerNode) || self.resources.gpusPerNode == 0 "
-                "|| self.distributed.processesPerNode == self.resources.gpusPerNode",
-        "message": PROCESSES_PER_GPU_MESSAGE,
-    }, {
-        "rule": "!has(self.model.quantization) || !has(self.adapter) || !has(self.adapter.type) "
-                "|| self.adapter.type == 'lora'",
-        "message": QUANTIZED_FULL_MESSAGE,
-    }, *[{"rule": rule, "message": message} for rule, message in FSDP_CEL_RULES],
-        *[{"rule": option.cel, "message": option.message} for option in CUDA_ONLY_OPTIONS]]})
+    model_config = ConfigDict(json_schema_extra=entries(JOB_RULES))
 
     model: ModelSpec = Field(description="The base model.")
     adapter: AdapterSpec = Field(default_factory=AdapterSpec, description="What is trained.")
@@ -737,35 +746,8 @@ class TrainingJobSpec(_Model):
         return self.distributed.processes_per_node or max(1, self.resources.gpus_per_node)
 
     @model_validator(mode="after")
-    def _layout_fits_family(self) -> "TrainingJobSpec":
-        allowed = LAYOUTS_BY_FAMILY[self.model.family]
-        if self.data.layout not in allowed:
-            raise ValueError(
-                f"spec.data.layout {self.data.layout!r} does not fit family {self.model.family!r}; "
-                f"use {' or '.join(repr(a) for a in allowed)}"
-            )
-        if self.pmg is not None and self.model.family != "pmg":
-            raise ValueError(f"spec.pmg applies to family pmg only, not {self.model.family!r}")
-        if self.data.control_dropout and self.data.layout != "edit-pairs":
-            raise ValueError("spec.data.controlDropout applies to the edit-pairs layout only")
-        processes = self.distributed.processes_per_node
-        if processes is not None and self.resources.gpus_per_node and processes != self.resources.gpus_per_node:
-            raise ValueError(PROCESSES_PER_GPU_MESSAGE)
-        if self.model.quantization is not None and self.adapter.type != "lora":
-            raise ValueError(QUANTIZED_FULL_MESSAGE)
-        if self.distributed.strategy == "fsdp" and fsdp_conflicts(self):
-            raise ValueError("; ".join(fsdp_conflicts(self)))
-        if self.validation.monitor != "loss" and self.model.family != "classifier":
-            raise ValueError(f"spec.validation.monitor {self.validation.monitor!r} is a classifier metric; "
-                             "use loss for diffusion families")
-        return self
-
-    @model_validator(mode="after")
-    def _cuda_options_need_gpus(self) -> "TrainingJobSpec":
-        if cuda_only_conflicts(self):
-            raise ValueError("; ".join(cuda_only_conflicts(self)))
-        return self
-
+    def _rules(self, info: ValidationInfo) -> "TrainingJobSpec":
+        return enforce(JOB_RULES, self, info)
 
 
 class Condition(_Model):

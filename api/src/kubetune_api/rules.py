@@ -1,0 +1,43 @@
+"""Cross-field rules of the TrainingJob spec, each written once.
+
+A Rule is one object: the CEL expression the API server evaluates (the CRD's
+x-kubernetes-validations, at the level of the object it guards), the same test in Python on the
+typed object (`kubetune validate`, the admission webhook, the trainer), and the one message both
+give. tests/unit/test_rules.py evaluates every CEL expression with a CEL interpreter against the
+same objects as the Python test, so the two sides cannot drift apart.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from pydantic import ValidationInfo
+
+# Validation context key that builds a typed object without its cross-field rules (for the test
+# that compares each rule's two sides on objects that break it).
+SKIP_RULES = "skip_cross_field_rules"
+
+
+@dataclass(frozen=True)
+class Rule:
+    cel: str                          # true when the object is acceptable; self = the guarded object
+    holds: Callable[[Any], bool]      # the same test on the typed object
+    message: str                      # what the API server and Python both say when it fails
+
+    def entry(self) -> dict[str, str]:
+        return {"rule": self.cel, "message": self.message}
+
+
+def entries(rules: list[Rule]) -> dict:
+    """The json_schema_extra that puts RULES into the CRD."""
+    return {"x-kubernetes-validations": [rule.entry() for rule in rules]}
+
+
+def enforce(rules: list[Rule], obj: Any, info: ValidationInfo | None = None) -> Any:
+    """OBJ when every rule holds; a ValueError with each broken rule's message otherwise."""
+    if info is not None and (info.context or {}).get(SKIP_RULES):
+        return obj
+    broken = [rule.message for rule in rules if not rule.holds(obj)]
+    if broken:
+        raise ValueError("; ".join(broken))
+    return obj

@@ -1,0 +1,116 @@
+"""Each cross-field rule is written once (kubetune_api.rules.Rule): its CEL, which the API server
+runs, must say what its Python side says. Both are evaluated here on the same jobs — the example,
+and variations that break each rule or just keep it — the CEL with a CEL interpreter (cel-python)
+on the job as the API server sees it after defaulting, the Python on the typed job."""
+from __future__ import annotations
+
+import copy
+
+import celpy
+import pytest
+import yaml
+
+from kubetune_api.rules import SKIP_RULES
+from kubetune_api.spec import DISTRIBUTED_RULES, JOB_RULES, SCHEDULING_RULES, TRAINING_RULES, TrainingJobSpec
+from tests.conftest import REPO
+
+# Where each list of rules sits in the spec (its CEL's `self`).
+LEVELS = [(JOB_RULES, None), (TRAINING_RULES, "training"), (DISTRIBUTED_RULES, "distributed"),
+          (SCHEDULING_RULES, "scheduling")]
+
+VARIATIONS = [
+    {},
+    {"spec.training.epochs": 3},
+    {"spec.training.maxSteps": "DELETE"},
+    {"spec.training.maxSteps": "DELETE", "spec.training.epochs": 2},
+    {"spec.training.optimizer": "schedulefree-adamw", "spec.training.lrScheduler": "cosine"},
+    {"spec.training.optimizer": "schedulefree-adamw", "spec.training.lrScheduler": "constant"},
+    {"spec.distributed.cpuOffload": True},
+    {"spec.distributed.cpuOffload": True, "spec.distributed.strategy": "fsdp"},
+    {"spec.scheduling.workloadPriorityClass": "high"},
+    {"spec.scheduling.workloadPriorityClass": "high", "spec.scheduling.queueName": "training"},
+    {"spec.data.layout": "edit-pairs"},
+    {"spec.model.family": "flux-kontext", "spec.data.layout": "edit-pairs", "spec.data.controlDropout": 0.1},
+    {"spec.pmg": {}},
+    {"spec.data.controlDropout": 0.1},
+    {"spec.validation.monitor": "accuracy"},
+    {"spec.model.family": "classifier", "spec.data.layout": "image-folder", "spec.validation.monitor": "f1"},
+    {"spec.distributed.processesPerNode": 2},
+    {"spec.distributed.processesPerNode": 2, "spec.resources.gpusPerNode": 0},
+    {"spec.distributed.processesPerNode": 4, "spec.resources.gpusPerNode": 4},
+    {"spec.model.quantization": "nf4", "spec.adapter.type": "full"},
+    {"spec.model.quantization": "nf4"},
+    {"spec.distributed.strategy": "fsdp", "spec.model.quantization": "fp8"},
+    {"spec.distributed.strategy": "fsdp", "spec.training.optimizer": "adamw8bit"},
+    {"spec.distributed.strategy": "fsdp", "spec.training.mixedPrecision": "fp16"},
+    {"spec.distributed.strategy": "fsdp", "spec.training.mixedPrecision": "bf16"},
+    {"spec.resources.gpusPerNode": 0, "spec.model.quantization": "fp8"},
+    {"spec.resources.gpusPerNode": 0, "spec.model.quantization": "nf4"},
+    {"spec.resources.gpusPerNode": 0, "spec.training.optimizer": "adamw8bit"},
+    {"spec.resources.gpusPerNode": 0, "spec.training.mixedPrecision": "fp16"},
+    {"spec.resources.gpusPerNode": 0, "spec.distributed.cpuOffload": True, "spec.distributed.strategy": "fsdp"},
+    {"spec.resources.gpusPerNode": 2, "spec.training.mixedPrecision": "fp16", "spec.training.optimizer": "adamw8bit"},
+]
+
+CEL = celpy.Environment()
+
+
+def cel_holds(expression: str, obj: dict) -> bool:
+    return bool(CEL.program(CEL.compile(expression)).evaluate({"self": celpy.json_to_cel(obj)}))
+
+
+def changed(manifest: dict, changes: dict) -> dict:
+    """A copy of MANIFEST with each dotted field set (DELETE removes it), parents made as needed."""
+    result = copy.deepcopy(manifest)
+    for dotted, value in changes.items():
+        *parents, last = dotted.split(".")
+        node = result
+        for key in parents:
+            node = node.setdefault(key, {})
+        if value == "DELETE":
+            node.pop(last, None)
+        else:
+            node[last] = value
+    return result
+
+
+def typed_spec(manifest: dict) -> TrainingJobSpec:
+    # Built without the cross-field rules, so a job that breaks one still becomes a typed object.
+    return TrainingJobSpec.model_validate(manifest["spec"], context={SKIP_RULES: True})
+
+
+@pytest.fixture(scope="module")
+def jobs() -> list[TrainingJobSpec]:
+    example = yaml.safe_load((REPO / "manifests" / "examples" / "sd15-lora.yaml").read_text())
+    return [typed_spec(changed(example, changes)) for changes in VARIATIONS]
+
+
+def test_every_rules_cel_agrees_with_its_python_on_every_job(jobs):
+    seen = {}
+    for rules, level in LEVELS:
+        for spec in jobs:
+            # The API server's view: the job with its defaults filled in, unset fields absent.
+            document = spec.model_dump(by_alias=True, exclude_none=True, mode="json")
+            obj, typed = (document, spec) if level is None else (document[level], getattr(spec, level))
+            for rule in rules:
+                python = rule.holds(typed)
+                assert cel_holds(rule.cel, obj) == python, (rule.message, obj)
+                seen.setdefault(rule.message, set()).add(python)
+    never_broken = [message for message, outcomes in seen.items() if outcomes != {True, False}]
+    assert not never_broken, f"add a variation that breaks (and one that keeps) each of: {never_broken}"
+
+
+def test_python_refuses_with_the_messages_the_api_server_gives(example_manifest):
+    from kubetune_api.manifest import ManifestError, parse_manifest
+
+    for changes in VARIATIONS:
+        manifest = changed(example_manifest, changes)
+        spec = typed_spec(manifest)
+        broken = [rule.message for rules, level in LEVELS for rule in rules
+                  if not rule.holds(spec if level is None else getattr(spec, level))]
+        if not broken:
+            parse_manifest(manifest)
+            continue
+        with pytest.raises(ManifestError) as caught:
+            parse_manifest(manifest)
+        assert any(message in str(caught.value) for message in broken), (changes, str(caught.value))
