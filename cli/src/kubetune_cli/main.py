@@ -13,6 +13,7 @@ import click
 
 from kubetune_api.manifest import ManifestError, load_manifest
 from kubetune_api.spec import LAYOUTS_BY_FAMILY
+from kubetune_cli.debug import ANOMALY_FLAG, DEBUG_STEPS, debug_overrides
 
 FAMILIES = tuple(LAYOUTS_BY_FAMILY)
 LAYOUTS = sorted({layout for layouts in LAYOUTS_BY_FAMILY.values() for layout in layouts})
@@ -48,16 +49,24 @@ def validate(path: str, overrides: tuple[str, ...]) -> None:
                    "or spec.distributed.processesPerNode on the CPU, where they train together over gloo).")
 @click.option("--cache-only", is_flag=True,
               help="Only encode every sample into the embedding cache (spec.data.cache), then stop.")
-def train(path: str, overrides: tuple[str, ...], nproc: int | None, cache_only: bool) -> None:
+@click.option("--debug", is_flag=True,
+              help=f"A quick check of the whole path: {DEBUG_STEPS} steps, a tiny validation, autograd anomaly "
+                   "detection, nothing uploaded (s3:// checkpoints go to ./kubetune-debug instead).")
+def train(path: str, overrides: tuple[str, ...], nproc: int | None, cache_only: bool, debug: bool) -> None:
     """Train locally from a TrainingJob manifest."""
     try:
         job = load_manifest(Path(path), overrides)
+        if debug:
+            debugged = debug_overrides(job, Path.cwd() / "kubetune-debug")
+            job = load_manifest(Path(path), (*overrides, *debugged))
+            click.echo(f"debug run: {' '.join(debugged)}", err=True)
     except ManifestError as err:
         click.echo(f"{path}: invalid\n{err}", err=True)
         sys.exit(1)
     from kubetune_trainer.launch import launch_local
 
-    sys.exit(launch_local(job, nproc=nproc, trainer_args=("--cache-only",) if cache_only else ()))
+    trainer_args = (("--cache-only",) if cache_only else ()) + ((ANOMALY_FLAG,) if debug else ())
+    sys.exit(launch_local(job, nproc=nproc, trainer_args=trainer_args))
 
 
 @cli.group()

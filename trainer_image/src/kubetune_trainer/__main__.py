@@ -32,7 +32,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, type=Path, help="the TrainingJob manifest")
     parser.add_argument("--cache-only", action="store_true",
                         help="only encode every sample into spec.data.cache (a stage before training)")
+    parser.add_argument("--detect-anomaly", action="store_true",
+                        help="autograd anomaly detection: a NaN or inf names the operation that made it (slow; "
+                             "`kubetune train --debug` sets it)")
     args = parser.parse_args(argv)
+    if args.detect_anomaly:
+        import torch
+
+        torch.autograd.set_detect_anomaly(True)
+        print("kubetune trainer: debug: autograd anomaly detection is on", file=sys.stderr)
     try:
         from kubetune_api.manifest import ManifestError, load_manifest
 
