@@ -135,9 +135,17 @@ def test_the_operator_rotates_the_served_certificate_without_restarting_the_serv
         await keeper.check()  # and serves it
         second = await _served_serial(port, bundles.trusted())
         assert second != first
+        assert webhook.metrics.WEBHOOK_CERTIFICATE_EXPIRY._value.get() == (now + 30 * HOUR).replace(microsecond=0).timestamp()
         with pytest.raises(ssl.SSLCertVerificationError):  # only the published bundle lets a client in
             await _served_serial(port, base64.b64decode(bundles.published[0]))
-        assert webhook.metrics.WEBHOOK_CERTIFICATE_EXPIRY._value.get() == (now + 30 * HOUR).replace(microsecond=0).timestamp()
+        initial_files = {keeper.certfile, keeper.keyfile}
+        clock.now += 20 * HOUR
+        await keeper.check()
+        clock.now += webhook.BUNDLE_PROPAGATION
+        await keeper.check()  # a third certificate (valid from 20 h ahead: no handshake with it here)
+        assert len(bundles.published) == 3
+        # The second one's files go; kopf's first pair stays, as kopf holds its paths.
+        assert {p for p in tmp_path.iterdir()} == initial_files | set(keeper._rotated)
         server.close()
 
     asyncio.run(scenario())

@@ -116,7 +116,9 @@ class CertificateKeeper:
                  check_every: float, clock: Callable[[], datetime.datetime] = _now):
         self.source, self.cert_dir, self.check_every, self.clock = source, cert_dir, check_every, clock
         self.context = ssl.create_default_context(purpose=ssl.Purpose.CLIENT_AUTH)
+        # The first pair is the one kopf was given (kept); each later pair replaces the one before.
         self.certfile, self.keyfile = self._start()
+        self._rotated: tuple[Path, Path] | None = None
 
     def _start(self) -> tuple[Path, Path]:
         if isinstance(self.source, FileCertificates):
@@ -153,7 +155,10 @@ class CertificateKeeper:
         # tick may call the API server: in a worker thread, so the loop keeps serving meanwhile.
         successor = await asyncio.to_thread(self.source.tick, self.clock())
         if successor is not None:
-            self._serve(successor)
+            served = self._serve(successor)
+            for old in self._rotated or ():  # no key lingers on disk once it is no longer served
+                old.unlink(missing_ok=True)
+            self._rotated = served
 
     async def run(self) -> None:
         while True:
@@ -199,13 +204,12 @@ def configure_server(settings, config) -> CertificateKeeper:
     cert_dir = Path(config.webhook_cert_dir)
     if config.webhook_certificates == "files":
         source = FileCertificates(cert_dir)
-        keeper = CertificateKeeper(source, cert_dir, check_every=config.webhook_check_seconds)
     else:
         source = OperatorCertificates(
             dns_names=list(config.webhook_dns_names),
             lifetime=datetime.timedelta(seconds=config.webhook_certificate_lifetime_seconds),
             publish=ca_bundle_publisher(config.webhook_configuration))
-        keeper = CertificateKeeper(source, cert_dir, check_every=config.webhook_check_seconds)
+    keeper = CertificateKeeper(source, cert_dir, check_every=config.webhook_check_seconds)
     settings.admission.server = kopf.WebhookServer(
         addr=config.webhook_address, port=config.webhook_port, context=keeper.context,
         certfile=str(keeper.certfile), pkeyfile=str(keeper.keyfile), file_check_interval=_KOPF_NEVER_RECHECKS)
