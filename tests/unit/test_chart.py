@@ -347,6 +347,9 @@ def test_with_cert_manager_the_certificate_is_mounted_and_injected_and_the_opera
     pod = deployment["spec"]["template"]["spec"]
     volume = next(v for v in pod["volumes"] if v["name"] == "webhook-tls")
     assert volume["secret"]["secretName"] == serving["spec"]["secretName"]
+    # Readable by the non-root operator: group-owned by its fsGroup, group-readable, no one else.
+    assert volume["secret"]["defaultMode"] == 0o440
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
     env = operator_env(documents)
     mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "webhook-tls")
     assert env["KUBETUNE_WEBHOOK_CERTIFICATES"] == "files" and env["KUBETUNE_WEBHOOK_CERT_DIR"] == mount["mountPath"]
