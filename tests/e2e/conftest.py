@@ -133,8 +133,9 @@ def operator_release(control_plane, backend):
     uninstall_chart(control_plane)
 
 
-def install_chart(control_plane, backend: str, *extra_values: str) -> None:
-    """`helm install` the e2e release (helm_values for BACKEND, then EXTRA_VALUES) and wait for it."""
+def install_chart(control_plane, backend: str, *extra_values: str, webhook_namespace: str = "default") -> None:
+    """`helm install` the e2e release (helm_values for BACKEND, then EXTRA_VALUES) and wait for it, and
+    for its webhook to answer for WEBHOOK_NAMESPACE (one the operator serves)."""
     env = control_plane.env()
     installed = subprocess.run(
         ["helm", "install", "kubetune", str(REPO / "charts" / "kubetune"), "-n", OPERATOR_NAMESPACE,
@@ -142,10 +143,10 @@ def install_chart(control_plane, backend: str, *extra_values: str) -> None:
         env={**os_env(), **env}, capture_output=True, text=True)
     assert installed.returncode == 0, installed.stdout + installed.stderr
     if "webhook.enabled=false" not in extra_values:
-        wait_for_the_webhook(control_plane)
+        wait_for_the_webhook(control_plane, webhook_namespace)
 
 
-def wait_for_the_webhook(control_plane) -> None:
+def wait_for_the_webhook(control_plane, namespace: str) -> None:
     """Until the API server gets the webhook's verdict (a job naming a missing Secret refused).
 
     `helm install --wait` waits for the operator pod to be Ready, which the process kubelet says as
@@ -157,7 +158,7 @@ def wait_for_the_webhook(control_plane) -> None:
     document = yaml.safe_dump(manifest)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        result = control_plane.kubectl("apply", "--dry-run=server", "-n", "default", "-f", "-", input=document,
+        result = control_plane.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=document,
                                        check=False)
         if "webhook-probe-not-there" in result.stderr:
             return

@@ -23,7 +23,8 @@ def namespaced_operator(control_plane, core):
         core.create_namespace({"metadata": {"name": namespace}})
         core.create_namespaced_secret(namespace, {"metadata": {"name": "s3-credentials"}, "stringData": {
             "AWS_ACCESS_KEY_ID": env["AWS_ACCESS_KEY_ID"], "AWS_SECRET_ACCESS_KEY": env["AWS_SECRET_ACCESS_KEY"]}})
-    install_chart(control_plane, "pytorchjob", "--set", f"operator.watchNamespaces={{{WATCHED}}}")
+    install_chart(control_plane, "pytorchjob", "--set", f"operator.watchNamespaces={{{WATCHED}}}",
+                  webhook_namespace=WATCHED)  # the webhook covers the watched namespaces only
     yield
     for namespace in (WATCHED, UNWATCHED):  # while the operator runs to release its finalizers
         delete_namespace_and_wait(core, namespace)
