@@ -114,3 +114,37 @@ def test_python_refuses_with_the_messages_the_api_server_gives(example_manifest)
         with pytest.raises(ManifestError) as caught:
             parse_manifest(manifest)
         assert any(message in str(caught.value) for message in broken), (changes, str(caught.value))
+
+
+# ---- rules on one field: the URI forms and the S3 endpoint (CEL beside a Python check) -------------
+
+URIS = ["s3://bucket/x", "s3://my.bucket-1/a/b/", "s3://bucket", "s3://bucket/", "s3://bucket/a..b/c",
+        "s3://Bucket/x", "s3://ab/x", "s3://b_u/x", "s3://bucket/a/../x", "s3://bucket/a//b", "s3://bucket/./a",
+        "s3://bucket/..", "s3://bucket/x/.", "s3://bucket/a?v=1", "s3://bucket/a#f", "s3://bucket/a%2e",
+        "s3://bucket/a\\b", "s3://", "gs://bucket/x", "s3:/bucket/x", "/data/pets", "relative/dir", "org/model"]
+ENDPOINTS = ["https://s3.example.com", "http://127.0.0.1:9000/", "https://user:pw@s3.example.com",
+             "http://key@minio:9000", "https://s3.example.com/path@x"]
+
+
+def python_accepts(check, value: str) -> bool:
+    try:
+        check(value)
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("uri", URIS)
+def test_the_uri_rules_cel_agrees_with_its_python(uri):
+    from kubetune_api.spec import _STORAGE_URI_RULE, check_storage_uri
+
+    assert cel_holds(_STORAGE_URI_RULE, uri) == python_accepts(check_storage_uri, uri), uri
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_the_endpoint_rules_cel_agrees_with_its_python(endpoint):
+    from kubetune_api.spec import EndpointUrl, check_endpoint_url
+
+    [rule] = next(m.json_schema_extra for m in EndpointUrl.__metadata__
+                  if getattr(m, "json_schema_extra", None))["x-kubernetes-validations"]
+    assert cel_holds(rule["rule"], endpoint) == python_accepts(check_endpoint_url, endpoint), endpoint

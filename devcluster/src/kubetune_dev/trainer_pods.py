@@ -21,6 +21,7 @@ Usage: python -m kubetune_dev.trainer_pods [MANIFEST] > pods.yaml
 from __future__ import annotations
 
 import copy
+import functools
 import sys
 from pathlib import Path
 
@@ -40,10 +41,16 @@ UID = "00000000-0000-4000-8000-000000000000"  # any UID: it only names the run a
 CHART_VALUES = REPO / "charts" / "kubetune" / "values.yaml"
 
 
+@functools.cache
+def chart_values() -> dict:
+    """The chart's default values, read once (every example's pods are rendered from them)."""
+    return yaml.safe_load(CHART_VALUES.read_text())
+
+
 def chart_default_settings() -> Settings:
     """The operator as the chart's defaults configure it (values.yaml: the default requests and the
     cache size limit), with both backends allowed."""
-    trainer = yaml.safe_load(CHART_VALUES.read_text())["trainer"]
+    trainer = chart_values()["trainer"]
     return Settings(backends=("pytorchjob", "trainjob"),
                     default_cpu_per_process=trainer["defaultRequests"]["cpuPerProcess"],
                     default_memory_per_process=trainer["defaultRequests"]["memoryPerProcess"],
@@ -107,7 +114,7 @@ def trainjob_pod(job, suffix: str) -> dict:
 def network_policy(job) -> dict:
     """The NetworkPolicy the operator creates beside the job with networkPolicy.enabled (the chart's
     default rules for it), so the linters see the trainer pods fenced in as a hardened install has them."""
-    chart = yaml.safe_load(CHART_VALUES.read_text())
+    chart = chart_values()
     policy = NetworkPolicySettings(operator_namespace="kubetune-system",
                                    operator_labels={"app.kubernetes.io/name": "kubetune-operator"},
                                    metrics_from=chart["networkPolicy"]["metricsFrom"],
