@@ -208,19 +208,26 @@ def test_qwen_image_edit_lora_loads_in_the_edit_pipeline_and_changes_the_transfo
     pipeline.load_lora_weights(run_dir(tmp_path / "out"))
     assert (qwen_transformer_output(pipeline.transformer) - before).abs().max() > 1e-4
 
-def test_pmg_trains_every_soft_prompt_part_and_its_tokens_steer_the_sd_unet(tiny_model, tiny_dataset, tmp_path):
+@pytest.mark.parametrize("projection, parts", [
+    (False, {"image_prompt", "prefix", "mapping"}),
+    (True, {"image_prompt", "prefix_tokens", "prefix_encoder", "mapping"}),
+])
+def test_pmg_trains_every_soft_prompt_part_and_its_tokens_steer_the_sd_unet(projection, parts, tiny_model,
+                                                                             tiny_dataset, tmp_path):
     from diffusers import StableDiffusionPipeline
 
     from kubetune_trainer.families.pmg import load_language_model, load_pmg_adapter
 
     model = tiny_model("pmg")
     run_trainer(family_job("pmg", "pmg", model, tiny_dataset("pmg"), tmp_path / "out",
-                           pmg={"numImagePrompt": 2, "numPrefixPrompt": 3, "maxSequenceLength": 16},
+                           pmg={"numImagePrompt": 2, "numPrefixPrompt": 3, "maxSequenceLength": 16,
+                                "prefixProjection": projection},
                            checkpoints={"everySteps": 1}), tmp_path)
     tokenizer, language_model = load_language_model(str(model / "language_model"), torch.float32)
     adapters = [load_pmg_adapter(run_dir(tmp_path / "out") / f"checkpoint-{step}", language_model) for step in (1, 2)]
     first, second = (a.state_dict() for a in adapters)
-    for part in ("image_prompt", "prefix_tokens", "prefix_encoder", "mapping"):
+    assert {key.split(".")[0] for key in first} == parts
+    for part in parts:
         assert any(not torch.equal(first[k], second[k]) for k in first if k.startswith(part)), f"{part} trained"
 
     pipeline = StableDiffusionPipeline.from_pretrained(model)

@@ -11,12 +11,15 @@ import pytest
 import yaml
 
 from kubetune_api.rules import SKIP_RULES
-from kubetune_api.spec import DISTRIBUTED_RULES, JOB_RULES, SCHEDULING_RULES, TRAINING_RULES, TrainingJobSpec
+from kubetune_api.spec import (DISTRIBUTED_RULES, JOB_RULES, PMG_RULES, SCHEDULING_RULES, TRAINING_RULES,
+                               TrainingJobSpec)
+from kubetune_api.families import FAMILY_NAMES, OPTIONS
 from tests.conftest import REPO
+from tests.family_options import SETTINGS, with_family
 
 # Where each list of rules sits in the spec (its CEL's `self`).
 LEVELS = [(JOB_RULES, None), (TRAINING_RULES, "training"), (DISTRIBUTED_RULES, "distributed"),
-          (SCHEDULING_RULES, "scheduling")]
+          (SCHEDULING_RULES, "scheduling"), (PMG_RULES, "pmg")]
 
 VARIATIONS = [
     {},
@@ -32,8 +35,12 @@ VARIATIONS = [
     {"spec.data.layout": "edit-pairs"},
     {"spec.model.family": "flux-kontext", "spec.data.layout": "edit-pairs", "spec.data.controlDropout": 0.1},
     {"spec.pmg": {}},
+    {"spec.model.family": "pmg", "spec.data.layout": "pmg", "spec.pmg": {"prefixHiddenSize": 512}},
+    {"spec.model.family": "pmg", "spec.data.layout": "pmg",
+     "spec.pmg": {"prefixHiddenSize": 512, "prefixProjection": True}},
     {"spec.data.controlDropout": 0.1},
     {"spec.validation.monitor": "accuracy"},
+    {"spec.validation.monitor": "f1"},
     {"spec.model.family": "classifier", "spec.data.layout": "image-folder", "spec.validation.monitor": "f1"},
     {"spec.distributed.processesPerNode": 2},
     {"spec.distributed.processesPerNode": 2, "spec.resources.gpusPerNode": 0},
@@ -50,6 +57,9 @@ VARIATIONS = [
     {"spec.resources.gpusPerNode": 0, "spec.training.mixedPrecision": "fp16"},
     {"spec.resources.gpusPerNode": 0, "spec.distributed.cpuOffload": True, "spec.distributed.strategy": "fsdp"},
     {"spec.resources.gpusPerNode": 2, "spec.training.mixedPrecision": "fp16", "spec.training.optimizer": "adamw8bit"},
+] + [
+    # Every family with every option of the families table: the option rules kept and broken.
+    {**with_family(family), **SETTINGS[option]} for family in FAMILY_NAMES for option in OPTIONS
 ]
 
 CEL = celpy.Environment()
@@ -91,6 +101,8 @@ def test_every_rules_cel_agrees_with_its_python_on_every_job(jobs):
         for spec in jobs:
             # The API server's view: the job with its defaults filled in, unset fields absent.
             document = spec.model_dump(by_alias=True, exclude_none=True, mode="json")
+            if level is not None and level not in document:
+                continue  # an absent object's rules are not evaluated (spec.pmg of a diffusion job)
             obj, typed = (document, spec) if level is None else (document[level], getattr(spec, level))
             for rule in rules:
                 python = rule.holds(typed)
@@ -107,7 +119,8 @@ def test_python_refuses_with_the_messages_the_api_server_gives(example_manifest)
         manifest = changed(example_manifest, changes)
         spec = typed_spec(manifest)
         broken = [rule.message for rules, level in LEVELS for rule in rules
-                  if not rule.holds(spec if level is None else getattr(spec, level))]
+                  if (level is None or getattr(spec, level) is not None)
+                  and not rule.holds(spec if level is None else getattr(spec, level))]
         if not broken:
             parse_manifest(manifest)
             continue

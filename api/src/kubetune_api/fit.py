@@ -95,12 +95,12 @@ PROFILES: dict[str, FamilyProfile] = {
     ),
     "pmg": FamilyProfile(
         trained_module=859_520_964, linear_weights=270_049_280, frozen=6_945_129_959, lora_per_rank=0,
-        adapter=1_093_949_696, largest_unit=1_093_949_696, loads_fp32=False,
+        adapter=3_680_512, largest_unit=3_680_512, loads_fp32=False,
         dynamic={
-            ("lora", False): Dynamic(2.187e+09, 1.097e+09, 2961),
-            ("lora", True): Dynamic(2.187e+09, 1.093e+09, 921.2),
-            ("full", False): Dynamic(2.187e+09, 1.097e+09, 2961),
-            ("full", True): Dynamic(2.187e+09, 1.093e+09, 921.2),
+            ("lora", False): Dynamic(6.291e+06, 1.097e+09, 2961),
+            ("lora", True): Dynamic(1.153e+07, 6.687e+07, 931.2),
+            ("full", False): Dynamic(6.291e+06, 1.097e+09, 2961),
+            ("full", True): Dynamic(1.153e+07, 6.687e+07, 931.2),
         },
     ),
     "classifier": FamilyProfile(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kubetune_api.families import QUANTIZATION, honouring
 from kubetune_api.manifest import apply_overrides
 from kubetune_api.spec import TrainingJobSpec
 
@@ -20,7 +21,7 @@ class Estimator(Protocol):
 
 MAX_GPUS = 64          # the largest FSDP world a suggestion proposes
 GPUS_PER_NODE = 8      # a node's GPUs when the job asks for one per node: the common server size
-QUANTIZABLE = ("sd15", "sdxl", "flux-kontext", "qwen-image-edit", "pmg")
+QUANTIZABLE = tuple(honouring(QUANTIZATION))
 
 
 @dataclass(frozen=True)

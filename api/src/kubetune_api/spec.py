@@ -15,6 +15,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 from pydantic.alias_generators import to_camel
 
 from kubetune_api.contract import API_GROUP, API_VERSION, KIND  # noqa: F401  (the contract names the API)
+from kubetune_api import families as table
+from kubetune_api.families import FAMILIES, FAMILY_NAMES
 from kubetune_api.rules import Rule, enforce, entries
 
 # URI schemes the storage layer understands; a bare path (no scheme) is a local path.
@@ -108,31 +110,19 @@ ResumeSource = Annotated[str, AfterValidator(check_resume_source), Field(
 )]
 
 
-Family = Literal["sd15", "sdxl", "flux-kontext", "qwen-image-edit", "pmg", "classifier"]
+Family = Literal[FAMILY_NAMES]
 Layout = Literal["captions", "edit-pairs", "pmg", "image-folder"]
 
-# The resolution each family trains at when spec.data.resolution is unset (the classifier: its
-# model's own image size, which only the trainer can read).
-NATIVE_RESOLUTIONS: dict[str, int | None] = {
-    "sd15": 512, "sdxl": 1024, "flux-kontext": 1024, "qwen-image-edit": 1024, "pmg": 512, "classifier": None,
-}
-
-# Which data layouts each family reads (checked here and, as CEL, by the API server).
-LAYOUTS_BY_FAMILY: dict[str, tuple[str, ...]] = {
-    "sd15": ("captions",),
-    "sdxl": ("captions",),
-    "flux-kontext": ("edit-pairs",),
-    "qwen-image-edit": ("edit-pairs",),
-    "pmg": ("pmg",),
-    "classifier": ("image-folder",),
-}
+# Views of the families table (kubetune_api.families) that the rest of the code reads.
+NATIVE_RESOLUTIONS: dict[str, int | None] = {name: f.native_resolution for name, f in FAMILIES.items()}
+LAYOUTS_BY_FAMILY: dict[str, tuple[str, ...]] = {name: f.layouts for name, f in FAMILIES.items()}
 
 
 class ModelSpec(_Model):
     """Which model family to train and where its pretrained weights are."""
 
     family: Family = Field(
-        description="Model family: sd15, sdxl, flux-kontext, qwen-image-edit, pmg or classifier."
+        description="Model family: " + ", ".join(FAMILY_NAMES) + "."
     )
     pretrained: StorageUri = Field(
         description="Pretrained weights: a local path, an s3:// URI, or a model-hub id "
@@ -359,8 +349,23 @@ class ValidationSpec(_Model):
     )
 
 
+# A file under spec.data.uri: relative, each segment starting with a letter, digit, _ or - (so no
+# '.', '..' or hidden names); the pattern is the whole rule, for the API server and Python alike.
+DataFileName = Annotated[str, Field(
+    min_length=1, max_length=1024, pattern=r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*(/[A-Za-z0-9_-][A-Za-z0-9_.-]*)*$",
+)]
+
+PMG_RULES = [
+    Rule("!has(self.prefixHiddenSize) || (has(self.prefixProjection) && self.prefixProjection)",
+         lambda pmg: pmg.prefix_hidden_size is None or pmg.prefix_projection,
+         "spec.pmg.prefixHiddenSize sizes the prefix projection: set spec.pmg.prefixProjection true, or remove it"),
+]
+
+
 class PmgSpec(_Model):
     """PMG (personalized generation) options; only for spec.model.family pmg."""
+
+    model_config = ConfigDict(json_schema_extra=entries(PMG_RULES))
 
     language_model: Optional[StorageUri] = Field(
         default=None,
@@ -376,6 +381,32 @@ class PmgSpec(_Model):
     max_sequence_length: int = Field(
         default=256, ge=8, le=8192, description="Tokens of user history the LM reads (longer is truncated).",
     )
+    prefix_projection: bool = Field(
+        default=False,
+        description="P-Tuning v2's reparameterisation: produce the prefix through a two-layer MLP instead of "
+        "training each layer's key/value prefix directly. Costly: at LLaMA-2-7B dimensions the MLP's last layer "
+        "alone holds prefixHiddenSize x 262,144 weights (about 1.1 billion at the default size).",
+    )
+    prefix_hidden_size: Optional[int] = Field(
+        default=None, ge=1, le=65536,
+        description="prefixProjection only: the MLP's hidden size. Unset = the LM's hidden size.",
+    )
+    train_json: DataFileName = Field(
+        default="data.json",
+        description="The training records, a JSON list under spec.data.uri: {user_id, history: [texts], "
+        "target_image, target_caption}, or the PMG guide's processed form {user_id or worker_id, "
+        "history_items_info: [{caption, ...}], target_item_info: {caption, image_path}} (e.g. "
+        "processed_dataset/train.json of FLICKR, POG or SER; image paths relative to spec.data.uri).",
+    )
+    val_json: Optional[DataFileName] = Field(
+        default=None,
+        description="Held-out records in the same form (e.g. processed_dataset/val.json), validated every "
+        "spec.validation.everySteps; unset = spec.validation.heldOutFraction of trainJson.",
+    )
+
+    @model_validator(mode="after")
+    def _rules(self, info: ValidationInfo) -> "PmgSpec":
+        return enforce(PMG_RULES, self, info)
 
 
 
@@ -673,6 +704,74 @@ CUDA_ONLY_OPTIONS = [
 ]
 
 
+@dataclass(frozen=True)
+class FamilyOption:
+    """An option whose effect depends on the family (kubetune_api.families): when a job sets it."""
+
+    field: str                                      # the manifest path, one of kubetune_api.families.OPTIONS
+    used: str                                       # CEL, self = the spec: true when the job sets it
+    used_by: Callable[["TrainingJobSpec"], bool]    # the same test in Python
+
+    def rule(self, family: str) -> Rule:
+        """The rule refusing this option for FAMILY, which would ignore it."""
+        honouring = table.honouring(self.field)
+        return Rule(f"self.model.family != '{family}' || !({self.used})",
+                    lambda spec: spec.model.family != family or not self.used_by(spec),
+                    f"{table.label(self.field)} is not honoured by family {family}, which {FAMILIES[family].summary}: remove it "
+                    f"(it applies to {', '.join(honouring)})")
+
+
+_DEFAULT_RANK = AdapterSpec.model_fields["rank"].default
+
+FAMILY_OPTIONS = [
+    FamilyOption(table.QUANTIZATION, "has(self.model.quantization)", lambda spec: spec.model.quantization is not None),
+    FamilyOption(table.INIT_FROM, "has(self.adapter) && has(self.adapter.initFrom)",
+                 lambda spec: spec.adapter.init_from is not None),
+    FamilyOption(table.FULL_FINE_TUNE, "has(self.adapter) && has(self.adapter.type) && self.adapter.type == 'full'",
+                 lambda spec: spec.adapter.type == "full"),
+    FamilyOption(table.LORA_RANK, f"has(self.adapter) && has(self.adapter.rank) && self.adapter.rank != {_DEFAULT_RANK}",
+                 lambda spec: spec.adapter.rank != _DEFAULT_RANK),
+    FamilyOption(table.LORA_ALPHA, "has(self.adapter) && has(self.adapter.alpha)",
+                 lambda spec: spec.adapter.alpha is not None),
+    FamilyOption(table.LORA_DROPOUT, "has(self.adapter) && has(self.adapter.dropout) && self.adapter.dropout != 0.0",
+                 lambda spec: spec.adapter.dropout != 0),
+    FamilyOption(table.LORA_TARGETS, "has(self.adapter) && has(self.adapter.targetModules)",
+                 lambda spec: spec.adapter.target_modules is not None),
+    FamilyOption(table.BUCKETING, "has(self.data.bucketing) && self.data.bucketing",
+                 lambda spec: spec.data.bucketing),
+    FamilyOption(table.CAPTION_DROPOUT, "has(self.data.captionDropout) && self.data.captionDropout != 0.0",
+                 lambda spec: spec.data.caption_dropout != 0),
+    FamilyOption(table.CONTROL_DROPOUT, "has(self.data.controlDropout) && self.data.controlDropout != 0.0",
+                 lambda spec: spec.data.control_dropout != 0),
+    FamilyOption(table.EMBEDDING_CACHE, "has(self.data.cache) && has(self.data.cache.enabled) && self.data.cache.enabled",
+                 lambda spec: spec.data.cache.enabled),
+    FamilyOption(table.SNR_GAMMA, "has(self.training.snrGamma)", lambda spec: spec.training.snr_gamma is not None),
+    FamilyOption(table.NOISE_OFFSET, "has(self.training.noiseOffset) && self.training.noiseOffset != 0.0",
+                 lambda spec: spec.training.noise_offset != 0),
+    FamilyOption(table.VALIDATION_PROMPTS,
+                 "has(self.validation) && has(self.validation.prompts) && size(self.validation.prompts) > 0",
+                 lambda spec: bool(spec.validation.prompts)),
+]
+
+# One rule per (family, option it ignores): a job never sets an option that silently does nothing.
+OPTION_RULES = [option.rule(family) for option in FAMILY_OPTIONS for family in FAMILY_NAMES
+                if option.field not in FAMILIES[family].honours]
+
+
+def _monitor_rule(metric: str) -> Rule:
+    reporting = [name for name, family in FAMILIES.items() if metric in family.metrics]
+    return Rule(f"!has(self.validation) || !has(self.validation.monitor) || self.validation.monitor != '{metric}' "
+                f"|| self.model.family in {reporting}",
+                lambda spec: spec.validation.monitor != metric or spec.model.family in reporting,
+                f"spec.validation.monitor {metric} is reported by family {' and '.join(reporting)} only; "
+                "use loss for the other families")
+
+
+# A metric only some families report cannot be monitored by the others.
+MONITOR_RULES = [_monitor_rule(metric) for metric in dict.fromkeys(m for f in FAMILIES.values() for m in f.metrics)
+                 if any(metric not in family.metrics for family in FAMILIES.values())]
+
+
 LAYOUT_MESSAGE = ("spec.data.layout does not fit spec.model.family; each family reads its own layout: "
                   + ", ".join(f"{family} reads {' or '.join(layouts)}" for family, layouts in LAYOUTS_BY_FAMILY.items()))
 
@@ -682,13 +781,6 @@ JOB_RULES = [
          lambda spec: spec.data.layout in LAYOUTS_BY_FAMILY[spec.model.family], LAYOUT_MESSAGE),
     Rule("!has(self.pmg) || self.model.family == 'pmg'",
          lambda spec: spec.pmg is None or spec.model.family == "pmg", "spec.pmg applies to family pmg only"),
-    Rule("!has(self.data.controlDropout) || self.data.controlDropout == 0.0 || self.data.layout == 'edit-pairs'",
-         lambda spec: not spec.data.control_dropout or spec.data.layout == "edit-pairs",
-         "spec.data.controlDropout applies to the edit-pairs layout only"),
-    Rule("!has(self.validation) || !has(self.validation.monitor) || self.validation.monitor == 'loss' "
-         "|| self.model.family == 'classifier'",
-         lambda spec: spec.validation.monitor == "loss" or spec.model.family == "classifier",
-         "spec.validation.monitor accuracy and f1 are classifier metrics; use loss for diffusion families"),
     Rule("!has(self.distributed) || !has(self.distributed.processesPerNode) || !has(self.resources) "
          "|| !has(self.resources.gpusPerNode) || self.resources.gpusPerNode == 0 "
          "|| self.distributed.processesPerNode == self.resources.gpusPerNode",
@@ -697,6 +789,8 @@ JOB_RULES = [
          PROCESSES_PER_GPU_MESSAGE),
     Rule("!has(self.model.quantization) || !has(self.adapter) || !has(self.adapter.type) || self.adapter.type == 'lora'",
          lambda spec: spec.model.quantization is None or spec.adapter.type == "lora", QUANTIZED_FULL_MESSAGE),
+    *MONITOR_RULES,
+    *OPTION_RULES,
     *[conflict.rule for conflict in FSDP_CONFLICTS],
     *[option.rule for option in CUDA_ONLY_OPTIONS],
 ]

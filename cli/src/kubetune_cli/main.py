@@ -12,10 +12,11 @@ from pathlib import Path
 import click
 
 from kubetune_api.manifest import ManifestError, load_manifest
+from kubetune_api.families import FAMILY_NAMES
 from kubetune_api.spec import LAYOUTS_BY_FAMILY
 from kubetune_cli.debug import ANOMALY_FLAG, DEBUG_STEPS, debug_overrides
 
-FAMILIES = tuple(LAYOUTS_BY_FAMILY)
+FAMILIES = FAMILY_NAMES
 LAYOUTS = sorted({layout for layouts in LAYOUTS_BY_FAMILY.values() for layout in layouts})
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from kubetune_api.families import EMBEDDING_CACHE, FAMILIES
 from kubetune_api.manifest import apply_overrides, load_manifest, parse_manifest
 from kubetune_operator.backends import PyTorchJobBackend, TrainJobBackend
 from kubetune_operator.backends.trainjob import NODE, RuntimeValues, runtime
@@ -127,7 +128,9 @@ def trainer_pods(path: Path = EXAMPLE) -> list[dict]:
     NetworkPolicy that selects them (both variants carry the same job labels)."""
     job = load_manifest(path, [f"metadata.namespace={NAMESPACE}"])
     manifest = job.model_dump(by_alias=True, exclude_none=True, mode="json")
-    multi_node = parse_manifest(apply_overrides(manifest, ["spec.resources.nodes=2", "spec.data.cache.enabled=true"]))
+    # Two nodes, with the embedding cache on where the family has one (it adds the cache volume).
+    cache = ["spec.data.cache.enabled=true"] if EMBEDDING_CACHE in FAMILIES[job.spec.model.family].honours else []
+    multi_node = parse_manifest(apply_overrides(manifest, ["spec.resources.nodes=2", *cache]))
     pods = []
     for variant, suffix in ((job, ""), (multi_node, "-2nodes")):
         pods += pytorchjob_pods(variant, suffix)

@@ -15,8 +15,9 @@ ASPECT_RATIOS = (1 / 2, 9 / 16, 2 / 3, 3 / 4, 1.0, 4 / 3, 3 / 2, 16 / 9, 2.0)
 
 
 def bucket_step(resolution: int) -> int:
-    """Sides are multiples of 64 at real sizes (VAE x UNet downsampling); tiny test sizes use 8."""
-    return 64 if resolution >= 256 else 8
+    """Sides are multiples of 64 at real sizes (VAE x UNet downsampling); tiny test sizes use 16, the
+    VAE's 8 times the 2x2 latent patches FLUX and Qwen-Image pack (8 gave odd latent sides they refuse)."""
+    return 64 if resolution >= 256 else 16
 
 
 def bucket_sizes(resolution: int) -> list[tuple[int, int]]:

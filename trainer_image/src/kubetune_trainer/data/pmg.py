@@ -1,4 +1,10 @@
-"""The pmg layout: data.json, a list of {"user_id", "history": [texts], "target_image", "target_caption"}."""
+"""The pmg layout: JSON lists of user records under spec.data.uri (spec.pmg.trainJson, valJson).
+
+A record is either kubetune's own {"user_id", "history": [texts], "target_image", "target_caption"}
+or the PMG guide's processed form (processed_dataset/{train,val}.json of FLICKR, POG, SER):
+{"user_id" or "worker_id", "history_items_info": [{"caption", ...}], "target_item_info":
+{"caption", "image_path"}}, read as is. Image paths are relative to spec.data.uri.
+"""
 from __future__ import annotations
 
 import json
@@ -13,6 +19,9 @@ from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.storage.confine import UnsafePath, confined
 
+FORMS = ('{user_id, history: [texts], target_image, target_caption} or the PMG guide\'s '
+         '{user_id or worker_id, history_items_info: [{caption}], target_item_info: {caption, image_path}}')
+
 
 @dataclass(frozen=True)
 class UserSample:
@@ -22,35 +31,58 @@ class UserSample:
     caption: str
 
 
-def read_pmg(root: Path, screen: Screen) -> list[UserSample]:
-    path = root / "data.json"
+def _strings(value, what: str) -> None:
+    if not (isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))):
+        raise TypeError(f"{what} must be text")
+
+
+def parse_record(record, root: Path) -> UserSample:
+    """One record of either form; KeyError, TypeError or UnsafePath name what is wrong."""
+    if not isinstance(record, dict):
+        raise TypeError(f"a record is an object, not a {type(record).__name__}")
+    if "history_items_info" in record:  # the guide's processed form
+        items, target = record["history_items_info"], record["target_item_info"]
+        if not (isinstance(items, list) and all(isinstance(i, dict) for i in items) and isinstance(target, dict)):
+            raise TypeError("history_items_info must be a list of objects, target_item_info an object")
+        history = [item["caption"] for item in items if item.get("caption")]
+        user, image, caption = record.get("user_id", record.get("worker_id")), target["image_path"], target["caption"]
+        if user is None:
+            raise KeyError("user_id or worker_id")
+        where = "target_item_info.image_path"
+    else:
+        history, user = record["history"], record["user_id"]
+        image, caption, where = record["target_image"], record["target_caption"], "target_image"
+    for value, what in ((history, "history"), (image, where), (caption, "the target caption")):
+        _strings(value, what)
+    if not isinstance(history, list):
+        raise TypeError("history must be a list of texts")
+    return UserSample(str(user), tuple(history), confined(root, image, where), caption)
+
+
+def read_pmg(root: Path, screen: Screen, file_name: str = "data.json") -> list[UserSample]:
+    path = root / file_name
     if not path.is_file():
-        raise FileNotFoundError(f"spec.data.uri: {root} has no data.json; the pmg layout needs a list of "
-                                '{"user_id", "history": [...], "target_image", "target_caption"}')
+        raise FileNotFoundError(f"spec.data.uri: {root} has no {file_name} (spec.pmg.trainJson / valJson); the pmg "
+                                f"layout needs a JSON list of {FORMS}")
     try:
         records = json.loads(path.read_bytes().decode("utf-8"))
         if not isinstance(records, list):
             raise TypeError(f"the top level is a {type(records).__name__}")
     except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as err:
-        raise ConfigError(f"{path}: expected a UTF-8 JSON list of {{user_id, history, target_image, "
-                          f"target_caption}} ({err})") from None
+        raise ConfigError(f"{path}: expected a UTF-8 JSON list of {FORMS} ({err})") from None
     samples = []
     for number, record in enumerate(records):
         where = f"{path}[{number}]"
         try:
-            history, image, caption = record["history"], record["target_image"], record["target_caption"]
-            if not (isinstance(history, list) and all(isinstance(h, str) for h in history)
-                    and isinstance(image, str) and isinstance(caption, str)):
-                raise TypeError("history must be a list of strings, target_image and target_caption strings")
-            sample = UserSample(str(record["user_id"]), tuple(history), confined(root, image, "target_image"), caption)
+            sample = parse_record(record, root)
         except (KeyError, TypeError) as err:
-            screen.reject(where, f"expected {{user_id, history, target_image, target_caption}} ({err})")
+            screen.reject(where, f"expected {FORMS} ({type(err).__name__}: {err})")
             continue
         except UnsafePath as err:
-            screen.reject(where, str(err))
+            screen.reject(where, f"{err} (write image paths relative to spec.data.uri)")
             continue
         if not sample.image.is_file():
-            screen.reject(where, f"target_image {sample.image} does not exist")
+            screen.reject(where, f"{sample.image} does not exist")
             continue
         samples.append(sample)
     if not samples:

@@ -64,8 +64,14 @@ class MemoryEstimate:
 
 
 def enable_gradient_checkpointing(spec: TrainingJobSpec, models: JobModels) -> None:
-    """As the family does (ModelFamily.enable_gradient_checkpointing; PMG checkpoints its UNet)."""
-    module = models.components["unet"] if spec.model.family == "pmg" else models.trained_module
+    """As the family does (ModelFamily.enable_gradient_checkpointing; PMG checkpoints its UNet and LM)."""
+    if spec.model.family == "pmg":
+        from kubetune_trainer.families.pmg import checkpoint_language_model
+
+        models.components["unet"].enable_gradient_checkpointing()
+        checkpoint_language_model(models.components["language_model"])
+        return
+    module = models.trained_module
     if hasattr(module, "enable_gradient_checkpointing"):
         module.enable_gradient_checkpointing()
     else:

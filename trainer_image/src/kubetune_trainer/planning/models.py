@@ -138,11 +138,10 @@ def _make_trainable(spec: TrainingJobSpec, components: dict[str, torch.nn.Module
     with torch.device("meta"):
         if family == "pmg":
             from kubetune_api.spec import PmgSpec
-            from kubetune_trainer.families.pmg import PmgAdapter
+            from kubetune_trainer.families.pmg import adapter_for
 
-            pmg = spec.pmg or PmgSpec()
-            components["adapter"] = PmgAdapter(components["language_model"].config, pmg.num_image_prompt,
-                                               pmg.num_prefix_prompt, components["unet"].config.cross_attention_dim)
+            components["adapter"] = adapter_for(spec.pmg or PmgSpec(), components["language_model"].config,
+                                                components["unet"].config.cross_attention_dim)
         elif family == "classifier":
             if adapter.type == "full":
                 components[trained].requires_grad_(True)

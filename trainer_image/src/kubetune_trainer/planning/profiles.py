@@ -25,7 +25,8 @@ CLASSIFIER_RESOLUTION = 224    # ViT-B/16's one resolution: its table scales wit
 def spec_for(family: str, folder: Path, resolution: int, batch: int = 1, adapter: str = "lora",
              checkpointing: bool = False) -> TrainingJobSpec:
     return TrainingJobSpec.model_validate({
-        "model": {"family": family, "pretrained": str(folder)}, "adapter": {"type": adapter, "rank": 8},
+        "model": {"family": family, "pretrained": str(folder)},
+        "adapter": {"type": adapter, "rank": 8} if family != "pmg" else {},
         "data": {"layout": LAYOUTS_BY_FAMILY[family][0], "uri": "/data", "resolution": resolution},
         "training": {"maxSteps": 1, "batchSize": batch, "mixedPrecision": "bf16",
                      "gradientCheckpointing": checkpointing},
@@ -58,7 +59,8 @@ def parameters(module, trained_only: bool = False) -> int:
 
 
 def profile(family: str, folder: Path, planner: Planner) -> FamilyProfile:
-    full = load_models(spec_for(family, folder, LOW, adapter="full"))
+    # PMG trains its own adapter and refuses adapter.type full: its "full" is its LoRA-shaped load.
+    full = load_models(spec_for(family, folder, LOW, adapter="lora" if family == "pmg" else "full"))
     lora = load_models(spec_for(family, folder, LOW))
     base_name = QUANTIZED.get(family, TRAINED[family])
     base = full.components[base_name]
