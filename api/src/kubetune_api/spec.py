@@ -178,6 +178,29 @@ class CacheSpec(_Model):
 
 
 
+# Kubernetes resource quantities such as 500m, 4, 16Gi, 1.5G.
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=64)]
+
+
+class StreamingSpec(_Model):
+    """How an s3:// data set is read: streamed as training goes, or copied whole first."""
+
+    enabled: bool = Field(
+        default=True,
+        description="s3:// data only: fetch each process's images just ahead of training them (the first step "
+        "starts after one listing, and the disk holds about cacheSize of the data set). false copies the whole "
+        "data set to the pod's disk before the first step (and checks every image first, honouring skipBad).",
+    )
+    cache_size: Quantity = Field(
+        default="4Gi",
+        description="Bytes of streamed images each process keeps on its node's disk ahead of training, e.g. 4Gi.",
+    )
+    prefetch_steps: int = Field(
+        default=8, ge=1, le=10_000, description="Optimizer steps of images fetched ahead of the loader.",
+    )
+
+
 class DataSpec(_Model):
     """Where the training data is and how it is laid out."""
 
@@ -216,6 +239,9 @@ class DataSpec(_Model):
     )
     cache: CacheSpec = Field(
         default_factory=CacheSpec, description="Cache of VAE latents and text embeddings.",
+    )
+    streaming: StreamingSpec = Field(
+        default_factory=StreamingSpec, description="How an s3:// data set is read (streamed by default).",
     )
 
 
@@ -277,6 +303,11 @@ class TrainingSpec(_Model):
     weight_decay: float = Field(default=1e-2, ge=0, le=1, description="AdamW decoupled weight decay.")
     max_grad_norm: float = Field(
         default=1.0, ge=0, le=1e6, description="Clip gradients to this global norm; 0 disables clipping."
+    )
+    max_grad_value: Optional[float] = Field(
+        default=None, gt=0, le=1e6,
+        description="Clip every gradient element to [-maxGradValue, maxGradValue] (before the norm clipping); "
+        "unset = no clipping by value.",
     )
     mixed_precision: Literal["no", "fp16", "bf16"] = Field(
         default="no", description='Mixed precision: "no" (fp32), fp16 (GPU only) or bf16.'
@@ -425,9 +456,6 @@ class CheckpointSpec(_Model):
 
 
 
-# Kubernetes resource quantities such as 500m, 4, 16Gi, 1.5G.
-QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
-Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=64)]
 DnsName = Annotated[str, Field(
     min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
 )]

@@ -106,6 +106,9 @@ class Stepper:
                 self.parallel.backward(loss * weight)
             loss_sum += loss.detach().double() * len(keys)
             self.clock.mark("forward_backward")
+        if self.training.max_grad_value is not None:  # element-wise: the same on every rank and shard
+            torch.nn.utils.clip_grad_value_([p for p in self.model.parameters() if p.requires_grad],
+                                            self.training.max_grad_value)
         if self.training.max_grad_norm > 0:
             self.parallel.clip_grad_norm(self.model, self.training.max_grad_norm)
         self.optimizer.step()

@@ -22,12 +22,14 @@ import torch
 
 from kubetune_api import layout
 from kubetune_api.contract import TrainerEnv
+from kubetune_api.quantity import parse_quantity
 from kubetune_api.spec import TrainingJob, TrainingJobSpec
 from kubetune_trainer import checkpoints, training_state
 from kubetune_trainer.checkpointing import ShardedState, files_of_rank, full_trained_state
 from kubetune_trainer.consistency import check_replicas_agree
 from kubetune_trainer.data.cache import EmbeddingCache, open_store
 from kubetune_trainer.data.sampler import Batching, check_enough_samples, epoch_steps, shard_for_encoding, steps_per_epoch
+from kubetune_trainer.data.screening import image_paths
 from kubetune_trainer.ema import EMA
 from kubetune_trainer.errors import ConfigError, TrainingDiverged
 from kubetune_trainer.families import family_for
@@ -42,6 +44,8 @@ from kubetune_trainer.run_directory import claim_run, local_start_checkpoint, pl
 from kubetune_trainer.storage import runs
 from kubetune_trainer.storage.checkpoint_store import CheckpointStore, local_path_for
 from kubetune_trainer.storage.inputs import local_copy
+from kubetune_trainer.storage.stream import Prefetcher, open_stream, streamed
+from kubetune_trainer.storage.uri import is_s3
 from kubetune_trainer.storage.uploader import UploadFailed
 from kubetune_trainer.training_state import Position, SavedState
 from kubetune_trainer.validation import Validator
@@ -80,10 +84,13 @@ def _quiet_libraries() -> None:
 
 
 def with_local_inputs(spec: TrainingJobSpec) -> TrainingJobSpec:
-    """The spec with s3:// models and data replaced by this node's copies of them."""
+    """The spec with s3:// models and data replaced by this node's copies of them (the data by its
+    streamed tree unless spec.data.streaming says to copy it whole)."""
+    data = spec.data.uri
+    data = open_stream(data) if is_s3(data) and spec.data.streaming.enabled else local_copy(data)
     return spec.model_copy(update={
         "model": spec.model.model_copy(update={"pretrained": local_copy(spec.model.pretrained)}),
-        "data": spec.data.model_copy(update={"uri": local_copy(spec.data.uri)}),
+        "data": spec.data.model_copy(update={"uri": data}),
         "adapter": spec.adapter.model_copy(update={
             "init_from": spec.adapter.init_from and local_copy(spec.adapter.init_from)}),
         "pmg": spec.pmg and spec.pmg.model_copy(update={
@@ -142,6 +149,7 @@ class Run:
             raise
         finally:
             self.validator.close()
+            self._stop_streaming()
         return self.publish()
 
     def set_up(self) -> None:
@@ -162,9 +170,14 @@ class Run:
                  self.world_size)
         self.family = family_for(self.spec.model.family)(self.spec, self.accelerator.device, dtype)
         self.family.cache = open_cache(self.spec)
-        # Every image is checked before the first step; the processes share the work.
-        samples = self.family.screen.images(self.family.read_samples(), self.rank, self.world_size,
-                                            self._gather_objects)
+        samples = self.family.read_samples()
+        self.prefetcher = None
+        if streamed(Path(self.spec.data.uri)):  # images are checked as they arrive (data.keyed)
+            streaming = self.spec.data.streaming
+            self.prefetcher = Prefetcher(int(parse_quantity(streaming.cache_size, "spec.data.streaming.cacheSize")),
+                                         streaming.prefetch_steps)
+        else:  # every image is checked before the first step; the processes share the work
+            samples = self.family.screen.images(samples, self.rank, self.world_size, self._gather_objects)
         for problem in self.family.screen.skipped[:20]:
             log.warning("skipped %s", problem)
         self.dataset, self.held_out = self.family.build_datasets(samples)
@@ -247,10 +260,15 @@ class Run:
             while self.position.step < self.plan.total_steps:
                 steps = self._epoch_steps()[self.position.steps_in_epoch:]
                 micro = step_micro_batches(steps, self.batching, self.rank)
+                if self.prefetcher is not None:  # this rank's images, from where the run stands to its end
+                    remaining = self.plan.total_steps - self.position.step
+                    self.prefetcher.plan([self._images_of(step) for step in micro[:remaining]])
                 for micro_batches in iterate_steps(self.dataset, self.family.collate, self.spec.data.num_workers,
                                                    micro, self.spec.training.seed + self.position.epoch):
                     sample_log.record(self.position.step, micro_batches)
                     loss, lr = stepper.step(self.position.step, micro_batches)
+                    if self.prefetcher is not None:
+                        self.prefetcher.advance()
                     if not math.isfinite(loss):  # the all-reduced loss: every rank stops here together
                         raise TrainingDiverged(self.position.step + 1, loss)
                     self.position.step += 1
@@ -394,6 +412,17 @@ class Run:
                                   self.position.steps_in_epoch)
 
     # --- during training ------------------------------------------------------------------------
+
+    def _images_of(self, step: list[list]) -> list[Path]:
+        """The image files of one step's micro-batches (keys (epoch, index) into the data set)."""
+        return [path for keys in step for _, index in keys for path in image_paths(self.dataset.samples[index])]
+
+    def _stop_streaming(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+            stream = streamed(Path(self.spec.data.uri))
+            log.info("data stream: %d images fetched (%.1f MB), at most %.1f MB of planned images on disk",
+                     stream.fetched_images, stream.fetched_bytes / 1e6, self.prefetcher.peak / 1e6)
 
     def _epoch_steps(self) -> list:
         groups = getattr(self.dataset, "groups", None)

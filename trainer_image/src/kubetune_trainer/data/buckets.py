@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from PIL import Image
+from kubetune_trainer.storage.stream import image_size
 
 # Width:height ratios from 1:2 to 2:1; the usual set of the SDXL and FLUX trainers, give or take.
 ASPECT_RATIOS = (1 / 2, 9 / 16, 2 / 3, 3 / 4, 1.0, 4 / 3, 3 / 2, 16 / 9, 2.0)
@@ -43,6 +43,6 @@ def assign_buckets(paths: list[Path], resolution: int) -> tuple[list[int], list[
     sizes = bucket_sizes(resolution)
     groups = []
     for path in paths:
-        with Image.open(path) as image:
-            groups.append(nearest_bucket(image.width, image.height, sizes))
+        width, height = image_size(path)
+        groups.append(nearest_bucket(width, height, sizes))
     return groups, sizes

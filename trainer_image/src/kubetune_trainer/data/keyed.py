@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
-from PIL import Image
 
 from kubetune_trainer.data.buckets import assign_buckets
 from kubetune_trainer.data.images import Crop, ImageTransform
+from kubetune_trainer.errors import ConfigError
+from kubetune_trainer.storage.stream import open_image
 
 Sample = TypeVar("Sample")
 
@@ -54,5 +55,12 @@ class KeyedDataset(torch.utils.data.Dataset):
                    flip: bool | None = None) -> tuple[torch.Tensor, Crop]:
         size = self.bucket_sizes[self.groups[index]] if self.groups is not None else None
         crop_rng = random.Random(f"{self.seed}:crop:{index}") if self.transform.crop_per_sample else None
-        with Image.open(path) as image:
-            return self.transform.apply(image.convert("RGB"), rng, size, flip, crop_rng)
+        try:
+            with open_image(path) as image:
+                pixels = image.convert("RGB")  # decodes: a broken file fails here
+        except (OSError, SyntaxError, ValueError) as err:  # screened before training unless streamed
+            raise ConfigError(f"{path}: cannot be read as an image ({type(err).__name__}: {err}); streamed images "
+                              "are checked as training reaches them: fix or remove it (with "
+                              "spec.data.streaming.enabled false every image is checked before training, "
+                              "and spec.data.skipBad applies)") from None
+        return self.transform.apply(pixels, rng, size, flip, crop_rng)

@@ -13,13 +13,18 @@ class UnsafePath(ValueError):
     """A name that would lead outside its root (refused, naming it)."""
 
 
-def confined(root: Path, name: str, what: str) -> Path:
-    """root / name, unless name is absolute, climbs with '..', or reaches outside root through a
-    symlink; `what` says where the name came from (for the error)."""
+def relative_parts(root: Path, name: str, what: str) -> tuple[str, ...]:
+    """NAME's parts, unless it is absolute or climbs with '..' (a check on the text alone)."""
     parts = PurePosixPath(name).parts
     if not name or PurePosixPath(name).is_absolute() or ".." in parts or "\\" in name:
         raise UnsafePath(f"{what} {name!r} leaves {root}: names must be relative, without '..'")
-    target = root.joinpath(*parts)
+    return parts
+
+
+def confined(root: Path, name: str, what: str) -> Path:
+    """root / name, unless name is absolute, climbs with '..', or reaches outside root through a
+    symlink; `what` says where the name came from (for the error)."""
+    target = root.joinpath(*relative_parts(root, name, what))
     if not target.resolve().is_relative_to(root.resolve()):
         raise UnsafePath(f"{what} {name!r} leads outside {root} through a symbolic link ({target.resolve()})")
     return target

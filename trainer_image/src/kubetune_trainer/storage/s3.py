@@ -38,6 +38,12 @@ def forget_clients() -> None:
     _client.cache_clear()
 
 
+# A forked process (a DataLoader worker reading streamed images) makes its own client: the
+# parent's carries locks (connection pool, adaptive retry's rate limiter) another thread may have
+# held at the fork, which would then stay held in the child forever.
+os.register_at_fork(after_in_child=forget_clients)
+
+
 @lru_cache(maxsize=8)
 def _client(endpoint: str | None, region: str | None, path_style_setting: str | None, access_key: str | None):
     """Adaptive retries ride out blips. The arguments only key the cache; boto3 reads the environment."""
@@ -54,7 +60,13 @@ def _client(endpoint: str | None, region: str | None, path_style_setting: str | 
     )
     # A session of its own: boto3's default session caches the credentials it first resolved, so a
     # client made after the environment changed (a test's second S3 server) would sign with old keys.
-    return boto3.session.Session().client("s3", config=config)
+    import botocore.session
+
+    core = botocore.session.get_session()
+    # Nothing here reads an object's LastModified: leave timestamps as text (parsing them took a
+    # quarter of listing a 20,000-image data set).
+    core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=str)
+    return boto3.session.Session(botocore_session=core).client("s3", config=config)
 
 
 def _transfer_config():

@@ -1,0 +1,185 @@
+"""s3:// data sets are streamed as training goes (kubetune_trainer.storage.stream): laid out from one
+listing, each rank's images fetched just ahead of its steps and evicted after them, so the disk
+holds a bounded share of the set; a resumed run streams from its position; a broken image is
+named when training reaches it."""
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from kubetune_trainer.storage import s3
+from kubetune_trainer.storage.uri import parse_s3
+from tests.trainer.conftest import (family_job, run_dir, run_trainer_expecting_failure, tiny_sd15,  # noqa: F401
+                                    trained_weights, write_manifest)
+from tests.trainer.test_distributed import max_difference, train
+
+pytestmark = pytest.mark.slow
+
+SIDE = 40  # noise does not compress: each PNG is about SIDE x SIDE x 3 bytes
+
+
+def noise_captions(directory: Path, count: int, seed: int = 0) -> Path:
+    """A captions data set of COUNT random-noise images (so their sizes are real)."""
+    rng = np.random.default_rng(seed)
+    directory.mkdir(parents=True)
+    lines = []
+    for i in range(count):
+        Image.fromarray(rng.integers(0, 256, (SIDE, SIDE, 3), dtype=np.uint8)).save(directory / f"{i:03d}.png")
+        lines.append(json.dumps({"file_name": f"{i:03d}.png", "text": f"noise number {i}"}))
+    (directory / "metadata.jsonl").write_text("\n".join(lines) + "\n")
+    return directory
+
+
+def upload(local: Path, uri: str) -> None:
+    s3.upload_files(sorted(p for p in local.rglob("*") if p.is_file()), local, parse_s3(uri))
+
+
+def image_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*.png") if p.is_file())
+
+
+class DiskWatcher:
+    """The most bytes of images on disk under ROOT, sampled every few milliseconds from outside."""
+
+    def __init__(self, root: Path):
+        self.root, self.peak, self._stop = root, 0, threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self):
+        while not self._stop.wait(0.005):
+            try:
+                self.peak = max(self.peak, image_bytes(self.root))
+            except FileNotFoundError:
+                pass  # a file swapped between listing and stat
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def test_the_tree_is_laid_out_from_one_listing_and_images_arrive_when_read(bucket, tmp_path, monkeypatch):
+    from kubetune_trainer.storage import stream
+
+    local = noise_captions(tmp_path / "data", 6)
+    upload(local, f"s3://{bucket}/streamed/layout")
+    monkeypatch.setenv("KUBETUNE_CACHE_DIR", str(tmp_path / "cache"))
+    root = Path(stream.open_stream(f"s3://{bucket}/streamed/layout"))
+    assert (root / "metadata.jsonl").read_text() == (local / "metadata.jsonl").read_text(), "small files at once"
+    assert image_bytes(root) == 0 and len(list(root.glob("*.png"))) == 6, "every image a placeholder"
+
+    assert stream.image_size(root / "002.png") == (SIDE, SIDE)
+    assert (root / "002.png").stat().st_size == 0, "the size came from the header, nothing was kept"
+    assert stream.read_bytes(root / "003.png") == (local / "003.png").read_bytes()
+    assert (root / "003.png").stat().st_size == (local / "003.png").stat().st_size
+    assert stream.streamed(root).fetched_images == 1
+
+
+def test_the_prefetcher_keeps_the_next_steps_within_its_budget_and_evicts_trained_ones(bucket, tmp_path, monkeypatch):
+    from kubetune_trainer.storage import stream
+
+    local = noise_captions(tmp_path / "data", 12)
+    upload(local, f"s3://{bucket}/streamed/prefetch")
+    monkeypatch.setenv("KUBETUNE_CACHE_DIR", str(tmp_path / "cache"))
+    root = Path(stream.open_stream(f"s3://{bucket}/streamed/prefetch"))
+    one_image = (local / "000.png").stat().st_size
+    steps = [[root / f"{2 * s:03d}.png", root / f"{2 * s + 1:03d}.png"] for s in range(6)]
+    prefetcher = stream.Prefetcher(budget=int(4.5 * one_image), ahead_steps=4)
+    try:
+        prefetcher.plan(steps)
+        wait_for(lambda: prefetcher.fetched == 2, "two steps (four images) fit the budget")
+        time.sleep(0.2)
+        assert prefetcher.fetched == 2, "a third step would pass the budget"
+        assert image_bytes(root) <= 4.5 * one_image
+        prefetcher.advance()
+        assert all(p.stat().st_size == 0 for p in steps[0]), "the trained step's images are placeholders again"
+        wait_for(lambda: prefetcher.fetched == 3, "room for the next step")
+        assert all(p.stat().st_size > 0 for step in steps[1:3] for p in step)
+        assert all(p.stat().st_size == 0 for step in steps[3:] for p in step), "nothing beyond the budget"
+    finally:
+        prefetcher.close()
+
+
+def wait_for(condition, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def streamed_job(model, data_uri, out, workers: int = 0, steps: int = 6, **streaming) -> dict:
+    return family_job("sd15", "captions", model, data_uri, out,
+                      training={"maxSteps": steps, "batchSize": 2, "optimizer": "sgd", "sgdMomentum": 0.0,
+                                "learningRate": 0.1, "weightDecay": 0.0},
+                      data={"numWorkers": workers, **({"streaming": streaming} if streaming else {})},
+                      checkpoints={"everySteps": 3})
+
+
+def test_two_processes_stream_a_set_larger_than_their_disk_and_train_what_local_data_trains(
+        bucket, tiny_sd15, tmp_path):
+    local = noise_captions(tmp_path / "data", 64)
+    upload(local, f"s3://{bucket}/streamed/bigger-than-disk")
+    one_image = (local / "000.png").stat().st_size
+    budget = 3 * one_image  # per process: less than a quarter of the set
+    cache = tmp_path / "cache"
+    # Two loader workers per process read (and so fetch) images too, in processes of their own.
+    streamed = streamed_job(tiny_sd15, f"s3://{bucket}/streamed/bigger-than-disk", tmp_path / "streamed",
+                            workers=2, steps=16, cacheSize=str(budget), prefetchSteps=2)
+    with DiskWatcher(cache / "stream") as disk:
+        log = train(streamed, tmp_path, nproc=2, extra_env={"KUBETUNE_CACHE_DIR": str(cache)})
+    assert "2 process(es)" in log
+    per_process_step = 2 * one_image  # each rank's share of a step (of 16, over 64 images): a micro-batch of 2
+    loaded_ahead = 2 * 2 * per_process_step  # each worker loads up to 2 batches ahead (torch's prefetch)
+    assert 0 < disk.peak <= 2 * (budget + per_process_step + loaded_ahead), (disk.peak, budget)
+    assert disk.peak < image_bytes(local) / 2, "never the whole set on disk"
+
+    train(streamed_job(tiny_sd15, str(local), tmp_path / "local", steps=16), tmp_path, nproc=2)
+    steps = {name: trained_weights(run_dir(tmp_path / name) / "checkpoint-16") for name in ("streamed", "local")}
+    assert max_difference(steps["streamed"], steps["local"]) == 0, "streamed data trains exactly what local data trains"
+
+
+def fetched_images(log: str) -> int:
+    return int(re.search(r"data stream: (\d+) images fetched", log).group(1))
+
+
+def test_a_resumed_run_streams_from_its_saved_position(bucket, tiny_sd15, tmp_path, monkeypatch):
+    from tests.trainer.conftest import run_trainer
+
+    upload(noise_captions(tmp_path / "data", 8), f"s3://{bucket}/streamed/resume")
+    monkeypatch.setenv("KUBETUNE_RUN_ID", "uid-of-the-trainingjob")
+    monkeypatch.setenv("KUBETUNE_CACHE_DIR", str(tmp_path / "cache"))
+    manifest = streamed_job(tiny_sd15, f"s3://{bucket}/streamed/resume", tmp_path / "out")
+    manifest["spec"]["training"]["maxSteps"] = 3
+    first = run_trainer(manifest, tmp_path).stderr
+    assert fetched_images(first) == 3 * 2, "three steps of two images"
+    manifest["spec"]["training"]["maxSteps"] = 6
+    resumed = run_trainer(manifest, tmp_path).stderr
+    assert "resumed from" in resumed and "at step 3" in resumed
+    assert fetched_images(resumed) == 3 * 2, "only the images of steps 4-6: the stream continued at step 3"
+
+
+def test_a_broken_streamed_image_stops_the_run_naming_it_and_keeps_its_checkpoints(
+        bucket, tiny_sd15, tmp_path, monkeypatch):
+    local = noise_captions(tmp_path / "data", 8)
+    (local / "005.png").write_bytes(b"not a png at all")
+    upload(local, f"s3://{bucket}/streamed/broken")
+    monkeypatch.setenv("KUBETUNE_CACHE_DIR", str(tmp_path / "cache"))
+    manifest = streamed_job(tiny_sd15, f"s3://{bucket}/streamed/broken", tmp_path / "out")
+    manifest["spec"]["training"].update(maxSteps=8, seed=1)
+    manifest["spec"]["checkpoints"]["everySteps"] = 1
+    stderr = run_trainer_expecting_failure(manifest, tmp_path)
+    assert "005.png: cannot be read as an image" in stderr and "streaming.enabled false" in stderr, stderr[-3000:]
+    assert "Traceback" not in stderr
+    trained = max((int(step) for step in re.findall(r"step (\d+)/8", stderr)), default=0)
+    if trained:
+        assert (run_dir(tmp_path / "out") / f"checkpoint-{trained}" / "manifest.json").is_file(), "kept"

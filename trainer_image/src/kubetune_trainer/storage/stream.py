@@ -1,0 +1,294 @@
+"""s3:// data sets read as training goes, instead of copied whole before the first step.
+
+`open_stream` lays the data set's tree out on the node's disk from one listing: the small files
+(metadata.jsonl, captions, JSON records) are fetched, and every image is an empty placeholder.
+The layout readers and their checks then work unchanged (names, existence, confinement). An
+image's bytes arrive when it is read (`read_bytes`), by whichever process reads it: DataLoader
+workers included, since the files on disk are the only state the processes share.
+
+Each rank's `Prefetcher` fetches the images of its own next steps ahead of the loader and turns
+those of the steps it trained back into placeholders, so at most about `cacheSize` of a data
+set is on the disk at once and a data set larger than the pod's disk trains. A resumed run plans
+from its saved position, so the stream continues there. Eviction never breaks a read: a file is
+swapped for a placeholder atomically, and a reader that finds one fetches the image again.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from kubetune_trainer.storage import s3
+from kubetune_trainer.storage.confine import relative_parts
+from kubetune_trainer.storage.uri import S3Location, parse_s3
+
+log = logging.getLogger(__name__)
+
+STREAMED_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+FETCH_THREADS = 8
+
+
+@dataclass
+class Stream:
+    """One streamed data set: where it is in S3, where its tree is on this node, each image's size."""
+
+    location: S3Location
+    root: Path
+    sizes: dict[str, int] = field(default_factory=dict)   # image key under the prefix -> bytes
+    fetched_images: int = 0                                # by this process (its threads included)
+    fetched_bytes: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _fetching: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
+
+    def image_key(self, path: Path) -> str | None:
+        """PATH's key under the prefix when it is one of the streamed images, else None."""
+        try:
+            key = PurePosixPath(path.relative_to(self.root)).as_posix()
+        except ValueError:
+            return None
+        return key if key in self.sizes else None
+
+    def fill(self, path: Path, key: str) -> int:
+        """Fetch the image unless it is on disk already; the bytes fetched. One fetch per image at a
+        time in this process: the prefetcher and the loader asking together share it."""
+        size = self.sizes[key]
+        if size == 0 or _size(path) == size:
+            return 0
+        with self._lock:
+            single_flight = self._fetching.setdefault(key, threading.Lock())
+        with single_flight:
+            if _size(path) == size:
+                return 0
+            body = s3.client().get_object(Bucket=self.location.bucket, Key=self.location.prefix + key)["Body"].read()
+            _replace(path, body)
+        with self._lock:
+            self.fetched_images += 1
+            self.fetched_bytes += len(body)
+        return len(body)
+
+    def empty(self, path: Path) -> int:
+        """Turn the image back into a placeholder; the bytes freed."""
+        size = _size(path)
+        if size:
+            _replace(path, b"")
+        return size
+
+
+# Streamed trees on this node by local root (forked DataLoader workers inherit it).
+_STREAMS: dict[Path, Stream] = {}
+
+
+def _fresh_locks_in_child() -> None:
+    """A forked DataLoader worker gets new locks: one a prefetch thread held at the fork would
+    otherwise stay held in the child forever."""
+    for stream in _STREAMS.values():
+        stream._lock, stream._fetching = threading.Lock(), {}
+
+
+os.register_at_fork(after_in_child=_fresh_locks_in_child)
+
+
+def stream_root() -> Path:
+    from kubetune_trainer.storage.inputs import cache_root
+
+    return cache_root() / "stream"
+
+
+def open_stream(uri: str) -> str:
+    """Lay out the tree of the s3:// data set URI on this node; its local root. Safe to call from
+    every process of a node: what is already there is kept."""
+    location = parse_s3(uri)
+    root = stream_root() / location.bucket / location.key
+    objects = s3.list_objects(location)
+    if not objects:
+        raise FileNotFoundError(f"{uri} is empty or does not exist")
+    stream = Stream(location, root)
+    small, folders = [], set()
+    for key, size in objects.items():
+        if key.endswith("/"):
+            continue
+        # Keys are chosen by whoever writes the bucket: each must stay under root. The tree is this
+        # process's own making (no symlinks in it), so checking the text suffices, and is quick.
+        path = root.joinpath(*relative_parts(root, key, f"object key under {uri}"))
+        if PurePosixPath(key).suffix.lower() in STREAMED_SUFFIXES:
+            stream.sizes[key] = size
+            if path.parent not in folders:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                folders.add(path.parent)
+        elif _size(path) != size or not path.is_file():
+            small.append(key)
+    # Creating files is slow on some disks (a millisecond each): in parallel, with the small files.
+    with ThreadPoolExecutor(FETCH_THREADS) as pool:
+        list(pool.map(lambda key: _placeholder(root / key, stream.sizes[key]), stream.sizes))
+        list(pool.map(lambda key: s3.download_file(location.child(key), root / key), small))
+    _STREAMS[root] = stream
+    log.info("streaming %s: %d images listed (%.1f MB), %d small files fetched", uri, len(stream.sizes),
+             sum(stream.sizes.values()) / 1e6, len(small))
+    return str(root)
+
+
+def streamed(root: Path) -> Stream | None:
+    return _STREAMS.get(Path(root))
+
+
+def _stream_of(path: Path) -> tuple[Stream, str] | None:
+    for root, stream in _STREAMS.items():
+        key = stream.image_key(path)
+        if key is not None:
+            return stream, key
+    return None
+
+
+def read_bytes(path: Path) -> bytes:
+    """An image's bytes: from the disk, or from S3 first when it is a streamed placeholder. A
+    file emptied between the check and the read (eviction) is fetched again."""
+    found = _stream_of(Path(path))
+    if found is None:
+        return Path(path).read_bytes()
+    stream, key = found
+    for _ in range(3):
+        stream.fill(path, key)
+        data = Path(path).read_bytes()
+        if len(data) == stream.sizes[key]:
+            return data
+    raise OSError(f"{path}: {stream.location.uri}/{key} did not arrive whole (is it being rewritten?)")
+
+
+def open_image(path: Path):
+    """PATH as a PIL image, its bytes fetched first when it is a streamed placeholder."""
+    from PIL import Image
+
+    if _stream_of(Path(path)) is None:
+        return Image.open(path)
+    return Image.open(io.BytesIO(read_bytes(path)))
+
+
+HEADER_BYTES = 64 * 1024  # where PNG, JPEG and WebP keep their size (bar huge metadata blocks)
+
+
+def image_size(path: Path) -> tuple[int, int]:
+    """(width, height) from the image's header: of a streamed image not on disk yet, only its
+    first HEADER_BYTES are fetched (aspect-ratio bucketing reads every size before training)."""
+    from PIL import Image
+
+    found = _stream_of(Path(path))
+    if found is not None and _size(path) != found[0].sizes[found[1]]:
+        stream, key = found
+        head = s3.client().get_object(Bucket=stream.location.bucket, Key=stream.location.prefix + key,
+                                      Range=f"bytes=0-{HEADER_BYTES - 1}")["Body"].read()
+        try:
+            with Image.open(io.BytesIO(head)) as image:
+                return image.size
+        except (OSError, SyntaxError, ValueError):
+            pass  # the size is further in: read the whole image
+    with open_image(path) as image:
+        return image.size
+
+
+class Prefetcher:
+    """Keeps this rank's next steps' images on disk, and no more than `budget` bytes of them.
+
+    `plan(steps)`: the images of each step this rank will train, in order (an epoch from the
+    current position). `advance()`: one step trained; its images become placeholders again.
+    """
+
+    def __init__(self, budget: int, ahead_steps: int, threads: int = FETCH_THREADS):
+        self.budget, self.ahead_steps = budget, ahead_steps
+        self.steps: list[list[Path]] = []
+        self.trained = 0          # steps of the plan trained
+        self.fetched = 0          # steps of the plan whose images are on disk
+        self.on_disk = 0          # bytes of the images of steps trained..fetched
+        self.peak = 0             # the most bytes of planned images on disk at once
+        self._pool = ThreadPoolExecutor(threads)
+        self._changed = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._pump, name="data-prefetch", daemon=True)
+        self._thread.start()
+
+    def plan(self, steps: list[list[Path]]) -> None:
+        with self._changed:
+            self.steps, self.trained, self.fetched, self.on_disk = [list(s) for s in steps], 0, 0, 0
+            self._changed.notify_all()
+
+    def advance(self) -> None:
+        with self._changed:
+            done = self.steps[self.trained] if self.trained < len(self.steps) else []
+            self.trained += 1
+            self.fetched = max(self.fetched, self.trained)
+        freed = sum(_empty(path) for path in done)  # here, not behind the pool's fetches: it is quick
+        with self._changed:
+            self.on_disk = max(0, self.on_disk - freed)
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+        self._thread.join()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _next_step(self) -> list[Path] | None:
+        """The images of the next step to fetch, when the window and the budget allow one."""
+        if self.fetched >= len(self.steps) or self.fetched >= self.trained + self.ahead_steps:
+            return None
+        upcoming = self.steps[self.fetched]
+        size = sum(_listed_size(p) for p in upcoming)
+        if self.fetched > self.trained and self.on_disk + size > self.budget:
+            return None  # always one step ahead, more only within the budget
+        return upcoming
+
+    def _pump(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._closed or self._next_step() is not None)
+                if self._closed:
+                    return
+                upcoming, plan = self._next_step(), self.steps
+            list(self._pool.map(_fill, upcoming))
+            with self._changed:
+                if self.steps is plan:  # not re-planned meanwhile
+                    self.fetched += 1
+                    self.on_disk += sum(_listed_size(p) for p in upcoming)
+                    self.peak = max(self.peak, self.on_disk)
+
+
+def _fill(path: Path) -> int:
+    found = _stream_of(path)
+    return found[0].fill(path, found[1]) if found else 0
+
+
+def _empty(path: Path) -> int:
+    found = _stream_of(path)
+    return found[0].empty(path) if found else 0
+
+
+def _listed_size(path: Path) -> int:
+    found = _stream_of(path)
+    return found[0].sizes[found[1]] if found else 0
+
+
+def _placeholder(path: Path, size: int) -> None:
+    """An empty file where the image goes, unless the image is there already."""
+    present = _size(path)
+    if present is None:
+        path.touch()
+    elif present not in (0, size):  # an older version of the object
+        _replace(path, b"")
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return None
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Write DATA as PATH atomically: a reader sees the old file or the new one, never a part."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.part")
+    partial.write_bytes(data)
+    os.replace(partial, path)
