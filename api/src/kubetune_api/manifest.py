@@ -68,23 +68,28 @@ class ManifestError(ValueError):
 
 def load_manifest(path: Path, overrides: Iterable[str] = ()) -> TrainingJob:
     """Read a manifest file, apply `PATH=VALUE` overrides, and validate it."""
+    return parse_manifest(apply_overrides(read_document(path, "TrainingJob"), overrides))
+
+
+def read_document(path: Path, kind: str) -> dict[str, Any]:
+    """The one document of KIND in the YAML file PATH."""
     text = read_manifest_text(path)
     try:
         documents = [d for d in yaml.load_all(text, Loader=ManifestLoader) if d is not None]
     except yaml.YAMLError as err:
         raise ManifestError([f"not valid YAML: {err}"]) from None
-    jobs = [d for d in documents if isinstance(d, dict) and d.get("kind") == "TrainingJob"]
-    if len(jobs) != 1:
-        raise ManifestError([f"expected exactly one TrainingJob document in {path}, found {len(jobs)}"])
-    return parse_manifest(apply_overrides(jobs[0], overrides))
+    found = [d for d in documents if isinstance(d, dict) and d.get("kind") == kind]
+    if len(found) != 1:
+        raise ManifestError([f"expected exactly one {kind} document in {path}, found {len(found)}"])
+    return found[0]
 
 
-def parse_manifest(document: Mapping[str, Any]) -> TrainingJob:
-    """Validate a manifest mapping; raise ManifestError naming each bad field."""
+def parse_manifest(document: Mapping[str, Any], model: type[BaseModel] = TrainingJob) -> Any:
+    """Validate a manifest mapping (a TrainingJob, or MODEL); raise ManifestError naming each bad field."""
     try:
-        return TrainingJob.model_validate(document)
+        return model.model_validate(document)
     except ValidationError as err:
-        raise ManifestError(describe_errors(err)) from None
+        raise ManifestError(describe_errors(err, model)) from None
 
 
 def apply_overrides(document: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
@@ -110,20 +115,21 @@ def apply_overrides(document: Mapping[str, Any], overrides: Iterable[str]) -> di
     return result
 
 
-def describe_errors(err: ValidationError) -> list[str]:
-    """Turn pydantic's errors into `field.path: what is wrong; what is allowed` lines."""
+def describe_errors(err: ValidationError, model: type[BaseModel] = TrainingJob) -> list[str]:
+    """Turn pydantic's errors into `field.path: what is wrong; what is allowed` lines (a rule that
+    found several problems gives them one per line)."""
     problems = []
     for error in err.errors(include_url=False):
         location = ".".join(str(part) for part in error["loc"])
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
-            message = _unknown_field_message(error["loc"])
+            message = _unknown_field_message(error["loc"], model)
         elif "input" in error and not isinstance(error["input"], (dict, list)) and error["type"] != "missing":
             message = f"{message} (got {redacted(error['input'])!r})"
             if error["input"] is False and "'no'" in message:
                 message += '; YAML reads an unquoted no as false: write "no"'
         if message.startswith(("spec.", "metadata.")):
-            problems.append(message)  # a cross-field rule that names its own fields
+            problems += message.split("\n")  # a cross-field rule that names its own fields
         else:
             problems.append(f"{location}: {message}" if location else message)
     return problems
@@ -137,8 +143,8 @@ def redacted(value: Any) -> Any:
     return _URL_CREDENTIALS.sub("***@", value) if isinstance(value, str) else value
 
 
-def _unknown_field_message(loc: tuple[Any, ...]) -> str:
-    allowed = _allowed_fields(loc[:-1])
+def _unknown_field_message(loc: tuple[Any, ...], root: type[BaseModel]) -> str:
+    allowed = _allowed_fields(loc[:-1], root)
     hint = difflib.get_close_matches(str(loc[-1]), allowed, n=1, cutoff=0.6)
     text = "unknown field"
     if hint:
@@ -148,31 +154,31 @@ def _unknown_field_message(loc: tuple[Any, ...]) -> str:
     return text
 
 
-def _allowed_fields(parent: tuple[Any, ...]) -> list[str]:
+def _allowed_fields(parent: tuple[Any, ...], root: type[BaseModel]) -> list[str]:
     """The camelCase field names the model accepts at a manifest path."""
-    model: type[BaseModel] | None = TrainingJob
+    model: type[BaseModel] | None = root
     for part in parent:
-        field = _field_by_alias(model, str(part)) if model else None
+        field = field_by_alias(model, str(part)) if model else None
         annotation = field.annotation if field else None
-        model = _model_in(annotation)
+        model = model_in(annotation)
     if model is None:
         return []
     return [f.alias or name for name, f in model.model_fields.items()]
 
 
-def _field_by_alias(model: type[BaseModel], alias: str):
+def field_by_alias(model: type[BaseModel], alias: str):
     for name, field in model.model_fields.items():
         if (field.alias or name) == alias:
             return field
     return None
 
 
-def _model_in(annotation: Any) -> type[BaseModel] | None:
+def model_in(annotation: Any) -> type[BaseModel] | None:
     """The pydantic model inside an annotation such as Optional[Model]."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in getattr(annotation, "__args__", ()):
-        found = _model_in(arg)
+        found = model_in(arg)
         if found:
             return found
     return None

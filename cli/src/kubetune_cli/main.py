@@ -31,13 +31,49 @@ def cli() -> None:
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE",
               help="Override a field, e.g. --set spec.training.maxSteps=2 (repeatable).")
 def validate(path: str, overrides: tuple[str, ...]) -> None:
-    """Check a manifest and print the verdict the cluster will give."""
+    """Check a manifest (a TrainingJob or a TrainingSweep) and print the verdict the cluster will give."""
     try:
+        if is_sweep(Path(path)):
+            from kubetune_api.sweep import load_sweep
+
+            sweep = load_sweep(Path(path))
+            click.echo(f"{path}: valid TrainingSweep {sweep.metadata.name!r} ({sweep.spec.algorithm}, "
+                       f"{sweep.spec.max_trials} trials over {', '.join(sweep.spec.parameters)})")
+            return
         job = load_manifest(Path(path), overrides)
     except ManifestError as err:
         click.echo(f"{path}: invalid\n{err}", err=True)
         sys.exit(1)
     click.echo(f"{path}: valid TrainingJob {job.metadata.name!r} (family {job.spec.model.family})")
+
+
+def is_sweep(path: Path) -> bool:
+    """Whether the file holds a TrainingSweep (a cheap look: validation reads it properly)."""
+    return any(line.strip() == "kind: TrainingSweep" for line in path.read_text(errors="replace").splitlines())
+
+
+@cli.command()
+@click.option("-f", "--filename", "path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="The TrainingSweep manifest, the same file you would `kubectl apply`.")
+@click.option("--parallel", default=None, type=click.IntRange(1, 64),
+              help="Trials at once (default: spec.parallelTrials).")
+@click.option("--workdir", default=None, type=click.Path(file_okay=False),
+              help="Where the trials' manifests and logs go (default: ./kubetune-sweeps/<name>).")
+def sweep(path: str, parallel: int | None, workdir: str | None) -> None:
+    """Run a TrainingSweep's trials on this machine and print each trial and the best."""
+    from kubetune_api.sweep import load_sweep
+    from kubetune_cli.sweep import LocalSweep
+
+    try:
+        loaded = load_sweep(Path(path))
+    except ManifestError as err:
+        click.echo(f"{path}: invalid\n{err}", err=True)
+        sys.exit(1)
+    runner = LocalSweep(loaded, Path(workdir or Path("kubetune-sweeps") / loaded.metadata.name), parallel,
+                        echo=lambda line: click.echo(line, err=True))
+    succeeded = runner.run()
+    click.echo(runner.table())
+    sys.exit(0 if succeeded else 1)
 
 
 @cli.command()

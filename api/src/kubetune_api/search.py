@@ -1,0 +1,142 @@
+"""The search of a TrainingSweep: which parameters the next trial gets, and whether a running
+trial is clearly worse than the others (pure functions of the sweep and its trials so far).
+
+Everything is derived from the trial records alone, so whoever runs the sweep (the local runner
+today, the operator from the sweep's status) rebuilds the search after a restart by replaying
+them: grid and random trials are a function of the trial number, and the Bayesian (Optuna TPE)
+study is rebuilt from the finished and running trials before each suggestion.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import statistics
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from kubetune_api.sweep import Distribution, TrainingSweepSpec
+
+TrialState = Literal["running", "succeeded", "failed", "stopped"]
+
+
+@dataclass
+class Trial:
+    number: int
+    parameters: dict[str, Any]
+    state: TrialState = "running"
+    value: float | None = None                                 # the objective, once finished
+    intermediate: dict[int, float] = field(default_factory=dict)  # step -> objective so far
+    reason: str = ""                                           # why it failed or was stopped
+
+
+def suggest(sweep: TrainingSweepSpec, trials: list[Trial]) -> dict[str, Any] | None:
+    """The next trial's parameters; None when the search has nothing left (a grid walked through)."""
+    number = len(trials)
+    if number >= sweep.max_trials:
+        return None
+    if sweep.algorithm == "grid":
+        points = grid_points(sweep)
+        return points[number] if number < len(points) else None
+    if sweep.algorithm == "bayesian":
+        return _tpe(sweep, trials)
+    rng = random.Random(f"{sweep.seed}:{number}")
+    return {path: draw(distribution, rng) for path, distribution in sweep.parameters.items()}
+
+
+def grid_points(sweep: TrainingSweepSpec) -> list[dict[str, Any]]:
+    """Every combination, the last parameter varying fastest (as the manifest lists them)."""
+    paths = list(sweep.parameters)
+    return [dict(zip(paths, values)) for values in itertools.product(*(sweep.parameters[p].grid() for p in paths))]
+
+
+def draw(distribution: Distribution, rng: random.Random) -> Any:
+    kind = distribution.kind
+    if kind == "choice":
+        return rng.choice(distribution.choice)
+    if kind == "uniform":
+        return rng.uniform(*distribution.uniform)
+    if kind == "log_uniform":
+        low, high = distribution.log_uniform
+        return math.exp(rng.uniform(math.log(low), math.log(high)))
+    return rng.choice(distribution.grid())  # int and float ranges: one of their steps
+
+
+def _tpe(sweep: TrainingSweepSpec, trials: list[Trial]) -> dict[str, Any]:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # constant_liar
+    spaces = {path: optuna_distribution(d) for path, d in sweep.parameters.items()}
+    # Seeded by the trial number too: the study is rebuilt for every suggestion, and one seed would
+    # give every start-up trial the same draw. constant_liar: a running trial counts as a poor one,
+    # so parallel trials spread out.
+    seed = (sweep.seed * 1_000_003 + len(trials)) % 2**32
+    sampler = optuna.samplers.TPESampler(seed=seed, constant_liar=True,
+                                         n_startup_trials=min(10, max(2, sweep.max_trials // 4)))
+    study = optuna.create_study(direction="minimize" if sweep.objective.minimize else "maximize", sampler=sampler)
+    for trial in trials:
+        parameters = {path: _as_optuna(spaces[path], value) for path, value in trial.parameters.items()}
+        if trial.state == "succeeded" and trial.value is not None and math.isfinite(trial.value):
+            study.add_trial(optuna.trial.create_trial(params=parameters, distributions=spaces, value=trial.value))
+        elif trial.state == "running":
+            study.add_trial(optuna.trial.create_trial(params=parameters, distributions=spaces,
+                                                      state=optuna.trial.TrialState.RUNNING))
+        else:  # failed or stopped early: a region TPE should not favour
+            study.add_trial(optuna.trial.create_trial(params=parameters, distributions=spaces,
+                                                      state=optuna.trial.TrialState.FAIL))
+    return dict(study.ask(spaces).params)
+
+
+def optuna_distribution(distribution: Distribution):
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    kind = distribution.kind
+    if kind == "choice":
+        return CategoricalDistribution(distribution.choice)
+    if kind == "int_range":
+        low, high = distribution.int_range
+        return IntDistribution(low, high, step=int(distribution.step or 1))
+    if kind == "float_range":
+        low, high = distribution.float_range
+        return FloatDistribution(low, high, step=distribution.step)
+    low, high = getattr(distribution, kind)
+    return FloatDistribution(low, high, log=kind == "log_uniform")
+
+
+def _as_optuna(space, value):
+    """A recorded value as the distribution holds it (JSON turns 4.0 into 4 and back)."""
+    from optuna.distributions import FloatDistribution
+
+    return float(value) if isinstance(space, FloatDistribution) else value
+
+
+def should_stop(trial: Trial, others: list[Trial], minimize: bool, min_steps: int) -> bool:
+    """The median rule: stop TRIAL when its best value so far is worse than the median of the
+    other trials' values at its latest step (their last value at or before it). Needs a value
+    from at least one other trial at that point; never before min_steps."""
+    if not trial.intermediate:
+        return False
+    step = max(trial.intermediate)
+    if step < min_steps:
+        return False
+    values = list(trial.intermediate.values())
+    best = min(values) if minimize else max(values)
+    theirs = [value for value in (_value_at(other, step) for other in others) if value is not None]
+    if not theirs:
+        return False
+    median = statistics.median(theirs)
+    return best > median if minimize else best < median
+
+
+def _value_at(trial: Trial, step: int) -> float | None:
+    earlier = [s for s in trial.intermediate if s <= step]
+    return trial.intermediate[max(earlier)] if earlier else None
+
+
+def best_trial(trials: list[Trial], minimize: bool) -> Trial | None:
+    finished = [t for t in trials if t.state == "succeeded" and t.value is not None and math.isfinite(t.value)]
+    if not finished:
+        return None
+    return (min if minimize else max)(finished, key=lambda t: t.value)

@@ -1,0 +1,264 @@
+"""The TrainingSweep API: a search over spec paths of a TrainingJob template (torch-free).
+
+A sweep's parameters name fields of the template's spec in the manifest's own spelling
+(`training.learningRate`), each with a distribution; every path is checked against the
+TrainingJob schema and every value a distribution can give (its bounds, its choices) against the
+field's own rules, so a bad search space is refused before any trial runs, naming the parameter.
+The objective is a metric the template's family reports (kubetune_api.families).
+"""
+from __future__ import annotations
+
+import difflib
+import math
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, Field, StrictBool, ValidationError, model_validator
+
+from kubetune_api.families import FAMILIES
+from kubetune_api.manifest import field_by_alias, model_in, parse_manifest, read_document
+from kubetune_api.spec import ObjectMeta, TrainingJobSpec, _Model
+
+Scalar = Union[StrictBool, int, float, str]
+
+# Objective -> what the trainer logs it as: train/loss, or validation/<name> at validation steps.
+TRAINING_LOSS = "loss"
+VALIDATION_METRICS = {"validation_loss": "loss", "accuracy": "accuracy", "f1": "f1",
+                      "clip_score": "clip_score", "clip_directional": "clip_directional"}
+LOWER_IS_BETTER = {"loss", "validation_loss"}
+GRID_LIMIT = 10_000
+
+
+class Distribution(_Model):
+    """Exactly one of choice, uniform, logUniform, intRange, floatRange (step: the ranges' grid)."""
+
+    choice: Optional[list[Scalar]] = Field(default=None, min_length=1, max_length=1000,
+                                           description="The values to try.")
+    uniform: Optional[list[float]] = Field(default=None, min_length=2, max_length=2, description="[low, high].")
+    log_uniform: Optional[list[float]] = Field(
+        default=None, min_length=2, max_length=2, description="[low, high], drawn uniformly in log space (low > 0).")
+    int_range: Optional[list[int]] = Field(
+        default=None, min_length=2, max_length=2, description="[low, high] integers, both included, every step.")
+    float_range: Optional[list[float]] = Field(
+        default=None, min_length=2, max_length=2, description="[low, high], both included, every step.")
+    step: Optional[Union[int, float]] = Field(default=None, gt=0, description="intRange (default 1) and floatRange.")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "Distribution":
+        kinds = [name for name in ("choice", "uniform", "log_uniform", "int_range", "float_range")
+                 if getattr(self, name) is not None]
+        if len(kinds) != 1:
+            raise ValueError("give exactly one of choice, uniform, logUniform, intRange or floatRange"
+                             + (f" (got {', '.join(kinds)})" if kinds else ""))
+        if self.step is not None and self.kind not in ("int_range", "float_range"):
+            raise ValueError("step applies to intRange and floatRange only")
+        if self.kind == "float_range" and self.step is None:
+            raise ValueError("floatRange needs a step (or use uniform)")
+        if self.kind == "int_range" and self.step is not None and self.step != int(self.step):
+            raise ValueError("an intRange's step is an integer")
+        if self.kind != "choice":
+            low, high = getattr(self, self.kind)
+            if not low < high:
+                raise ValueError(f"[{low}, {high}]: low must be below high")
+            if self.kind == "log_uniform" and low <= 0:
+                raise ValueError(f"logUniform [{low}, {high}]: low must be above 0")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(name for name in ("choice", "uniform", "log_uniform", "int_range", "float_range")
+                    if getattr(self, name) is not None)
+
+    def grid(self) -> list | None:
+        """Every value, for a grid search; None for a continuous distribution."""
+        if self.kind == "choice":
+            return list(self.choice)
+        if self.kind == "int_range":
+            low, high = self.int_range
+            return list(range(low, high + 1, int(self.step or 1)))
+        if self.kind == "float_range":
+            low, high = self.float_range
+            count = int(math.floor((high - low) / self.step + 1e-9)) + 1
+            return [round(low + i * self.step, 12) for i in range(count)]
+        return None
+
+    def probes(self) -> list:
+        """Values that stand for everything the distribution can give: its choices, or its bounds
+        and a point between them (which also shows a real number where an integer is needed)."""
+        if self.kind == "choice":
+            return list(self.choice)
+        values = self.grid()
+        if values is not None:
+            return sorted({values[0], values[-1], values[len(values) // 2]})
+        low, high = getattr(self, self.kind)
+        middle = math.sqrt(low * high) if self.kind == "log_uniform" else (low + high) / 2
+        return [low, middle, high]
+
+
+class Objective(_Model):
+    metric: Literal["loss", "validation_loss", "clip_score", "clip_directional", "accuracy", "f1"] = Field(
+        description="What a trial is judged by: the training loss (the mean of its last logged steps), or a "
+        "validation metric (its last validation): validation_loss, accuracy, f1, clip_score, clip_directional.",
+    )
+    goal: Optional[Literal["minimize", "maximize"]] = Field(
+        default=None, description="Unset: minimize the losses, maximize the other metrics.")
+
+    @property
+    def minimize(self) -> bool:
+        return self.goal == "minimize" if self.goal else self.metric in LOWER_IS_BETTER
+
+
+class EarlyStopping(_Model):
+    rule: Literal["median"] = Field(
+        default="median", description="median: stop a trial whose best value so far is worse than the median of "
+        "the other trials' values at the same step.")
+    min_steps: int = Field(default=1, ge=1, le=10_000_000, description="Never stop a trial before this step.")
+
+
+class Template(_Model):
+    spec: dict[str, Any] = Field(description="A TrainingJob spec, as in any TrainingJob.")
+
+
+class TrainingSweepSpec(_Model):
+    template: Template
+    parameters: dict[str, Distribution] = Field(
+        min_length=1, max_length=32,
+        description="Spec paths of the template in the manifest's spelling (training.learningRate) -> distribution.")
+    objective: Objective
+    algorithm: Literal["grid", "random", "bayesian", "pbt"] = Field(
+        default="random", description="grid, random, bayesian (Optuna TPE) or pbt.")
+    max_trials: int = Field(ge=1, le=1000, description="Trials to run at most.")
+    parallel_trials: int = Field(default=1, ge=1, le=100, description="Trials running at once.")
+    early_stopping: Optional[EarlyStopping] = Field(default=None, description="Stop trials that are clearly worse.")
+    max_failed_fraction: float = Field(
+        default=0.5, ge=0, le=1,
+        description="The sweep fails when more than this share of its trials failed (a failed trial is recorded "
+        "and the sweep goes on).")
+    seed: int = Field(default=0, ge=0, le=2**32 - 1, description="Seed of the search (not of the trials' training).")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TrainingSweepSpec":
+        problems = []
+        if self.max_trials < self.parallel_trials:
+            problems.append(f"spec.maxTrials ({self.max_trials}) is below spec.parallelTrials "
+                            f"({self.parallel_trials}): raise maxTrials or lower parallelTrials")
+        if self.algorithm == "pbt":
+            problems.append("spec.algorithm pbt is not available in this version: use grid, random or bayesian")
+        if self.algorithm == "grid":
+            continuous = [path for path, d in self.parameters.items() if d.grid() is None]
+            if continuous:
+                problems.append(f"spec.algorithm grid needs finite parameters; {', '.join(continuous)} "
+                                "are continuous: use choice, intRange or floatRange with a step")
+            elif math.prod(len(d.grid()) for d in self.parameters.values()) > GRID_LIMIT:
+                problems.append(f"spec.parameters: the grid has more than {GRID_LIMIT} points")
+        template = _template_spec(self.template.spec)  # raises naming spec.template.spec.<field>
+        problems += _objective_problems(self.objective, template)
+        for path, distribution in self.parameters.items():
+            problems += _parameter_problems(path, distribution, self.template.spec)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+
+class TrainingSweep(_Model):
+    """A whole TrainingSweep manifest."""
+
+    api_version: Literal["kubetune.dev/v1alpha1"]
+    kind: Literal["TrainingSweep"]
+    metadata: ObjectMeta
+    spec: TrainingSweepSpec
+    status: Optional[dict[str, Any]] = None
+
+
+def _template_spec(spec: dict) -> TrainingJobSpec:
+    try:
+        return TrainingJobSpec.model_validate(spec)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ValueError(f"spec.template.spec.{where}: {first['msg']}") from None
+
+
+def _objective_problems(objective: Objective, template: TrainingJobSpec) -> list[str]:
+    family = FAMILIES[template.model.family]
+    if objective.metric == TRAINING_LOSS:
+        return []
+    reported = VALIDATION_METRICS[objective.metric]
+    if reported not in family.metrics:
+        who = [name for name, f in FAMILIES.items() if reported in f.metrics]
+        return [f"spec.objective.metric {objective.metric} is not reported by family {family.name} (it reports loss"
+                + "".join(f", {m}" for m in _objectives_of(family.name)) + ")"
+                + (f"; it is reported by {', '.join(who)}" if who else "; no family reports it yet")]
+    if template.validation.every_steps is None:
+        return [f"spec.objective.metric {objective.metric} is measured at validation: set "
+                "spec.template.spec.validation.everySteps (and heldOutFraction)"]
+    return []
+
+
+def _objectives_of(family: str) -> list[str]:
+    return [name for name, reported in VALIDATION_METRICS.items() if reported in FAMILIES[family].metrics]
+
+
+def _parameter_problems(path: str, distribution: Distribution, template: dict) -> list[str]:
+    where = f"spec.parameters[{path}]"
+    missing = _missing_segment(path)
+    if missing:
+        return [f"{where}: {missing}"]
+    refused: dict[str, list] = {}  # reason -> the values refused for it
+    for value in distribution.probes():
+        try:
+            TrainingJobSpec.model_validate(with_value(template, path, value))
+        except ValidationError as err:
+            for reason in sorted({e["msg"].removeprefix("Value error, ") for e in err.errors()}):
+                refused.setdefault(reason, []).append(value)
+    problems = []
+    for reason, values in refused.items():
+        hint = ""
+        if "valid integer" in reason and distribution.kind in ("uniform", "log_uniform", "float_range"):
+            hint = f" ({distribution.kind.replace('_u', 'U').replace('_r', 'R')} draws real numbers: use intRange or choice)"
+        problems.append(f"{where}: {', '.join(repr(v) for v in values)} refused: {reason}{hint}")
+    return problems
+
+
+def _missing_segment(path: str) -> str | None:
+    """Why PATH names no field of the TrainingJob spec (None when it does)."""
+    model: type[BaseModel] | None = TrainingJobSpec
+    walked = []
+    for segment in path.split("."):
+        if model is None:
+            return f"{'.'.join(walked)} has no fields below it"
+        fields = [field.alias or name for name, field in model.model_fields.items()]
+        if segment not in fields:
+            near = difflib.get_close_matches(segment, fields, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else f"; it has {', '.join(sorted(fields))}"
+            return f"{'.'.join(walked) or 'the spec'} has no field {segment!r}{hint}"
+        walked.append(segment)
+        model = model_in(field_by_alias(model, segment).annotation)
+    if model is not None:
+        return f"{path} is a section, not a value: name one of its fields"
+    return None
+
+
+def with_value(spec: dict, path: str, value: Any) -> dict:
+    """A copy of SPEC (a TrainingJob spec mapping) with PATH set to VALUE, sections made as needed."""
+    import copy
+
+    result = copy.deepcopy(spec)
+    *parents, last = path.split(".")
+    node = result
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[last] = value
+    return result
+
+
+def trial_spec(sweep: TrainingSweepSpec, parameters: dict[str, Any]) -> dict:
+    """The template's spec with a trial's parameter values."""
+    spec = sweep.template.spec
+    for path, value in parameters.items():
+        spec = with_value(spec, path, value)
+    return spec
+
+
+def load_sweep(path) -> TrainingSweep:
+    """Read and validate the TrainingSweep in the YAML file PATH (ManifestError naming each problem)."""
+    return parse_manifest(read_document(path, "TrainingSweep"), TrainingSweep)

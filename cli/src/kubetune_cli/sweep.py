@@ -1,0 +1,190 @@
+"""`kubetune sweep -f SWEEP.yaml`: a TrainingSweep's trials as training runs on this machine.
+
+The same YAML `kubectl apply` takes. Each trial is the template's TrainingJob named
+`<sweep>-<number>` with the trial's parameter values, trained by the trainer in a process of its
+own (as `kubetune train` does); up to parallelTrials run at once. What a trial reports is read
+from its log: the training loss at every logged step, the validation metrics at every
+validation. The median rule stops a clearly worse trial with SIGTERM (it checkpoints and exits,
+as on preemption); a failed trial is recorded and the sweep goes on, unless more than
+maxFailedFraction of its trials failed.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from kubetune_api.search import Trial, best_trial, should_stop, suggest
+from kubetune_api.sweep import TRAINING_LOSS, VALIDATION_METRICS, TrainingSweep, trial_spec
+
+LAST_LOSSES = 5            # a trial's training-loss objective: the mean of its last logged losses
+POLL_SECONDS = 0.5
+STEP_LINE = re.compile(r"\bstep (\d+)/\d+ loss ([-+0-9.einfa]+)")
+VALIDATION_LINE = re.compile(r"validation at step (\d+): (.*)$")
+WEIGHTS_LINE = re.compile(r"final weights: (\S+)")
+
+
+@dataclass
+class RunningTrial:
+    trial: Trial
+    process: subprocess.Popen
+    log: Path
+    stopping: bool = False
+
+
+def trial_name(sweep: TrainingSweep, number: int) -> str:
+    return f"{sweep.metadata.name}-{number}"
+
+
+def write_trial_manifest(sweep: TrainingSweep, trial: Trial, directory: Path) -> Path:
+    manifest = {"apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingJob",
+                "metadata": {"name": trial_name(sweep, trial.number),
+                             "labels": {"kubetune.dev/sweep": sweep.metadata.name}},
+                "spec": trial_spec(sweep.spec, trial.parameters)}
+    path = directory / f"{trial_name(sweep, trial.number)}.yaml"
+    path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+    return path
+
+
+def reported(log_text: str, metric: str) -> dict[int, float]:
+    """Step -> the objective as the trial reported it so far (from its log)."""
+    if metric == TRAINING_LOSS:
+        losses = [(int(step), float(loss)) for step, loss in STEP_LINE.findall(log_text)]
+        return {step: _mean([loss for _, loss in losses[max(0, i + 1 - LAST_LOSSES):i + 1]])
+                for i, (step, _) in enumerate(losses)}
+    name = VALIDATION_METRICS[metric]
+    values = {}
+    for line in log_text.splitlines():
+        match = VALIDATION_LINE.search(line)
+        if match:
+            metrics = dict(part.rsplit(" ", 1) for part in match.group(2).split(", "))
+            if name in metrics:
+                values[int(match.group(1))] = float(metrics[name])
+    return values
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+class LocalSweep:
+    def __init__(self, sweep: TrainingSweep, workdir: Path, parallel: int | None = None, echo=print):
+        self.sweep, self.spec = sweep, sweep.spec
+        self.workdir = workdir
+        self.parallel = parallel or self.spec.parallel_trials
+        self.echo = echo
+        self.trials: list[Trial] = []
+        self.running: list[RunningTrial] = []
+        self.weights: dict[int, str] = {}
+        self.failed_sweep = ""
+
+    def run(self) -> bool:
+        """Run every trial; True unless too many failed."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        while True:
+            while len(self.running) < self.parallel and not self.failed_sweep:
+                parameters = suggest(self.spec, self.trials)
+                if parameters is None:
+                    break
+                self._start(Trial(len(self.trials), parameters))
+            if not self.running:
+                return not self.failed_sweep
+            time.sleep(POLL_SECONDS)
+            self._poll()
+
+    def _start(self, trial: Trial) -> None:
+        self.trials.append(trial)
+        manifest = write_trial_manifest(self.sweep, trial, self.workdir)
+        log = self.workdir / f"{trial_name(self.sweep, trial.number)}.log"
+        threads = str(max(1, (os.cpu_count() or 1) // self.parallel))  # no oversubscribed cores
+        env = {**os.environ, "OMP_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1",
+               "KUBETUNE_RUN_ID": f"{self.sweep.metadata.name}-trial-{trial.number}"}
+        with log.open("w") as out:
+            process = subprocess.Popen([sys.executable, "-m", "kubetune_trainer", "--config", str(manifest)],
+                                       stdout=out, stderr=subprocess.STDOUT, env=env)
+        self.running.append(RunningTrial(trial, process, log))
+        self.echo(f"trial {trial.number} started: {format_parameters(trial.parameters)}")
+
+    def _poll(self) -> None:
+        metric = self.spec.objective.metric
+        for running in list(self.running):
+            trial, text = running.trial, running.log.read_text(errors="replace")
+            trial.intermediate = reported(text, metric)
+            code = running.process.poll()
+            if code is None:
+                if self._clearly_worse(trial) and not running.stopping:
+                    running.stopping = True
+                    trial.reason = "stopped by the median rule"
+                    running.process.send_signal(signal.SIGTERM)
+                continue
+            self.running.remove(running)
+            self._finish(running, code, text)
+
+    def _clearly_worse(self, trial: Trial) -> bool:
+        rule = self.spec.early_stopping
+        if rule is None:
+            return False
+        others = [t for t in self.trials if t is not trial and t.intermediate]
+        return should_stop(trial, others, self.spec.objective.minimize, rule.min_steps)
+
+    def _finish(self, running: RunningTrial, code: int, text: str) -> None:
+        trial = running.trial
+        values = trial.intermediate
+        trial.value = values[max(values)] if values else None
+        if running.stopping:
+            trial.state = "stopped"
+        elif code == 0 and trial.value is not None and math.isfinite(trial.value):
+            trial.state = "succeeded"
+            weights = WEIGHTS_LINE.findall(text)
+            if weights:
+                self.weights[trial.number] = str(Path(weights[-1].rstrip(",")).parent)
+        else:
+            trial.state = "failed"
+            trial.reason = last_error(text) or f"exit code {code}"
+        self.echo(f"trial {trial.number} {trial.state}" + (f": {trial.reason}" if trial.reason else "")
+                  + (f" ({self.spec.objective.metric} {trial.value:.5g})" if trial.value is not None else ""))
+        failed = sum(t.state == "failed" for t in self.trials)
+        if failed > self.spec.max_failed_fraction * self.spec.max_trials and not self.failed_sweep:
+            self.failed_sweep = (f"{failed} of {self.spec.max_trials} trials failed, more than spec.maxFailedFraction "
+                                 f"{self.spec.max_failed_fraction}: the sweep stops")
+            for other in self.running:
+                other.stopping = True
+                other.trial.reason = "the sweep failed"
+                other.process.send_signal(signal.SIGTERM)
+
+    def table(self) -> str:
+        metric = self.spec.objective.metric
+        lines = [f"{'trial':>5}  {'state':<9}  {metric:>14}  parameters"]
+        for trial in self.trials:
+            value = f"{trial.value:.6g}" if trial.value is not None else "-"
+            lines.append(f"{trial.number:>5}  {trial.state:<9}  {value:>14}  {format_parameters(trial.parameters)}")
+        best = best_trial(self.trials, self.spec.objective.minimize)
+        if best is not None:
+            where = self.weights.get(best.number, "")
+            lines.append(f"best: trial {best.number} ({metric} {best.value:.6g}): "
+                         f"{format_parameters(best.parameters)}" + (f"; weights in {where}" if where else ""))
+        if self.failed_sweep:
+            lines.append(f"sweep failed: {self.failed_sweep}")
+        return "\n".join(lines)
+
+
+def format_parameters(parameters: dict) -> str:
+    return ", ".join(f"{path}={value:.4g}" if isinstance(value, float) else f"{path}={value}"
+                     for path, value in parameters.items())
+
+
+def last_error(text: str) -> str:
+    """The trainer's own one-line reason for failing, when it gave one."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if line.startswith("kubetune trainer: "):
+            return line.removeprefix("kubetune trainer: ")[:300]
+    return lines[-1][:300] if lines else ""
