@@ -36,11 +36,9 @@ def combinations(honoured: bool) -> list[tuple[str, str]]:
 
 
 def set_fields(document: dict, changes: dict) -> dict:
-    """DOCUMENT (a manifest) with each dotted field set in place, parents made as needed."""
+    """A copy of DOCUMENT (a manifest) with each dotted field set, parents made as needed."""
+    from kubetune_api.sweep import with_value
+
     for dotted, value in changes.items():
-        *parents, last = dotted.split(".")
-        node = document
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[last] = value
+        document = with_value(document, dotted, value)
     return document

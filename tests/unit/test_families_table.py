@@ -49,7 +49,7 @@ def job(family: str, option: str | None) -> dict:
     manifest = {"apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "job"},
                 "spec": {"data": {"uri": "s3://data/set"}, "training": {"maxSteps": 10},
                          "checkpoints": {"uri": "s3://out/runs"}, "resources": {"gpusPerNode": 1}}}
-    set_fields(manifest, {**with_family(family), "spec.model.pretrained": "org/model"})
+    manifest = set_fields(manifest, {**with_family(family), "spec.model.pretrained": "org/model"})
     return set_fields(manifest, SETTINGS[option] if option else {})
 
 

@@ -136,7 +136,7 @@ class CoarseEstimate:
 
 
 def _trained(spec: TrainingJobSpec, profile: FamilyProfile) -> int:
-    if spec.adapter.type == "full" and spec.model.family != "pmg":
+    if spec.adapter.type == "full":  # never pmg: the families table refuses a full pmg
         return profile.trained_module + profile.adapter
     return spec.adapter.rank * profile.lora_per_rank + profile.adapter
 
