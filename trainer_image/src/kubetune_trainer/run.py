@@ -71,7 +71,20 @@ def setup_accelerator(spec: TrainingJobSpec):
             "train on the CPU")
     if spec.training.mixed_precision == "fp16" and not gpus:
         raise ConfigError('spec.training.mixedPrecision: fp16 needs a GPU; use bf16 or "no" on the CPU')
+    if gpus:
+        avoid_cudnn_attention()
     return Accelerator(mixed_precision=spec.training.mixed_precision, cpu=not gpus)
+
+
+def avoid_cudnn_attention() -> None:
+    """Attention runs on the flash or memory-efficient kernels, never cuDNN's.
+
+    Measured on an H200 (torch 2.11+cu130, 2026-11-26, benchmarks/gpu_lora_step.py): cuDNN's
+    attention backward hit an illegal memory access on FLUX.1 Kontext at 1024 px (8,704 tokens),
+    with and without gradient checkpointing; without cuDNN the same run trained. The planner's
+    memory estimate assumes the flash / memory-efficient kernels too.
+    """
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def _quiet_libraries() -> None:

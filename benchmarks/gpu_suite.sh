@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Every GPU benchmark in one command, each under its own time cap, so that a short GPU lease
+# yields what it can: the first checks are the ones that prove CUDA-only options work.
+#
+#   PYTHON=python3 bash benchmarks/gpu_suite.sh OUT_DIR [NAME ...]
+#
+# NAME: quantization, lora-sd15, lora-sdxl, lora-flux-kontext, lora-flux-kontext-gc (default: all,
+# about 11 minutes on an H200; a 10-minute device call takes the first three, then the two FLUX ones).
+# Writes OUT_DIR/device.txt (nvidia-smi -L, library versions) and one log per benchmark; prints
+# each benchmark's exit status. A benchmark cut by its cap prints "rc=124". The figures go into
+# benchmarks/RESULTS.md by hand, with the device line.
+set -uo pipefail
+out=${1:?usage: gpu_suite.sh OUT_DIR [NAME ...]}
+shift
+python=${PYTHON:-python3}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+
+{
+    nvidia-smi -L
+    "$python" -c 'import torch, transformers, diffusers, peft, bitsandbytes, torchao
+print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__,
+      "diffusers", diffusers.__version__, "peft", peft.__version__, "bitsandbytes", bitsandbytes.__version__,
+      "torchao", torchao.__version__)'
+} 2>&1 | tee "$out/device.txt"
+
+wanted=("$@")
+
+# name, cap in seconds, command: in order of what a lease must not miss.
+run() {
+    local name=$1 cap=$2
+    shift 2
+    if (( ${#wanted[@]} )) && [[ ! " ${wanted[*]} " =~ " $name " ]]; then
+        return
+    fi
+    local started=$SECONDS
+    timeout "$cap" "$python" "$@" >"$out/$name.log" 2>&1
+    local rc=$?
+    echo "$name: rc=$rc in $((SECONDS - started)) s"
+    tail -n 12 "$out/$name.log"
+}
+
+run quantization 330 benchmarks/gpu_quantization_check.py --steps 6 --json "$out/quantization.json"
+run lora-sd15 90 benchmarks/gpu_lora_step.py --family sd15
+run lora-sdxl 130 benchmarks/gpu_lora_step.py --family sdxl
+# The FLUX.1 Kontext model (~35 GB) is written once into one work directory for both runs.
+flux_dir=$(mktemp -d)
+run lora-flux-kontext-gc 150 benchmarks/gpu_lora_step.py --family flux-kontext --gradient-checkpointing \
+    --workdir "$flux_dir"
+run lora-flux-kontext 90 benchmarks/gpu_lora_step.py --family flux-kontext --workdir "$flux_dir"
+rm -rf "$flux_dir"
