@@ -59,8 +59,10 @@ unit: $(STAMP) lint-tools
 e2e: $(STAMP) cluster-bins
 	$(PY) -m pytest tests/e2e -q
 
+# Two workers: the control-plane tests (one control plane per machine) run in one, in file order,
+# while the other takes the unit, trainer and storage tests (tests/conftest.py groups them).
 test: $(STAMP) cluster-bins lint-tools
-	CHECKOV=$(abspath $(LINT_VENV))/bin/checkov $(PY) -m pytest tests -q -ra
+	CHECKOV=$(abspath $(LINT_VENV))/bin/checkov $(PY) -m pytest tests -q -ra -n 2 --dist loadgroup
 
 bench: $(STAMP) cluster-bins
 	$(PY) benchmarks/trainer_throughput.py
