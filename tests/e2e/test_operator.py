@@ -189,12 +189,15 @@ def test_the_operator_service_account_can_do_its_work_and_nothing_else(control_p
                           ("create", "jobsets.jobset.x-k8s.io"),
                           ("get", "clustertrainingruntimes.trainer.kubeflow.org/someone-elses")]}
     for verb, resource in [("watch", "trainingjobs.kubetune.dev"), ("patch", "trainingjobs.kubetune.dev/status"),
+                           ("create", "trainingjobs.kubetune.dev"),  # a TrainingSweep's trials
+                           ("watch", "trainingsweeps.kubetune.dev"), ("patch", "trainingsweeps.kubetune.dev/status"),
                            *own[backend],
                            ("create", "configmaps"), ("patch", "configmaps"), ("get", "secrets"), ("list", "pods"), ("create", "events"),
                            ("patch", "validatingwebhookconfigurations/kubetune-trainingjobs"),
                            ("list", "workloads.kueue.x-k8s.io")]:
         assert can(verb, resource), f"the operator cannot {verb} {resource}"
-    for verb, resource in [("delete", "trainingjobs.kubetune.dev"), ("create", "trainingjobs.kubetune.dev"),
+    for verb, resource in [("delete", "trainingjobs.kubetune.dev"), ("create", "trainingsweeps.kubetune.dev"),
+                           ("delete", "trainingsweeps.kubetune.dev"),
                            ("list", "secrets"), ("create", "pods"), ("delete", "pods"), ("delete", "pytorchjobs.kubeflow.org"),
                            *other[backend],
                            ("update", "configmaps"), ("create", "deployments.apps"), ("create", "clusterroles.rbac.authorization.k8s.io"),

@@ -129,3 +129,23 @@ def new_bucket(request) -> str:
     name = "t-" + request.node.name.replace("_", "-").lower()[:40].strip("-") + "-" + secrets.token_hex(3)
     s3.client().create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(s3_server, tmp_path_factory):
+    """A local MLflow tracking server (kubetune_dev.mlflow_server) for the session: runs in SQLite,
+    artifacts served through it into s3://<bucket>/mlflow on the session's S3 server (whose
+    credentials only the MLflow server gets)."""
+    from kubetune_dev.mlflow_server import MlflowServer, MlflowServerError
+
+    bucket = "mlflow-" + secrets.token_hex(4)
+    s3.client().create_bucket(Bucket=bucket)
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow"), f"s3://{bucket}/mlflow", s3_server.endpoint,
+                          s3_server.access, s3_server.secret)
+    try:
+        server.start()
+    except MlflowServerError as err:
+        unavailable(str(err))
+    server.bucket = bucket
+    yield server
+    server.stop()

@@ -87,6 +87,14 @@ def tiny_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_clip(tmp_path_factory) -> Path:
+    """A random-weight CLIP model for spec.validation.clipModel, written once per session."""
+    from kubetune_trainer.tiny_models import write_tiny_clip
+
+    return write_tiny_clip(tmp_path_factory.mktemp("clip"), seed=0)
+
+
+@pytest.fixture(scope="session")
 def tiny_dataset(tmp_path_factory):
     """tiny_dataset(layout): 8 generated 32-pixel samples in the layout, written once per session."""
     made: dict[str, Path] = {}

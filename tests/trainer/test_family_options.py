@@ -5,7 +5,8 @@
 fixed batch, then one plain gradient step, then the loss of the batch again and the trained weights'
 size. All come from the same seeds with and without the option, so any difference is its doing.
 Options that do not touch the loss are shown by what they do: the embedding cache stores
-entries, validation prompts produce sample images, quantization asks for quantized weights
+entries, validation prompts produce sample images, a CLIP model scores the validation images
+(tests/trainer/test_evaluation.py goes further), quantization asks for quantized weights
 (real quantized loading needs CUDA: benchmarks/gpu_quantization_check.py shows it on a GPU).
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from PIL import Image
 
 from kubetune_api import families as table
 from kubetune_api.spec import TrainingJob
+from kubetune_trainer.evaluation import ClipScorer
 from kubetune_trainer.families import family_for
 from kubetune_trainer.randomness import SampleRandom
 from kubetune_trainer.tiny_data import write_tiny_data
@@ -101,7 +103,8 @@ def with_option(manifest: dict, family: str, option: str, tmp_path) -> dict:
 
 
 ACTING_ON_THE_LOSS = [(family, option) for family, option in combinations(honoured=True)
-                      if option not in (table.QUANTIZATION, table.EMBEDDING_CACHE, table.VALIDATION_PROMPTS)]
+                      if option not in (table.QUANTIZATION, table.EMBEDDING_CACHE, table.VALIDATION_PROMPTS,
+                                        table.CLIP_MODEL)]
 
 
 @pytest.mark.parametrize("family", table.FAMILY_NAMES)
@@ -135,6 +138,20 @@ def test_validation_prompts_become_sample_images(family, base_job, tmp_path):
     family_model, _ = build(manifest)
     images = family_model.sample_images(family_model.trainable_module, [], torch.Generator().manual_seed(0))
     assert len(images) == len(SETTINGS[table.VALIDATION_PROMPTS]["spec.validation.prompts"])
+
+
+@pytest.mark.parametrize("family", table.honouring(table.CLIP_MODEL))
+def test_a_clip_model_scores_the_validation_images_with_the_familys_clip_metric(family, base_job, tiny_clip,
+                                                                                 tmp_path):
+    manifest = set_fields(with_option(base_job(family), family, table.CLIP_MODEL, tmp_path),
+                          {"spec.validation.clipModel": str(tiny_clip), "spec.validation.numInferenceSteps": 2})
+    family_model, batch = build(manifest)
+    held_out = [batch]  # the first batch stands in for the held-out data
+    images = family_model.sample_images(family_model.trainable_module, held_out, torch.Generator().manual_seed(0))
+    assert len(images) == 2, "numSamples held-out samples are drawn"
+    metrics = family_model.image_metrics(images, held_out, ClipScorer(str(tiny_clip), torch.device("cpu")))
+    [clip_metric] = [m for m in table.FAMILIES[family].metrics if m.startswith("clip_")]
+    assert set(metrics) == {clip_metric} and torch.isfinite(torch.tensor(metrics[clip_metric])), metrics
 
 
 @pytest.mark.parametrize("family", table.honouring(table.QUANTIZATION))

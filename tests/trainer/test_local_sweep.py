@@ -103,3 +103,37 @@ def test_a_failing_trial_is_recorded_and_the_sweep_goes_on_unless_too_many_fail(
     assert result.returncode == 1
     assert "sweep failed: 1 of 2 trials failed, more than spec.maxFailedFraction 0.0" in result.stdout
     assert [state for _, state, _ in rows(result.stdout)] == ["failed"], "no trial started after that"
+
+
+def test_pbt_copies_the_stronger_trials_checkpoint_into_the_weaker_line(tiny_sd15, captions_data, tmp_path):
+    # Two members, two generations of 3 steps: after generation 0 the weaker member (the one with
+    # offset noise, whose loss is far higher) continues from the stronger one's checkpoint-3.
+    path = write_sweep(tmp_path, tiny_sd15, captions_data, "pbt",
+                       {"training.noiseOffset": {"choice": [0.0, 0.9]}}, algorithm="pbt", maxTrials=4,
+                       parallelTrials=2, pbt={"stepsPerGeneration": 3, "quantile": 0.5, "resampleProbability": 0})
+    manifest = yaml.safe_load(path.read_text())
+    manifest["spec"]["seed"] = next(seed for seed in range(100) if _pbt_draws_both_offsets(manifest, seed))
+    path.write_text(yaml.safe_dump(manifest))
+    result = kubetune_sweep(path, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [state for _, state, _ in rows(result.stdout)] == ["succeeded"] * 4, result.stdout
+    copied = re.findall(r"trial (\d) started \(copies trial (\d)\)", result.stderr)
+    assert len(copied) == 1, result.stderr
+    weak, strong = int(copied[0][0]), int(copied[0][1])
+    assert weak in (2, 3) and strong in (0, 1)
+    assert f"trial {strong} started: training.noiseOffset=0," in result.stderr, "the low-loss member is the strong one"
+    log = (tmp_path / "sweep" / f"pbt-{weak}.log").read_text()
+    strong_run = tmp_path / "runs" / "default" / f"pbt-{strong}" / "v0"
+    assert f"resumed from {strong_run / 'checkpoint-3'} at step 3" in log, log[-2000:]
+    assert re.findall(r"step (\d+)/6", log)[-1] == "6", "generation 1 trains to step 2 x 3"
+
+
+def _pbt_draws_both_offsets(manifest: dict, seed: int) -> bool:
+    """Whether generation 0 of the sweep gets one member with each offset (so one is clearly weaker)."""
+    from kubetune_api.search import next_trial
+    from kubetune_api.sweep import TrainingSweep
+
+    spec = TrainingSweep.model_validate({**manifest, "spec": {**manifest["spec"], "seed": seed}}).spec
+    first = next_trial(spec, [])
+    second = next_trial(spec, [first])
+    return first.parameters["training.noiseOffset"] != second.parameters["training.noiseOffset"]

@@ -218,3 +218,33 @@ def test_gpu_runs_keep_attention_off_cudnn():
         assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
     finally:
         torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+def test_a_resumed_run_trains_with_its_specs_learning_rate_and_keeps_the_optimizer_moments():
+    # Population-based training resumes a strong trial's checkpoint with a perturbed learning rate.
+    from kubetune_trainer.optim import follow_spec_after_resume
+
+    def build(lr, decay):
+        weight = torch.nn.Parameter(torch.ones(3))
+        spec = training(learningRate=lr, weightDecay=decay, lrScheduler="cosine", lrWarmupSteps=2)
+        optimizer = build_optimizer([weight], spec)
+        return weight, optimizer, build_lr_scheduler(optimizer, spec, 10), spec
+
+    weight, optimizer, scheduler, _ = build(1e-3, 0.01)
+    for _ in range(4):
+        weight.grad = torch.full((3,), 0.5)
+        optimizer.step()
+        scheduler.step()
+    saved = optimizer.state_dict(), scheduler.state_dict()
+
+    weight2, optimizer2, scheduler2, spec2 = build(3e-3, 0.05)
+    optimizer2.load_state_dict(saved[0])
+    scheduler2.load_state_dict(saved[1])
+    assert optimizer2.param_groups[0]["lr"] == pytest.approx(scheduler.get_last_lr()[0])  # the old run's rate
+    follow_spec_after_resume(optimizer2, scheduler2, spec2)
+    expected = 3e-3 * lr_multiplier(4, "cosine", 2, 10)
+    assert optimizer2.param_groups[0]["lr"] == pytest.approx(expected) == scheduler2.get_last_lr()[0]
+    assert optimizer2.param_groups[0]["weight_decay"] == 0.05
+    assert torch.equal(optimizer2.state[weight2]["exp_avg"], optimizer.state[weight]["exp_avg"])
+    scheduler2.step()  # the schedule goes on from step 5 at the new peak
+    assert optimizer2.param_groups[0]["lr"] == pytest.approx(3e-3 * lr_multiplier(5, "cosine", 2, 10))

@@ -274,7 +274,8 @@ def test_watched_namespaces_get_roles_and_the_cluster_role_keeps_only_what_is_cl
     for namespace, role in roles.items():
         rules = {f"{group}/{resource}": set(rule["verbs"]) for rule in role["rules"]
                  for group in rule["apiGroups"] for resource in rule["resources"]}
-        assert rules["/secrets"] == {"get"} and rules["kubetune.dev/trainingjobs"] == {"get", "list", "watch", "patch"}
+        assert rules["/secrets"] == {"get"} and rules["kubetune.dev/trainingjobs"] == {"get", "list", "watch", "patch", "create"}
+        assert rules["kubetune.dev/trainingsweeps"] == {"get", "list", "watch", "patch"}
         assert {"kubeflow.org/pytorchjobs", "trainer.kubeflow.org/trainjobs", "kueue.x-k8s.io/workloads"} <= set(rules)
         assert bindings[namespace]["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                                   "name": role["metadata"]["name"]}
@@ -310,15 +311,19 @@ def test_the_operator_may_only_set_the_ca_bundle_of_the_charts_own_webhook_confi
     assert not [r for r in cluster_role(documents)["rules"] if "create" in r["verbs"] and
                 {"validatingwebhookconfigurations", "mutatingwebhookconfigurations"} & set(r["resources"])]
 
-    [hook] = configuration["webhooks"]
-    assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None" and "caBundle" not in hook["clientConfig"]
-    assert hook["rules"][0]["operations"] == ["CREATE"] and hook["rules"][0]["resources"] == ["trainingjobs"]
-    service_ref = hook["clientConfig"]["service"]
-    assert "url" not in hook["clientConfig"], "reached through its Service, not a pod address"
+    jobs, sweeps = configuration["webhooks"]
+    # kopf serves each admission handler under its id: handlers.validate_new_job, sweeps.validate_new_sweep.
+    for hook, resource, path in ((jobs, "trainingjobs", "/validate"), (sweeps, "trainingsweeps", "/validate-sweep")):
+        assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None" and "caBundle" not in hook["clientConfig"]
+        assert hook["rules"][0]["operations"] == ["CREATE"] and hook["rules"][0]["resources"] == [resource]
+        assert "url" not in hook["clientConfig"], "reached through its Service, not a pod address"
+        assert hook["clientConfig"]["service"]["path"] == path
+    service_ref = jobs["clientConfig"]["service"]
+    assert sweeps["clientConfig"]["service"]["name"] == service_ref["name"]
     service = one(documents, "Service", service_ref["name"])
     deployment = one(documents, "Deployment")
     assert service_ref["namespace"] == service["metadata"]["namespace"] == "kubetune-system"
-    assert service_ref["path"] == "/validate" and service_ref["port"] == service["spec"]["ports"][0]["port"] == 443
+    assert service_ref["port"] == service["spec"]["ports"][0]["port"] == 443
     assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "webhook", "containerPort": 9443, "protocol": "TCP"} in container["ports"]
@@ -411,8 +416,11 @@ def test_network_policies_are_optional_and_the_operator_gets_what_it_needs_to_cr
 # Every right the operator may hold, with every option on: a rule outside this list fails the test,
 # so a new right is a decision written down here (templates/rbac.yaml says why for each).
 RBAC_ALLOW_LIST = {
-    ("kubetune.dev", "trainingjobs"): {"get", "list", "watch", "patch"},
+    # create: a TrainingSweep's trials; never delete (the garbage collector removes them with their sweep).
+    ("kubetune.dev", "trainingjobs"): {"get", "list", "watch", "patch", "create"},
     ("kubetune.dev", "trainingjobs/status"): {"get", "patch"},
+    ("kubetune.dev", "trainingsweeps"): {"get", "list", "watch", "patch"},
+    ("kubetune.dev", "trainingsweeps/status"): {"get", "patch"},
     ("kubeflow.org", "pytorchjobs"): {"get", "list", "watch", "create", "patch"},
     ("trainer.kubeflow.org", "trainjobs"): {"get", "list", "watch", "create", "patch", "delete"},
     ("trainer.kubeflow.org", "trainjobs/status"): {"patch"},

@@ -95,8 +95,34 @@ def test_the_trainer_serves_every_gauge_the_operator_reads():
 
     metrics = TrainerMetrics("team-a", "sd15", port=None)
     served = {metric.name for metric in metrics.registry.collect()}
-    missing = {TrainerGauge.full_name(name) for name in TrainerGauge.ALL} - served
+    read = set(TrainerGauge.ALL) | {TrainerGauge.validation(name) for name in contract.VALIDATION_METRICS}
+    missing = {TrainerGauge.full_name(name) for name in read} - served
     assert not missing, f"the operator reads {sorted(missing)}, which the trainer does not serve"
+
+
+def test_every_metric_a_family_validates_or_a_sweep_may_name_has_a_gauge():
+    from kubetune_api.families import FAMILIES
+    from kubetune_api.sweep import VALIDATION_METRICS as OBJECTIVES
+
+    reported = {metric for family in FAMILIES.values() for metric in family.metrics}
+    assert reported | set(OBJECTIVES.values()) <= set(contract.VALIDATION_METRICS)
+
+
+def test_a_validation_the_trainer_serves_reaches_the_status_the_operator_writes():
+    """Over HTTP, as the operator polls: gauge names in, status.validation out."""
+    from kubetune_operator.handlers import read_trainer_gauges
+    from kubetune_operator.status import status_from_metrics
+    from kubetune_trainer.metrics import TrainerMetrics
+
+    metrics = TrainerMetrics("team-a", "sd15", port=0, addr="127.0.0.1")
+    try:
+        metrics.validation(40, {"loss": 0.0123456789, "accuracy": 0.5})
+        samples = read_trainer_gauges("127.0.0.1", metrics.server.server_port)
+    finally:
+        metrics.server.shutdown()
+        metrics.server.server_close()
+    assert status_from_metrics(samples, "s3://b/runs", "team-a", "sd15")["validation"] == {
+        "step": 40, "metrics": {"loss": 0.0123457, "accuracy": 0.5}}
 
 
 # ---- the API, the entry point and the config mount ----------------------------------------------------

@@ -1,14 +1,16 @@
-"""The committed CRD is generated from the typed spec and is a valid structural schema."""
+"""The committed CRDs are generated from the typed specs and are valid structural schemas."""
 import pytest
 import yaml
 
-from kubetune_api.crd import CRD_PATHS, build_crd, render_crd
+from kubetune_api.crd import build_crd, build_sweep_crd, render_crd, rendered_files
+
+FILES = rendered_files()
 
 
-@pytest.mark.parametrize("path", CRD_PATHS, ids=lambda p: str(p.parent.name))
+@pytest.mark.parametrize("path", FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_committed_crd_matches_the_model(path):
-    assert path.read_text() == render_crd(), (
-        f"{path} drifted from kubetune_api.spec; run `make crd` and commit the result"
+    assert path.read_text() == FILES[path], (
+        f"{path} drifted from kubetune_api.spec / kubetune_api.sweep; run `make crd` and commit the result"
     )
 
 
@@ -26,12 +28,13 @@ def spec_schema():
     return build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
-def test_schema_uses_only_structural_keywords():
+@pytest.mark.parametrize("build", [build_crd, build_sweep_crd])
+def test_schema_uses_only_structural_keywords(build):
     forbidden = {"$ref", "anyOf", "allOf", "oneOf", "title", "$defs", "const"}
-    for path, node in walk(spec_schema()):
+    for path, node in walk(build()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]):
         assert not forbidden & node.keys(), f"{path} has {forbidden & node.keys()}"
         assert node.get("additionalProperties") is not False, path
-        assert "type" in node, f"{path} has no type"
+        assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), f"{path} has no type"
         if "exclusiveMinimum" in node:
             assert node["exclusiveMinimum"] is True and "minimum" in node, path
 
@@ -71,3 +74,22 @@ def test_cuda_only_options_reach_the_api_server_in_the_python_words():
     for option in CUDA_ONLY_OPTIONS:
         assert rules.get(option.message) == option.rule.cel, option.field
         assert "has(self.resources.gpusPerNode)" in option.rule.cel, "absent = the default, one GPU"
+
+
+def test_sweep_crd_checks_its_template_as_a_training_job():
+    crd = build_sweep_crd()
+    assert crd["metadata"]["name"] == "trainingsweeps.kubetune.dev"
+    assert crd["spec"]["names"]["shortNames"] == ["tsw"]
+    version = crd["spec"]["versions"][0]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    template = spec["properties"]["template"]["properties"]["spec"]
+    job_spec = spec_schema()["properties"]["spec"]
+    assert template["properties"] == job_spec["properties"]
+    assert template["x-kubernetes-validations"] == job_spec["x-kubernetes-validations"]
+    assert spec["properties"]["algorithm"]["enum"] == ["grid", "random", "bayesian", "pbt"]
+    distribution = spec["properties"]["parameters"]["additionalProperties"]["properties"]
+    assert distribution["choice"]["items"] == {"x-kubernetes-preserve-unknown-fields": True}  # numbers or words
+    assert distribution["step"]["type"] == "number"
+    assert "maxTrials" in spec["x-kubernetes-validations"][0]["rule"]
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns["Trials"] == ".status.trialsDone" and columns["Best"] == ".status.best.value"

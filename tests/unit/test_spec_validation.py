@@ -91,6 +91,12 @@ BAD_INPUTS = [
     ("spec.training.profileSteps", 0, ["spec.training.profileSteps", "greater than or equal to 1"]),
     ("spec.validation", {"heldOutFraction": 0.9}, ["spec.validation.heldOutFraction", "less than or equal to 0.5"]),
     ("spec.validation", {"monitor": "accuracy"}, ["spec.validation.monitor accuracy is reported by family classifier only"]),
+    ("spec.validation", {"everySteps": 100, "monitor": "clip_score"}, [
+        "spec.validation.monitor clip_score is measured by a CLIP model: set spec.validation.clipModel (a local "
+        "path, an s3:// URI or a hub id such as openai/clip-vit-large-patch14), or monitor loss"]),
+    ("spec.validation", {"monitor": "clip_directional", "clipModel": "/models/clip"}, [
+        "spec.validation.monitor clip_directional is reported by family flux-kontext and qwen-image-edit only"]),
+    ("spec.validation", {"clipModel": "gs://models/clip"}, ["spec.validation.clipModel", "unsupported URI scheme"]),
     ("spec.validation", {"keepBest": 0}, ["spec.validation.keepBest", "greater than or equal to 1"]),
     ("spec.pmg", {"numImagePrompt": 2}, ["spec.pmg applies to family pmg only"]),
     ("spec.pmg", {"maxSequenceLength": 4}, ["spec.pmg.maxSequenceLength", "greater than or equal to 8"]),

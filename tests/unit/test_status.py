@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from kubetune_api.spec import TrainingJobStatus
 from kubetune_operator.status import final_progress, finished_patch, status_from_metrics
 
 SPEC = {"checkpoints": {"uri": "s3://b/runs"}, "training": {"maxSteps": 60}}
@@ -53,3 +54,20 @@ def test_a_poll_sets_progress_run_directory_and_checkpoint_from_the_gauges():
         "latestCheckpoint": "s3://b/runs/team-a/x/v1/checkpoint-20",
     }
     assert status_from_metrics({"loss": 1.0}, "s3://b/runs", "team-a", "x") == {}, "not serving yet: nothing"
+
+
+def test_a_poll_sets_the_latest_validation_from_its_gauges():
+    samples = {"step": 25, "planned_steps": 100, "validation_step": 20, "validation_loss": 0.123456789,
+               "validation_accuracy": 0.75, "validation_f1": 2 / 3}
+    validation = status_from_metrics(samples, "s3://b/runs", "team-a", "x")["validation"]
+    assert validation == {"step": 20, "metrics": {"loss": 0.123457, "accuracy": 0.75, "f1": 0.666667}}
+    assert TrainingJobStatus.model_validate({"validation": validation}).validation.metrics["loss"] == 0.123457, \
+        "the status schema takes it"
+
+
+def test_no_validation_yet_sets_none_and_values_json_cannot_carry_are_left_out():
+    assert "validation" not in status_from_metrics({"step": 5, "planned_steps": 100}, "s3://b/runs", "team-a", "x")
+    samples = {"validation_step": 10, "validation_loss": float("nan"), "validation_accuracy": float("inf"),
+               "validation_f1": 0.5}
+    assert status_from_metrics(samples, "s3://b/runs", "team-a", "x") == {
+        "validation": {"step": 10, "metrics": {"f1": 0.5}}}

@@ -19,6 +19,7 @@ def reporter() -> Reporter:
 
 def test_a_step_sets_progress_gauges_and_observes_its_duration():
     r = reporter()
+    assert value(r, "kubetune_trainer_loss") is None, "no loss before a step (a resumed run at step N has none)"
     r.step(1, loss=0.5, lr=1e-4, epoch=0)
     r.step(2, loss=0.25, lr=2e-4, epoch=1)
     assert value(r, "kubetune_trainer_step") == 2
@@ -68,8 +69,26 @@ def test_gpu_memory_is_per_rank_and_pods_are_listed_for_joins():
     r.close()
 
 
+def test_a_validation_sets_its_step_and_one_gauge_per_metric_none_before():
+    r = reporter()
+    assert value(r, "kubetune_trainer_validation_step") is None, "no result before the first validation"
+    assert value(r, "kubetune_trainer_validation_loss") is None
+    r.validation(4, {})  # no held-out data: nothing was measured
+    assert value(r, "kubetune_trainer_validation_step") is None
+    r.validation(5, {"loss": 0.25, "accuracy": 0.5, "f1": 0.4, "made_up": 1.0})
+    r.validation(10, {"loss": 0.125, "accuracy": 0.75, "f1": 0.6})
+    assert value(r, "kubetune_trainer_validation_step") == 10
+    assert (value(r, "kubetune_trainer_validation_loss"), value(r, "kubetune_trainer_validation_accuracy"),
+            value(r, "kubetune_trainer_validation_f1")) == (0.125, 0.75, 0.6)
+    assert value(r, "kubetune_trainer_validation_clip_score") is None, "not reported: not served"
+    names = {metric.name for metric in r.metrics.registry.collect()}
+    assert "kubetune_trainer_validation_made_up" not in names, "a bounded set of names"
+    r.close()
+
+
 def test_other_processes_report_nothing():
     quiet = Reporter(False, 10, 0, None, 1, 4)
     quiet.step(1, 0.5, 1e-4, 0)
     quiet.checkpoint_published(1, 1.0, 10)
+    quiet.validation(1, {"loss": 0.5})
     assert quiet.metrics is None

@@ -8,7 +8,8 @@ passes between them is named here and nowhere else:
   * the environment the operator sets for the trainer, as one typed object (TrainerEnv), and the
     environment the Kubeflow controller sets for the node launcher (NodeEnv, PyTorchJob and
     TrainJob alike);
-  * the Prometheus gauges the trainer serves and the operator reads back into status.progress.
+  * the Prometheus gauges the trainer serves and the operator reads back into status.progress
+    and status.validation.
 
 Torch-free and kopf-free, like the rest of kubetune_api: both sides import it.
 """
@@ -17,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Mapping
 
+from kubetune_api.families import FAMILIES
+
 # ---- the API --------------------------------------------------------------------------------------
 
 API_GROUP = "kubetune.dev"
@@ -24,6 +27,14 @@ API_VERSION = "v1alpha1"
 KIND = "TrainingJob"
 PLURAL = "trainingjobs"
 SHORT_NAMES = ("tj",)
+SWEEP_KIND = "TrainingSweep"
+SWEEP_PLURAL = "trainingsweeps"
+SWEEP_SHORT_NAMES = ("tsw",)
+# On each trial's TrainingJob: the sweep it belongs to, its number, and its parameter values
+# (JSON), so that the sweep's record can be rebuilt from the trials themselves.
+SWEEP_LABEL = "kubetune.dev/sweep"
+TRIAL_LABEL = "kubetune.dev/trial"
+TRIAL_PARAMETERS_ANNOTATION = "kubetune.dev/trial-parameters"
 
 # ---- the trainer config and the commands that read it -------------------------------------------
 
@@ -152,8 +163,15 @@ class NodeEnv:
 TRAINER_METRIC_PREFIX = "kubetune_trainer"
 
 
+# Every metric a validation may report: each family's, plus the CLIP image metrics a sweep's objective
+# may already name (kubetune_api.sweep). A closed set, so the trainer serves a bounded number of gauges.
+CLIP_METRICS = ("clip_score", "clip_directional")
+VALIDATION_METRICS = tuple(sorted({m for family in FAMILIES.values() for m in family.metrics} | set(CLIP_METRICS)))
+
+
 class TrainerGauge:
-    """Names (without TRAINER_METRIC_PREFIX) of the rank-0 gauges behind status.progress and status.outputUri."""
+    """Names (without TRAINER_METRIC_PREFIX) of the rank-0 gauges behind status.progress, status.outputUri
+    and status.validation."""
 
     STEP = "step"
     PLANNED_STEPS = "planned_steps"
@@ -162,7 +180,16 @@ class TrainerGauge:
     RUN_VERSION = "run_version"
     LAST_CHECKPOINT_STEP = "last_checkpoint_step"
 
-    ALL = (STEP, PLANNED_STEPS, LOSS, ETA_SECONDS, RUN_VERSION, LAST_CHECKPOINT_STEP)
+    # The latest validation: its step, and each metric as a gauge of its own (validation_loss, ...).
+    # A name per metric, not a label: the operator's reader keys samples by name and drops labels.
+    VALIDATION_STEP = "validation_step"
+
+    ALL = (STEP, PLANNED_STEPS, LOSS, ETA_SECONDS, RUN_VERSION, LAST_CHECKPOINT_STEP, VALIDATION_STEP)
+
+    @staticmethod
+    def validation(metric: str) -> str:
+        """The gauge of one VALIDATION_METRICS entry."""
+        return f"validation_{metric}"
 
     @staticmethod
     def full_name(name: str) -> str:

@@ -27,10 +27,15 @@ EMBEDDING_CACHE = "spec.data.cache.enabled"
 SNR_GAMMA = "spec.training.snrGamma"
 NOISE_OFFSET = "spec.training.noiseOffset"
 VALIDATION_PROMPTS = "spec.validation.prompts"
+CLIP_MODEL = "spec.validation.clipModel"       # scores validation images: clip_score / clip_directional
 
 LORA_SHAPE = frozenset({LORA_RANK, LORA_ALPHA, LORA_DROPOUT, LORA_TARGETS, INIT_FROM})
 DENOISING = frozenset({SNR_GAMMA, NOISE_OFFSET})       # a DDPM noise-prediction loss's knobs
 IMAGE_DIFFUSION = frozenset({QUANTIZATION, FULL_FINE_TUNE, BUCKETING, CAPTION_DROPOUT, EMBEDDING_CACHE})
+# What a CLIP model (CLIP_MODEL) measures on the images validation samples: how well a text-to-image
+# family's image matches its prompt; how well an editing family's edit follows its instruction.
+TEXT_TO_IMAGE_METRICS = ("loss", "clip_score")
+EDITING_METRICS = ("loss", "clip_directional")
 
 
 @dataclass(frozen=True)
@@ -39,26 +44,27 @@ class FamilyInfo:
     summary: str                     # "trains ...": what refusals say of it
     layouts: tuple[str, ...]         # spec.data.layout values it reads
     native_resolution: int | None    # when spec.data.resolution is unset (None: the model's own size)
-    metrics: tuple[str, ...]         # what its validation reports (spec.validation.monitor)
+    metrics: tuple[str, ...]         # what its validation may report (spec.validation.monitor); the
+                                     # CLIP ones only with spec.validation.clipModel
     honours: frozenset[str]          # the options above that it applies; any other is refused
 
 
 FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
     FamilyInfo("sd15", "trains a Stable Diffusion 1.5 UNet by DDPM noise prediction",
-               ("captions",), 512, ("loss",),
-               IMAGE_DIFFUSION | LORA_SHAPE | DENOISING | {VALIDATION_PROMPTS}),
+               ("captions",), 512, TEXT_TO_IMAGE_METRICS,
+               IMAGE_DIFFUSION | LORA_SHAPE | DENOISING | {VALIDATION_PROMPTS, CLIP_MODEL}),
     FamilyInfo("sdxl", "trains a Stable Diffusion XL UNet by DDPM noise prediction",
-               ("captions",), 1024, ("loss",),
-               IMAGE_DIFFUSION | LORA_SHAPE | DENOISING | {VALIDATION_PROMPTS}),
+               ("captions",), 1024, TEXT_TO_IMAGE_METRICS,
+               IMAGE_DIFFUSION | LORA_SHAPE | DENOISING | {VALIDATION_PROMPTS, CLIP_MODEL}),
     FamilyInfo("flux-kontext", "trains a FLUX.1 Kontext editing transformer by flow matching",
-               ("edit-pairs",), 1024, ("loss",),
-               IMAGE_DIFFUSION | LORA_SHAPE | {CONTROL_DROPOUT}),
+               ("edit-pairs",), 1024, EDITING_METRICS,
+               IMAGE_DIFFUSION | LORA_SHAPE | {CONTROL_DROPOUT, CLIP_MODEL}),
     FamilyInfo("qwen-image-edit", "trains a Qwen-Image-Edit transformer by flow matching",
-               ("edit-pairs",), 1024, ("loss",),
-               IMAGE_DIFFUSION | LORA_SHAPE | {CONTROL_DROPOUT}),
+               ("edit-pairs",), 1024, EDITING_METRICS,
+               IMAGE_DIFFUSION | LORA_SHAPE | {CONTROL_DROPOUT, CLIP_MODEL}),
     FamilyInfo("pmg", "trains soft prompts, a prefix and a mapping layer for a frozen Stable Diffusion 1.5",
-               ("pmg",), 512, ("loss",),
-               frozenset({QUANTIZATION, EMBEDDING_CACHE}) | DENOISING),
+               ("pmg",), 512, TEXT_TO_IMAGE_METRICS,
+               frozenset({QUANTIZATION, EMBEDDING_CACHE, CLIP_MODEL}) | DENOISING),
     FamilyInfo("classifier", "trains a transformers image classifier by cross-entropy",
                ("image-folder",), None, ("loss", "accuracy", "f1"),
                frozenset({FULL_FINE_TUNE, LORA_RANK, LORA_ALPHA, LORA_DROPOUT, LORA_TARGETS})),
@@ -66,7 +72,8 @@ FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
 
 FAMILY_NAMES = tuple(FAMILIES)
 OPTIONS = (QUANTIZATION, INIT_FROM, FULL_FINE_TUNE, LORA_RANK, LORA_ALPHA, LORA_DROPOUT, LORA_TARGETS, BUCKETING,
-           CAPTION_DROPOUT, CONTROL_DROPOUT, EMBEDDING_CACHE, SNR_GAMMA, NOISE_OFFSET, VALIDATION_PROMPTS)
+           CAPTION_DROPOUT, CONTROL_DROPOUT, EMBEDDING_CACHE, SNR_GAMMA, NOISE_OFFSET, VALIDATION_PROMPTS,
+           CLIP_MODEL)
 
 
 def label(option: str) -> str:
@@ -84,7 +91,8 @@ def markdown() -> str:
     lines = ["# Model families and the options each honours", "",
              "Generated from `kubetune_api/families.py` by `python -m kubetune_api.families`; do not edit.",
              "An option a family does not honour is refused by `kubectl apply`, the webhook and",
-             "`kubetune validate`, naming the field and the family (it would otherwise do nothing).", "",
+             "`kubetune validate`, naming the field and the family (it would otherwise do nothing).",
+             "clip_score and clip_directional are measured when `spec.validation.clipModel` names a CLIP model.", "",
              "| family | trains | layout | native size | validation metrics |", "|---|---|---|---|---|"]
     for family in FAMILIES.values():
         size = family.native_resolution or "the model's own"

@@ -4,7 +4,10 @@ trial is clearly worse than the others (pure functions of the sweep and its tria
 Everything is derived from the trial records alone, so whoever runs the sweep (the local runner
 today, the operator from the sweep's status) rebuilds the search after a restart by replaying
 them: grid and random trials are a function of the trial number, and the Bayesian (Optuna TPE)
-study is rebuilt from the finished and running trials before each suggestion.
+study is rebuilt from the finished and running trials before each suggestion. Population-based
+training (pbt_step) is a function of the records too: each generation waits for the one before it,
+then every member continues its own line or, when weak, copies a strong trial's checkpoint and
+perturbs its hyperparameters.
 """
 from __future__ import annotations
 
@@ -16,7 +19,12 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from kubetune_api import layout
 from kubetune_api.sweep import Distribution, TrainingSweepSpec
+
+# What PBT sets in each trial's spec besides the searched parameters.
+PBT_STEPS = "training.maxSteps"
+PBT_RESUME = "checkpoints.resumeFrom"
 
 TrialState = Literal["running", "succeeded", "failed", "stopped"]
 
@@ -29,6 +37,20 @@ class Trial:
     value: float | None = None                                 # the objective, once finished
     intermediate: dict[int, float] = field(default_factory=dict)  # step -> objective so far
     reason: str = ""                                           # why it failed or was stopped
+    output_uri: str | None = None                              # its run directory (PBT resumes from it)
+    exploited_from: int | None = None                          # PBT: the stronger trial it copied
+
+
+def next_trial(sweep: TrainingSweepSpec, trials: list[Trial]) -> Trial | None:
+    """The trial to start next, numbered len(TRIALS); None when there is none to start now (the
+    search is done, or PBT's next generation waits for the running one)."""
+    number = len(trials)
+    if sweep.algorithm == "pbt" and number < sweep.max_trials:
+        step = pbt_step(sweep, trials)
+        return None if step is None else Trial(number, step.parameters,
+                                                exploited_from=step.source if step.exploited else None)
+    parameters = suggest(sweep, trials)
+    return None if parameters is None else Trial(number, parameters)
 
 
 def suggest(sweep: TrainingSweepSpec, trials: list[Trial]) -> dict[str, Any] | None:
@@ -41,6 +63,9 @@ def suggest(sweep: TrainingSweepSpec, trials: list[Trial]) -> dict[str, Any] | N
         return points[number] if number < len(points) else None
     if sweep.algorithm == "bayesian":
         return _tpe(sweep, trials)
+    if sweep.algorithm == "pbt":
+        step = pbt_step(sweep, trials)
+        return None if step is None else step.parameters
     rng = random.Random(f"{sweep.seed}:{number}")
     return {path: draw(distribution, rng) for path, distribution in sweep.parameters.items()}
 
@@ -112,6 +137,67 @@ def _as_optuna(space, value):
     return float(value) if isinstance(space, FloatDistribution) else value
 
 
+@dataclass(frozen=True)
+class PbtStep:
+    parameters: dict[str, Any]   # the searched ones, plus training.maxSteps and checkpoints.resumeFrom
+    source: int | None           # the trial whose checkpoint it continues (None in generation 0)
+    exploited: bool              # copied from a stronger trial rather than continuing its own line
+
+
+def pbt_step(sweep: TrainingSweepSpec, trials: list[Trial]) -> PbtStep | None:
+    """The next PBT trial, numbered len(TRIALS): member n % population of generation n // population.
+    None while the previous generation still runs (or when it left nothing to continue)."""
+    population, steps = sweep.parallel_trials, sweep.pbt.steps_per_generation
+    generation, member = divmod(len(trials), population)
+    rng = random.Random(f"{sweep.seed}:{len(trials)}")
+    if generation == 0:
+        drawn = {path: draw(distribution, rng) for path, distribution in sweep.parameters.items()}
+        return PbtStep({**drawn, PBT_STEPS: steps}, None, False)
+    previous = trials[(generation - 1) * population:generation * population]
+    if any(t.state == "running" for t in previous):
+        return None
+    ranked = sorted((t for t in previous if t.state == "succeeded" and _finite(t.value)),
+                    key=lambda t: t.value, reverse=not sweep.objective.minimize)
+    if not ranked:
+        return None
+    cut = max(1, int(population * sweep.pbt.quantile))
+    own = previous[member]
+    donors = [t for t in ranked[:cut] if t is not own]
+    weak = own not in ranked or own in ranked[len(ranked) - cut:]
+    if weak and donors:
+        source = rng.choice(donors)
+        parameters = perturb(sweep, {path: source.parameters[path] for path in sweep.parameters}, rng)
+    else:
+        source = own if own in ranked else ranked[0]
+        parameters = {path: source.parameters[path] for path in sweep.parameters}
+    resume = layout.join(source.output_uri, layout.checkpoint_name(generation * steps))
+    return PbtStep({**parameters, PBT_STEPS: (generation + 1) * steps, PBT_RESUME: resume}, source.number,
+                   source is not own)
+
+
+def perturb(sweep: TrainingSweepSpec, parameters: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """PBT's explore: each value drawn anew (sweep.pbt.resampleProbability) or moved to a neighbour:
+    x0.8 or x1.25 within a continuous range, one step of a range, the next choice."""
+    moved = {}
+    for path, value in parameters.items():
+        distribution = sweep.parameters[path]
+        if rng.random() < sweep.pbt.resample_probability:
+            moved[path] = draw(distribution, rng)
+            continue
+        values = distribution.grid()
+        if values is None:
+            low, high = getattr(distribution, distribution.kind)
+            moved[path] = min(high, max(low, value * rng.choice((0.8, 1.25))))
+        else:
+            index = values.index(value) if value in values else 0
+            moved[path] = values[min(len(values) - 1, max(0, index + rng.choice((-1, 1))))]
+    return moved
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
 def should_stop(trial: Trial, others: list[Trial], minimize: bool, min_steps: int) -> bool:
     """The median rule: stop TRIAL when its best value so far is worse than the median of the
     other trials' values at its latest step (their last value at or before it). Needs a value
@@ -140,3 +226,9 @@ def best_trial(trials: list[Trial], minimize: bool) -> Trial | None:
     if not finished:
         return None
     return (min if minimize else max)(finished, key=lambda t: t.value)
+
+
+def format_parameters(parameters: dict[str, Any]) -> str:
+    """A trial's parameters on one line: training.learningRate=0.0003, adapter.rank=8."""
+    return ", ".join(f"{path}={value:.4g}" if isinstance(value, float) else f"{path}={value}"
+                     for path, value in parameters.items())

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Callable, Literal, Optional
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 from pydantic.alias_generators import to_camel
 
-from kubetune_api.contract import API_GROUP, API_VERSION, KIND  # noqa: F401  (the contract names the API)
+from kubetune_api.contract import API_GROUP, API_VERSION, CLIP_METRICS, KIND  # noqa: F401  (the contract names the API)
 from kubetune_api import families as table
 from kubetune_api.families import FAMILIES, FAMILY_NAMES
 from kubetune_api.rules import Rule, enforce, entries
@@ -361,13 +361,23 @@ class ValidationSpec(_Model):
         "sample the first held-out (else training) pairs instead.",
     )
     num_samples: int = Field(
-        default=2, ge=0, le=16, description="Images sampled at each validation (edit families; 0 = none).",
+        default=2, ge=0, le=16, description="Held-out samples drawn as images at each validation: by edit "
+        "families always, by text-to-image families (their captions) when clipModel is set and prompts are "
+        "not (0 = none).",
     )
     num_inference_steps: int = Field(default=20, ge=1, le=1000, description="Denoising steps of sample images.")
-    monitor: Literal["loss", "accuracy", "f1"] = Field(
+    clip_model: Optional[StorageUri] = Field(
+        default=None,
+        description="A CLIP model that scores the images sampled at each validation (same seed every time): "
+        "a local path, an s3:// URI or a hub id (e.g. openai/clip-vit-large-patch14) in the transformers "
+        "layout. Text-to-image families (sd15, sdxl, pmg) report clip_score, 100 x the mean cosine of image "
+        "and prompt; edit families report clip_directional, the cosine of the edit's image direction and its "
+        "instruction's text direction.",
+    )
+    monitor: Literal["loss", "accuracy", "f1", "clip_score", "clip_directional"] = Field(
         default="loss",
-        description="Metric for early stopping and keepBest: held-out loss (lower is better), or the "
-        "classifier's accuracy or macro F1 (higher is better).",
+        description="Metric for early stopping and keepBest: held-out loss (lower is better), the "
+        "classifier's accuracy or macro F1, or clip_score / clip_directional with clipModel (higher is better).",
     )
     early_stopping_patience: Optional[int] = Field(
         default=None, ge=1, le=100_000,
@@ -576,6 +586,58 @@ class S3Spec(_Model):
     )
 
 
+# An MLflow tracking server: http(s)://host[:port][/path], nothing else (no user:password@, no query,
+# no fragment). The same expression for the API server (CEL, RE2) and Python (re.fullmatch).
+_MLFLOW_URI = (r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)(:[0-9]{1,5})?"
+               r"(/[A-Za-z0-9._~!$&()*+,;=:@%/-]*)?$")
+MLFLOW_URI_MESSAGE = ("spec.tracking.mlflow.uri must be an MLflow tracking server's http(s)://host[:port][/path], "
+                      "e.g. http://mlflow.mlops.svc:5000 (no credentials, query or fragment)")
+MLFLOW_URI_CREDENTIALS_MESSAGE = ("spec.tracking.mlflow.uri must not carry credentials (user:password@host): the "
+                                  "spec is stored, shown and logged in plain text")
+
+
+def check_mlflow_uri(value: str) -> str:
+    if "@" in value.split("://", 1)[-1].split("/", 1)[0]:
+        raise ValueError(MLFLOW_URI_CREDENTIALS_MESSAGE)
+    if not re.fullmatch(_MLFLOW_URI, value):
+        raise ValueError(MLFLOW_URI_MESSAGE)
+    return value
+
+
+MlflowUri = Annotated[str, Field(min_length=1, max_length=2048, json_schema_extra={
+    "x-kubernetes-validations": [{"rule": "self.matches('" + _MLFLOW_URI.replace("\\", "\\\\") + "')",  # CEL escapes
+                                  "message": MLFLOW_URI_MESSAGE}],
+}), AfterValidator(check_mlflow_uri)]
+
+
+class MlflowSpec(_Model):
+    """An MLflow tracking server that records the run: its hyperparameters (flattened spec paths such as
+    training.learningRate), per-step metrics (train/loss, train/lr, validation/<metric>) and the final weights
+    as artifacts. Only the main process logs; an unreachable server never stops training."""
+
+    uri: MlflowUri = Field(
+        description="The tracking server, http(s)://host[:port][/path], e.g. http://mlflow.mlops.svc:5000. Run it "
+        "with --serve-artifacts: the final weights are then uploaded through the server, and the trainer needs no "
+        "credentials of the artifact store. The trainers' network policy must allow reaching it (Helm value "
+        "networkPolicy.trainerEgress).",
+    )
+    experiment: str = Field(
+        default="kubetune", min_length=1, max_length=256, pattern=r"^\S(.*\S)?$",
+        description="The MLflow experiment the run is logged in; created when missing.",
+    )
+    parent_run_id: Optional[str] = Field(
+        default=None, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
+        description="Log this run as a child of that MLflow run (tag mlflow.parentRunId). A TrainingSweep sets it "
+        "on each trial to the sweep's own parent run; unset = a top-level run.",
+    )
+
+
+class TrackingSpec(_Model):
+    """Experiment trackers that record the run, besides TensorBoard and the Prometheus metrics."""
+
+    mlflow: Optional[MlflowSpec] = Field(default=None, description="Log the run to an MLflow tracking server.")
+
+
 class Toleration(_Model):
     """A Kubernetes toleration, passed to the training pods as is."""
 
@@ -779,6 +841,8 @@ FAMILY_OPTIONS = [
     FamilyOption(table.VALIDATION_PROMPTS,
                  "has(self.validation) && has(self.validation.prompts) && size(self.validation.prompts) > 0",
                  lambda spec: bool(spec.validation.prompts)),
+    FamilyOption(table.CLIP_MODEL, "has(self.validation) && has(self.validation.clipModel)",
+                 lambda spec: spec.validation.clip_model is not None),
 ]
 
 # One rule per (family, option it ignores): a job never sets an option that silently does nothing.
@@ -795,9 +859,19 @@ def _monitor_rule(metric: str) -> Rule:
                 "use loss for the other families")
 
 
+def _clip_monitor_rule(metric: str) -> Rule:
+    """A CLIP metric is measured only with a CLIP model to measure it."""
+    return Rule(f"!has(self.validation) || !has(self.validation.monitor) || self.validation.monitor != '{metric}' "
+                "|| has(self.validation.clipModel)",
+                lambda spec: spec.validation.monitor != metric or spec.validation.clip_model is not None,
+                f"spec.validation.monitor {metric} is measured by a CLIP model: set spec.validation.clipModel "
+                "(a local path, an s3:// URI or a hub id such as openai/clip-vit-large-patch14), or monitor loss")
+
+
 # A metric only some families report cannot be monitored by the others.
 MONITOR_RULES = [_monitor_rule(metric) for metric in dict.fromkeys(m for f in FAMILIES.values() for m in f.metrics)
                  if any(metric not in family.metrics for family in FAMILIES.values())]
+MONITOR_RULES += [_clip_monitor_rule(metric) for metric in CLIP_METRICS]
 
 
 LAYOUT_MESSAGE = ("spec.data.layout does not fit spec.model.family; each family reads its own layout: "
@@ -843,6 +917,9 @@ class TrainingJobSpec(_Model):
         default_factory=DistributedSpec, description="Data parallel (ddp) or sharded (fsdp) training.",
     )
     s3: S3Spec = Field(default_factory=S3Spec, description="S3 access for s3:// URIs.")
+    tracking: TrackingSpec = Field(
+        default_factory=TrackingSpec, description="Experiment tracking (MLflow) besides TensorBoard and Prometheus.",
+    )
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Pod placement and identity.")
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec, description="Retries and time limits.")
     suspend: bool = Field(
@@ -892,6 +969,17 @@ class Progress(_Model):
     loss: Optional[float] = Field(default=None, description="Latest training loss.")
 
 
+class ValidationResult(_Model):
+    """The latest validation as the trainer reports it."""
+
+    step: int = Field(ge=0, description="The step it validated at.")
+    metrics: dict[str, float] = Field(
+        default_factory=dict, description="What it measured on the held-out data, by name (loss; accuracy "
+        "and f1 for classifiers; clip_score or clip_directional with spec.validation.clipModel): a sweep's "
+        "trial objective.",
+    )
+
+
 class TrainingJobStatus(_Model):
     """What the operator observed."""
 
@@ -907,6 +995,10 @@ class TrainingJobStatus(_Model):
         "(checkpoints, final weights, logs).",
     )
     latest_checkpoint: Optional[str] = Field(default=None, description="URI of the newest complete checkpoint.")
+    validation: Optional[ValidationResult] = Field(
+        default=None, description="The latest validation's metrics, read from the trainer while it runs "
+        "(spec.validation.everySteps with held-out data).",
+    )
     observed_generation: Optional[int] = Field(default=None, description="The spec generation last acted on.")
     backend: Optional[str] = Field(default=None, description="The backend running the job (pytorchjob or trainjob).")
 

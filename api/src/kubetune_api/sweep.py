@@ -25,6 +25,7 @@ TRAINING_LOSS = "loss"
 VALIDATION_METRICS = {"validation_loss": "loss", "accuracy": "accuracy", "f1": "f1",
                       "clip_score": "clip_score", "clip_directional": "clip_directional"}
 LOWER_IS_BETTER = {"loss", "validation_loss"}
+CLIP_METRICS = {"clip_score", "clip_directional"}
 GRID_LIMIT = 10_000
 
 
@@ -114,6 +115,29 @@ class EarlyStopping(_Model):
     min_steps: int = Field(default=1, ge=1, le=10_000_000, description="Never stop a trial before this step.")
 
 
+class Pbt(_Model):
+    """Population-based training: parallelTrials trials form the population; maxTrials / parallelTrials
+    generations of it train stepsPerGeneration steps each, every trial continuing a checkpoint."""
+
+    steps_per_generation: int = Field(
+        ge=1, le=10_000_000, description="Steps of one generation: generation g trains to step (g+1) x this, "
+        "resuming the checkpoint its line (or the trial it copied) wrote at step g x this.")
+    quantile: float = Field(
+        default=0.25, gt=0, le=0.5, description="The bottom share of a generation copies a trial of the top "
+        "share (its checkpoint and hyperparameters, then perturbed); the rest continue their own line.")
+    resample_probability: float = Field(
+        default=0.25, ge=0, le=1, description="When perturbing, the chance a parameter is drawn anew instead of "
+        "moved to a neighbouring value (x0.8 or x1.25, one step, or the next choice).")
+
+
+# PBT changes a trial's hyperparameters between generations and resumes its checkpoint: only what a
+# checkpoint does not hold may change (spec.training), and the generations set the length.
+PBT_PREFIX = "training."
+PBT_FIXED = {"training.maxSteps": "the generations set each trial's length (pbt.stepsPerGeneration)",
+             "training.epochs": "the generations set each trial's length (pbt.stepsPerGeneration)",
+             "training.optimizer": "a checkpoint's optimizer state belongs to its optimizer"}
+
+
 class Template(_Model):
     spec: dict[str, Any] = Field(description="A TrainingJob spec, as in any TrainingJob.")
 
@@ -129,6 +153,7 @@ class TrainingSweepSpec(_Model):
     max_trials: int = Field(ge=1, le=1000, description="Trials to run at most.")
     parallel_trials: int = Field(default=1, ge=1, le=100, description="Trials running at once.")
     early_stopping: Optional[EarlyStopping] = Field(default=None, description="Stop trials that are clearly worse.")
+    pbt: Optional[Pbt] = Field(default=None, description="algorithm pbt: generation length and exploitation.")
     max_failed_fraction: float = Field(
         default=0.5, ge=0, le=1,
         description="The sweep fails when more than this share of its trials failed (a failed trial is recorded "
@@ -142,7 +167,9 @@ class TrainingSweepSpec(_Model):
             problems.append(f"spec.maxTrials ({self.max_trials}) is below spec.parallelTrials "
                             f"({self.parallel_trials}): raise maxTrials or lower parallelTrials")
         if self.algorithm == "pbt":
-            problems.append("spec.algorithm pbt is not available in this version: use grid, random or bayesian")
+            problems += self._pbt_problems()
+        elif self.pbt is not None:
+            problems.append(f"spec.pbt applies to algorithm pbt only (this sweep is {self.algorithm}): remove it")
         if self.algorithm == "grid":
             continuous = [path for path, d in self.parameters.items() if d.grid() is None]
             if continuous:
@@ -158,6 +185,33 @@ class TrainingSweepSpec(_Model):
             raise ValueError("\n".join(problems))
         return self
 
+    def _pbt_problems(self) -> list[str]:
+        if self.pbt is None:
+            return ["spec.algorithm pbt needs spec.pbt: {stepsPerGeneration: N}"]
+        problems = []
+        if self.parallel_trials < 2:
+            problems.append("spec.parallelTrials is the population of algorithm pbt: at least 2")
+        elif self.max_trials % self.parallel_trials or self.max_trials // self.parallel_trials < 2:
+            problems.append(f"spec.maxTrials ({self.max_trials}) must be parallelTrials ({self.parallel_trials}) x the "
+                            "number of generations (at least 2) for algorithm pbt")
+        if self.early_stopping is not None:
+            problems.append("spec.earlyStopping does not apply to algorithm pbt, which replaces weak trials itself: "
+                            "remove it")
+        if "epochs" in (self.template.spec.get("training") or {}):
+            problems.append("spec.template.spec.training.epochs: algorithm pbt sets each trial's maxSteps from "
+                            "spec.pbt.stepsPerGeneration: remove it")
+        for path in self.parameters:
+            if path in PBT_FIXED:
+                problems.append(f"spec.parameters[{path}]: algorithm pbt cannot search it: {PBT_FIXED[path]}")
+            elif not path.startswith(PBT_PREFIX):
+                problems.append(f"spec.parameters[{path}]: algorithm pbt searches spec.training fields only (a trial "
+                                "resumes another's checkpoint, which must fit its model, adapter and data)")
+        return problems
+
+
+# The sweep's name is a label value on each trial (kubetune.dev/sweep): at most 63 characters.
+MAX_SWEEP_NAME = 63
+
 
 class TrainingSweep(_Model):
     """A whole TrainingSweep manifest."""
@@ -167,6 +221,13 @@ class TrainingSweep(_Model):
     metadata: ObjectMeta
     spec: TrainingSweepSpec
     status: Optional[dict[str, Any]] = None
+
+    @model_validator(mode="after")
+    def _short_name(self) -> "TrainingSweep":
+        if len(self.metadata.name) > MAX_SWEEP_NAME:
+            raise ValueError(f"metadata.name is {len(self.metadata.name)} characters; a TrainingSweep's name labels "
+                             f"its trials, so it is at most {MAX_SWEEP_NAME}: shorten it")
+        return self
 
 
 def _template_spec(spec: dict) -> TrainingJobSpec:
@@ -188,10 +249,14 @@ def _objective_problems(objective: Objective, template: TrainingJobSpec) -> list
         return [f"spec.objective.metric {objective.metric} is not reported by family {family.name} (it reports loss"
                 + "".join(f", {m}" for m in _objectives_of(family.name)) + ")"
                 + (f"; it is reported by {', '.join(who)}" if who else "; no family reports it yet")]
+    problems = []
     if template.validation.every_steps is None:
-        return [f"spec.objective.metric {objective.metric} is measured at validation: set "
-                "spec.template.spec.validation.everySteps (and heldOutFraction)"]
-    return []
+        problems.append(f"spec.objective.metric {objective.metric} is measured at validation: set "
+                        "spec.template.spec.validation.everySteps (and heldOutFraction)")
+    if reported in CLIP_METRICS and template.validation.clip_model is None:
+        problems.append(f"spec.objective.metric {objective.metric} is measured by a CLIP model: set "
+                        "spec.template.spec.validation.clipModel")
+    return problems
 
 
 def _objectives_of(family: str) -> list[str]:

@@ -3,7 +3,8 @@
 A few steps with a checkpoint at the last one, a tiny validation (one sample, two denoising steps,
 the first prompt) when the job validates, autograd anomaly detection in the trainer (a NaN or inf
 names the operation that made it), and nothing uploaded: a job whose checkpoints go to s3://
-writes them, its logs and its weights under a local directory instead. Reading s3:// data and
+writes them, its logs and its weights under a local directory instead, and nothing is logged to
+MLflow (spec.tracking.mlflow is dropped). Reading s3:// data and
 models still works. Pure functions of the job, so what --debug changes is unit-tested.
 """
 from __future__ import annotations
@@ -30,4 +31,6 @@ def debug_overrides(job: TrainingJob, local_dir: Path) -> list[str]:
                       f"spec.validation.prompts={json.dumps(spec.validation.prompts[:1])}"]
     if spec.checkpoints.uri.startswith("s3://"):
         overrides.append(f"spec.checkpoints.uri={local_dir}")
+    if spec.tracking.mlflow is not None:
+        overrides.append("spec.tracking.mlflow=null")
     return overrides

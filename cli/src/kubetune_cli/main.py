@@ -132,6 +132,17 @@ def tiny_model(family: str, out_dir: str, seed: int, full_size: bool, config_onl
     click.echo(f"wrote {what} {family} model to {path}")
 
 
+@dev.command("tiny-clip")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Directory to write the CLIP model into (transformers layout).")
+@click.option("--seed", default=0, show_default=True, help="Seed of the random weights.")
+def tiny_clip(out_dir: str, seed: int) -> None:
+    """Write a small random-weight CLIP model, usable as spec.validation.clipModel."""
+    from kubetune_trainer.tiny_models import write_tiny_clip
+
+    click.echo(f"wrote a tiny random-weight CLIP model to {write_tiny_clip(Path(out_dir), seed=seed)}")
+
+
 @dev.command("tiny-data")
 @click.option("--layout", required=True, type=click.Choice(LAYOUTS), help="Data layout.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Directory to write into.")

@@ -7,9 +7,15 @@ from its log: the training loss at every logged step, the validation metrics at 
 validation. The median rule stops a clearly worse trial with SIGTERM (it checkpoints and exits,
 as on preemption); a failed trial is recorded and the sweep goes on, unless more than
 maxFailedFraction of its trials failed.
+
+With spec.tracking.mlflow in the template, the sweep is one MLflow parent run (named after the
+sweep, holding the search space and, at the end, each trial's objective and the best) and each
+trial a child run of it: the trial's spec gets tracking.mlflow.parentRunId. A server that cannot
+be reached does not stop the sweep: the trials then log (or try to) as top-level runs.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -22,8 +28,9 @@ from pathlib import Path
 
 import yaml
 
-from kubetune_api.search import Trial, best_trial, should_stop, suggest
-from kubetune_api.sweep import TRAINING_LOSS, VALIDATION_METRICS, TrainingSweep, trial_spec
+from kubetune_api.spec import MlflowSpec, TrainingJobSpec
+from kubetune_api.search import Trial, best_trial, format_parameters, next_trial, should_stop
+from kubetune_api.sweep import TRAINING_LOSS, VALIDATION_METRICS, TrainingSweep, trial_spec, with_value
 
 LAST_LOSSES = 5            # a trial's training-loss objective: the mean of its last logged losses
 POLL_SECONDS = 0.5
@@ -44,11 +51,15 @@ def trial_name(sweep: TrainingSweep, number: int) -> str:
     return f"{sweep.metadata.name}-{number}"
 
 
-def write_trial_manifest(sweep: TrainingSweep, trial: Trial, directory: Path) -> Path:
+def write_trial_manifest(sweep: TrainingSweep, trial: Trial, directory: Path,
+                         parent_run_id: str | None = None) -> Path:
+    spec = trial_spec(sweep.spec, trial.parameters)
+    if parent_run_id:  # the trial is a child of the sweep's MLflow run
+        spec = with_value(spec, "tracking.mlflow.parentRunId", parent_run_id)
     manifest = {"apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingJob",
                 "metadata": {"name": trial_name(sweep, trial.number),
                              "labels": {"kubetune.dev/sweep": sweep.metadata.name}},
-                "spec": trial_spec(sweep.spec, trial.parameters)}
+                "spec": spec}
     path = directory / f"{trial_name(sweep, trial.number)}.yaml"
     path.write_text(yaml.safe_dump(manifest, sort_keys=False))
     return path
@@ -85,24 +96,71 @@ class LocalSweep:
         self.running: list[RunningTrial] = []
         self.weights: dict[int, str] = {}
         self.failed_sweep = ""
+        self.mlflow: MlflowSpec | None = TrainingJobSpec.model_validate(self.spec.template.spec).tracking.mlflow
+        self.parent_run_id: str | None = None  # the sweep's MLflow run
 
     def run(self) -> bool:
         """Run every trial; True unless too many failed."""
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self._start_parent_run()
         while True:
             while len(self.running) < self.parallel and not self.failed_sweep:
-                parameters = suggest(self.spec, self.trials)
-                if parameters is None:
+                trial = next_trial(self.spec, self.trials)
+                if trial is None:
                     break
-                self._start(Trial(len(self.trials), parameters))
+                self._start(trial)
             if not self.running:
+                self._end_parent_run()
                 return not self.failed_sweep
             time.sleep(POLL_SECONDS)
             self._poll()
 
+    def _start_parent_run(self) -> None:
+        """The sweep's MLflow run (spec.tracking.mlflow in the template), its search space as parameters."""
+        if self.mlflow is None:
+            return
+        from kubetune_trainer.tracking import start_parent_run
+
+        spec, name = self.spec, self.sweep.metadata.name
+        params = {"sweep.algorithm": spec.algorithm, "sweep.objective.metric": spec.objective.metric,
+                  "sweep.objective.goal": "minimize" if spec.objective.minimize else "maximize",
+                  "sweep.maxTrials": str(spec.max_trials), "sweep.parallelTrials": str(self.parallel),
+                  "sweep.seed": str(spec.seed)}
+        params.update({f"sweep.parameters.{path}": json.dumps(d.model_dump(by_alias=True, exclude_none=True))
+                       for path, d in spec.parameters.items()})
+        try:
+            self.parent_run_id = start_parent_run(self.mlflow, name, params,
+                                                  {"kubetune.sweep": name, "kubetune.kind": "TrainingSweep"})
+        except Exception as err:  # noqa: BLE001 - tracking never stops the sweep
+            self.echo(f"MLflow: cannot create the sweep's run at {self.mlflow.uri} ({short_error(err)}); "
+                      "the trials log as top-level runs")
+            return
+        self.echo(f"MLflow: sweep run {self.parent_run_id} in experiment {self.mlflow.experiment!r} at "
+                  f"{self.mlflow.uri}")
+
+    def _end_parent_run(self) -> None:
+        """Each trial's objective (its step: the trial's number) and the best's, then the run's end."""
+        if self.parent_run_id is None:
+            return
+        from kubetune_trainer.tracking import end_parent_run
+
+        metric = self.spec.objective.metric
+        values = [(f"trial/{metric}", t.value, t.number) for t in self.trials
+                  if t.value is not None and math.isfinite(t.value)]
+        tags = {}
+        best = best_trial(self.trials, self.spec.objective.minimize)
+        if best is not None:
+            values.append((f"best/{metric}", best.value, best.number))
+            tags["kubetune.best_trial"] = trial_name(self.sweep, best.number)
+        try:
+            end_parent_run(self.mlflow, self.parent_run_id, "FAILED" if self.failed_sweep else "FINISHED",
+                           values, tags)
+        except Exception as err:  # noqa: BLE001
+            self.echo(f"MLflow: cannot end the sweep's run {self.parent_run_id} ({short_error(err)})")
+
     def _start(self, trial: Trial) -> None:
         self.trials.append(trial)
-        manifest = write_trial_manifest(self.sweep, trial, self.workdir)
+        manifest = write_trial_manifest(self.sweep, trial, self.workdir, self.parent_run_id)
         log = self.workdir / f"{trial_name(self.sweep, trial.number)}.log"
         threads = str(max(1, (os.cpu_count() or 1) // self.parallel))  # no oversubscribed cores
         env = {**os.environ, "OMP_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1",
@@ -111,7 +169,8 @@ class LocalSweep:
             process = subprocess.Popen([sys.executable, "-m", "kubetune_trainer", "--config", str(manifest)],
                                        stdout=out, stderr=subprocess.STDOUT, env=env)
         self.running.append(RunningTrial(trial, process, log))
-        self.echo(f"trial {trial.number} started: {format_parameters(trial.parameters)}")
+        copied = f" (copies trial {trial.exploited_from})" if trial.exploited_from is not None else ""
+        self.echo(f"trial {trial.number} started{copied}: {format_parameters(trial.parameters)}")
 
     def _poll(self) -> None:
         metric = self.spec.objective.metric
@@ -145,7 +204,8 @@ class LocalSweep:
             trial.state = "succeeded"
             weights = WEIGHTS_LINE.findall(text)
             if weights:
-                self.weights[trial.number] = str(Path(weights[-1].rstrip(",")).parent)
+                trial.output_uri = str(Path(weights[-1].rstrip(",")).parent)  # PBT resumes its checkpoints
+                self.weights[trial.number] = trial.output_uri
         else:
             trial.state = "failed"
             trial.reason = last_error(text) or f"exit code {code}"
@@ -176,9 +236,9 @@ class LocalSweep:
         return "\n".join(lines)
 
 
-def format_parameters(parameters: dict) -> str:
-    return ", ".join(f"{path}={value:.4g}" if isinstance(value, float) else f"{path}={value}"
-                     for path, value in parameters.items())
+def short_error(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def last_error(text: str) -> str:

@@ -114,6 +114,23 @@ class Cluster:
             "PROMETHEUS_URL": f"http://127.0.0.1:{ports['prometheus']}",
         }
 
+    def mlflow_server(self, bucket: str = "mlflow"):
+        """An MLflow tracking server beside this control plane (spec.tracking.mlflow): SQLite in its
+        home, artifacts served through it into s3://BUCKET/mlflow on its S3 server, on loopback where
+        the pods reach it. Started by the caller (`with cluster.mlflow_server() as server:`), which
+        also stops it; only the server gets the S3 credentials."""
+        import boto3
+
+        from kubetune_dev.mlflow_server import MlflowServer
+
+        env = self.env()
+        s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=REGION,
+                          aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+        if bucket not in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
+            s3.create_bucket(Bucket=bucket)
+        return MlflowServer(self.home / "mlflow", f"s3://{bucket}/mlflow", env["AWS_ENDPOINT_URL"],
+                            env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"], REGION)
+
     # ---- probes -------------------------------------------------------------------------------
     def _get(self, url: str, tls: bool = False) -> tuple[int, bytes]:
         context = None

@@ -17,16 +17,19 @@ from kubetune_operator.status import PHASES
 RECONCILE_RESULTS = ("ok", "retry", "error")
 # Why the admission webhook refused a TrainingJob: the typed model refused the spec, the S3
 # credentials Secret it names is not there, or its backend cannot honour a field it sets.
-ADMISSION_REASONS = ("invalid_spec", "missing_secret", "backend", "image_not_allowed")
+# invalid_sweep: a TrainingSweep the typed model refused (a parameter, the objective, the template).
+ADMISSION_REASONS = ("invalid_spec", "missing_secret", "backend", "image_not_allowed", "invalid_sweep")
 
 RECONCILES = Counter("kubetune_operator_reconciles_total",
                      "TrainingJob reconciliations, by result (ok, retry, error).", ["result"])
 RECONCILE_SECONDS = Histogram("kubetune_operator_reconcile_duration_seconds",
                               "Time to reconcile one TrainingJob.")
+SWEEP_RECONCILE_SECONDS = Histogram("kubetune_operator_sweep_reconcile_duration_seconds",
+                                    "Time of one step of a TrainingSweep: read its trials, decide, create and record.")
 CHILD_JOBS_CREATED = Counter("kubetune_operator_child_jobs_created_total",
                              "Child training jobs created, by kind.", ["kind"])
 ADMISSION_REJECTIONS = Counter("kubetune_operator_admission_rejections_total",
-                               "TrainingJobs the admission webhook refused, by reason "
+                               "TrainingJobs and TrainingSweeps the admission webhook refused, by reason "
                                f"({', '.join(ADMISSION_REASONS)}).", ["reason"])
 # When the certificate the webhook serves expires (webhook.py keeps it fresh; an alert on
 # `kubetune_operator_webhook_certificate_expiry_timestamp_seconds - time() < 86400` catches a keeper that stopped).

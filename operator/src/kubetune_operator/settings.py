@@ -19,6 +19,8 @@ class Settings:
     s3_path_style: bool | None = None
     # How often the operator reads progress from running trainers.
     progress_interval_seconds: float = 10.0
+    # How often the operator reconciles a running TrainingSweep: starts trials, reads their values.
+    sweep_interval_seconds: float = 2.0
     # Port of the trainer's metrics and progress endpoint (rank 0).
     trainer_metrics_port: int = 9400
     # The admission webhook: served on this address (the pod's IP); None = no webhook.
@@ -68,6 +70,7 @@ class Settings:
             s3_region=env.get("KUBETUNE_S3_REGION") or None,
             s3_path_style={"true": True, "false": False}.get(path_style),
             progress_interval_seconds=float(env.get("KUBETUNE_PROGRESS_INTERVAL_SECONDS", cls.progress_interval_seconds)),
+            sweep_interval_seconds=float(env.get("KUBETUNE_SWEEP_INTERVAL_SECONDS", cls.sweep_interval_seconds)),
             trainer_metrics_port=int(env.get("KUBETUNE_TRAINER_METRICS_PORT", cls.trainer_metrics_port)),
             webhook_address=env.get("KUBETUNE_WEBHOOK_ADDRESS") or None,
             webhook_port=int(env.get("KUBETUNE_WEBHOOK_PORT", cls.webhook_port)),

@@ -5,10 +5,11 @@ returns only the difference, plus the Events that explain a transition.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from kubetune_api import layout
-from kubetune_api.contract import TrainerGauge
+from kubetune_api.contract import VALIDATION_METRICS, TrainerGauge
 from kubetune_operator.backends.base import ChildState
 
 PHASES = ("Pending", "Running", "Succeeded", "Failed", "Suspended")
@@ -71,7 +72,8 @@ def progress_from_metrics(samples: dict[str, float]) -> dict | None:
         return None
     step, total = int(samples[TrainerGauge.STEP]), int(samples[TrainerGauge.PLANNED_STEPS])
     progress = {"step": step, "totalSteps": total, "percent": round(100.0 * step / total, 1) if total else 0.0}
-    if TrainerGauge.LOSS in samples:
+    # A NaN or infinite loss has no JSON form: the API server would refuse the whole status patch.
+    if TrainerGauge.LOSS in samples and math.isfinite(samples[TrainerGauge.LOSS]):
         progress["loss"] = round(samples[TrainerGauge.LOSS], 6)
     if TrainerGauge.ETA_SECONDS in samples:
         progress["etaSeconds"] = round(samples[TrainerGauge.ETA_SECONDS], 1)
@@ -90,10 +92,28 @@ def latest_checkpoint_from_metrics(samples: dict[str, float], output_uri: str | 
     return layout.join(output_uri, layout.checkpoint_name(step)) if step > 0 and output_uri else None
 
 
+def validation_from_metrics(samples: dict[str, float]) -> dict | None:
+    """status.validation: the latest validation's step and metrics (a sweep's trial objective).
+
+    The trainer serves these gauges only once it has validated. A NaN or infinite value is left
+    out: JSON cannot carry it, and the API server would refuse the whole status patch.
+    """
+    if TrainerGauge.VALIDATION_STEP not in samples:
+        return None
+    metrics = {}
+    for name in VALIDATION_METRICS:
+        value = samples.get(TrainerGauge.validation(name))
+        if value is not None and math.isfinite(value):
+            metrics[name] = float(f"{value:.6g}")
+    return {"step": int(samples[TrainerGauge.VALIDATION_STEP]), "metrics": metrics}
+
+
 def status_from_metrics(samples: dict[str, float], checkpoints_uri: str, namespace: str, job: str) -> dict:
-    """The status fields a poll of the rank-0 trainer's gauges sets: progress, outputUri, latestCheckpoint."""
+    """The status fields a poll of the rank-0 trainer's gauges sets: progress, outputUri, latestCheckpoint,
+    validation."""
     fields = {"progress": progress_from_metrics(samples),
-              "outputUri": output_uri_from_metrics(samples, checkpoints_uri, namespace, job)}
+              "outputUri": output_uri_from_metrics(samples, checkpoints_uri, namespace, job),
+              "validation": validation_from_metrics(samples)}
     fields["latestCheckpoint"] = latest_checkpoint_from_metrics(samples, fields["outputUri"])
     return {key: value for key, value in fields.items() if value}
 

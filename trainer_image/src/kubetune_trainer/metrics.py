@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from kubetune_api.contract import VALIDATION_METRICS, TrainerGauge
+
 PREFIX = "kubetune_trainer"
 PHASES = ("data_wait", "forward_backward", "optimizer", "checkpoint", "validation")
 # Step times from a tiny CPU model (tens of ms) to a large model on many GPUs (a minute).
@@ -29,6 +31,10 @@ class TrainerMetrics:
             metric = Gauge(f"{PREFIX}_{name}", text, job_labels + list(extra), registry=self.registry)
             return metric if extra else metric.labels(*values)
 
+        def unset_gauge(name: str, text: str):
+            """A gauge that serves no sample until labels(*values) sets it."""
+            return Gauge(f"{PREFIX}_{name}", text, job_labels, registry=self.registry)
+
         def histogram(name: str, text: str, buckets: tuple[float, ...]):
             return Histogram(f"{PREFIX}_{name}", text, job_labels, buckets=buckets,
                              registry=self.registry).labels(*values)
@@ -36,7 +42,10 @@ class TrainerMetrics:
         self.step = gauge("step", "Optimizer steps done.")
         self.planned_steps = gauge("planned_steps", "Optimizer steps the run will take.")
         self.epoch = gauge("epoch", "Passes over the training data started (0-based).")
-        self.loss = gauge("loss", "Training loss of the latest step (mean over processes).")
+        # Absent until this process's first step: a resumed run starts at step N with no loss yet,
+        # and a 0 there would read as a loss (status.progress.loss, a sweep's objective).
+        self._loss = Gauge(f"{PREFIX}_loss", "Training loss of the latest step (mean over processes).", job_labels,
+                           registry=self.registry)
         self.learning_rate = gauge("learning_rate", "Learning rate of the latest step.")
         self.samples_per_second = gauge("samples_per_second", "Training samples per second, all processes.")
         self.eta_seconds = gauge("eta_seconds", "Estimated seconds until the last step.")
@@ -64,6 +73,12 @@ class TrainerMetrics:
         self.checkpoint_uploaded_bytes = Counter(f"{PREFIX}_checkpoint_uploaded_bytes", "Checkpoint bytes uploaded.",
                                                  job_labels, registry=self.registry).labels(*values)
         self.uploads_pending = gauge("checkpoint_uploads_pending", "Uploads queued or in flight.")
+        # Absent until the first validation: a gauge with its labels set reads 0 at once, which the
+        # operator would copy into status.validation as a result.
+        self._validation_step = unset_gauge(TrainerGauge.VALIDATION_STEP, "Step of the latest validation.")
+        self._validation = {name: unset_gauge(TrainerGauge.validation(name), f"Validation {name} at the latest "
+                                              "validation (kubetune_trainer_validation_step).")
+                            for name in VALIDATION_METRICS}
         self._values = values
         self.server = None
         if port is not None:
@@ -74,6 +89,16 @@ class TrainerMetrics:
         for rank, (allocated, reserved) in enumerate(per_rank):
             self._gpu_allocated.labels(*self._values, str(rank)).set(allocated)
             self._gpu_reserved.labels(*self._values, str(rank)).set(reserved)
+
+    def loss(self, value: float) -> None:
+        self._loss.labels(*self._values).set(value)
+
+    def validation(self, step: int, metrics: dict[str, float]) -> None:
+        """The latest validation's results; a metric outside VALIDATION_METRICS gets no gauge."""
+        for name, value in metrics.items():
+            if name in self._validation:
+                self._validation[name].labels(*self._values).set(value)
+        self._validation_step.labels(*self._values).set(step)
 
     def pods(self, pods: list[str]) -> None:
         """The pod of each node, in node-rank order."""

@@ -114,6 +114,26 @@ class PlateauScheduler(torch.optim.lr_scheduler.LambdaLR):
         self.best, self.bad_observations, self.factor = plateau["best"], plateau["bad"], plateau["factor"]
 
 
+def follow_spec_after_resume(optimizer: torch.optim.Optimizer, scheduler, spec: TrainingSpec) -> None:
+    """A checkpoint gives back the optimizer's moments and the schedule's position, but the
+    hyperparameters are the spec's: a run resumed with another learning rate, weight decay or betas
+    (population-based training's perturbed copies, or a user's own change) trains with them.
+    Unchanged values make this a no-op."""
+    settings = {"weight_decay": spec.weight_decay, "betas": (spec.adam_beta1, spec.adam_beta2),
+                "eps": spec.adam_epsilon, "momentum": spec.sgd_momentum}
+    for group in optimizer.param_groups:
+        group["initial_lr"] = spec.learning_rate
+        for key, value in settings.items():
+            if key in group:
+                group[key] = value
+    scheduler.base_lrs = [spec.learning_rate] * len(optimizer.param_groups)
+    # Where the schedule stands now, at the new peak (every schedule here is a LambdaLR).
+    lrs = [base * factor(scheduler.last_epoch) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, lr in zip(optimizer.param_groups, lrs):
+        group["lr"] = lr
+    scheduler._last_lr = lrs
+
+
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, spec: TrainingSpec, total_steps: int):
     if spec.optimizer == "schedulefree-adamw":
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)

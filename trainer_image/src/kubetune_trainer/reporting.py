@@ -1,5 +1,6 @@
-"""What a run tells people while it trains: a progress bar, log lines, TensorBoard events and
-Prometheus metrics (kubetune_trainer.metrics).
+"""What a run tells people while it trains: a progress bar, log lines, TensorBoard events,
+Prometheus metrics (kubetune_trainer.metrics) and, with spec.tracking.mlflow, an MLflow run
+(kubetune_trainer.tracking: logged steps, validations and the final weights).
 
 Only the main process reports; every method is a no-op elsewhere. Methods called from the
 background upload thread (checkpoint_published, uploads_pending) touch only Prometheus metrics,
@@ -17,8 +18,9 @@ log = logging.getLogger("kubetune.trainer")
 
 class Reporter:
     def __init__(self, enabled: bool, total_steps: int, start_step: int, log_dir: Path | None,
-                 log_every: int, samples_per_step: int, namespace: str = "", job_name: str = ""):
+                 log_every: int, samples_per_step: int, namespace: str = "", job_name: str = "", tracker=None):
         self.enabled = enabled
+        self.tracker = tracker if enabled else None  # kubetune_trainer.tracking.MlflowTracker
         self.start_step = start_step
         self._started = time.perf_counter()
         self.metrics = None
@@ -53,7 +55,7 @@ class Reporter:
         eta = seconds_per_step * (self.total_steps - step)
         self.metrics.step.set(step)
         self.metrics.epoch.set(epoch)
-        self.metrics.loss.set(loss)
+        self.metrics.loss(loss)
         self.metrics.learning_rate.set(lr)
         self.metrics.samples_per_second.set(samples_per_second)
         self.metrics.eta_seconds.set(eta)
@@ -67,6 +69,8 @@ class Reporter:
         if step % self.log_every == 0 or step == self.total_steps:
             log.info("step %d/%d loss %.5f lr %.3e %.2f samples/s", step, self.total_steps, loss, lr,
                      samples_per_second)
+            if self.tracker is not None:  # queued: sent in batches by the tracker's thread
+                self.tracker.log_metrics(step, {"train/loss": loss, "train/lr": lr})
 
     def phase(self, name: str, seconds: float) -> None:
         """Time one part of a step took (kubetune_trainer.metrics.PHASES)."""
@@ -97,6 +101,13 @@ class Reporter:
             if count:
                 log.warning("%d bad sample(s) skipped (spec.data.skipBad)", count)
 
+    def validation(self, step: int, metrics: dict[str, float]) -> None:
+        """The metrics of the validation at `step` (none without held-out data), for status.validation."""
+        if self.enabled and metrics:
+            self.metrics.validation(step, metrics)
+            if self.tracker is not None:
+                self.tracker.log_metrics(step, {f"validation/{name}": value for name, value in metrics.items()})
+
     def gpu_memory(self, per_rank: list[tuple[int, int]]) -> None:
         if self.enabled:
             self.metrics.gpu_memory(per_rank)
@@ -125,16 +136,27 @@ class Reporter:
         if self._writer is not None:
             self._writer.flush()
 
+    def final_weights(self, files: list[Path], root: Path) -> None:
+        """The run's final weights (files under root): uploaded to the MLflow run when it ends."""
+        if self.tracker is not None:
+            self.tracker.log_artifacts(files, root)
+
     def message(self, text: str, *args) -> None:
         if self.enabled:
             log.info(text, *args)
 
-    def close(self) -> None:
+    def close(self, status: str = "FINISHED", wait: bool = True, timeout: float | None = None) -> None:
         """Ends the bar and the event file; the metrics keep serving until the process exits, so
-        the last values (final step, checkpoint) can still be scraped."""
+        the last values (final step, checkpoint) can still be scraped. The MLflow run ends with
+        STATUS (FINISHED, FAILED, KILLED) once its last values and weights are sent: WAIT waits
+        for that (at most TIMEOUT); without it the sending goes on behind the caller."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self.tracker is not None:
+            self.tracker.close(status, wait=wait, timeout=timeout)
+            if wait:
+                self.tracker = None

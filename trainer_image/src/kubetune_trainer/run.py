@@ -14,6 +14,7 @@ import math
 import os
 import shutil
 import socket
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,7 +36,8 @@ from kubetune_trainer.errors import ConfigError, TrainingDiverged
 from kubetune_trainer.families import family_for
 from kubetune_trainer.loop import SampleLog, Stepper, iterate_steps, plan_steps, step_micro_batches
 from kubetune_trainer.phase_clock import PhaseClock
-from kubetune_trainer.optim import PlateauScheduler, build_lr_scheduler, build_optimizer, set_optimizer_mode
+from kubetune_trainer.optim import (PlateauScheduler, build_lr_scheduler, build_optimizer, follow_spec_after_resume,
+                                    set_optimizer_mode)
 from kubetune_trainer.parallel import build_parallel, resolve_strategy
 from kubetune_trainer.preemption import PREEMPTION_UPLOAD_SECONDS, Preempted, StopRequest
 from kubetune_trainer.profiling import maybe_profile
@@ -47,6 +49,7 @@ from kubetune_trainer.storage.inputs import local_copy
 from kubetune_trainer.storage.stream import Prefetcher, open_stream, streamed
 from kubetune_trainer.storage.uri import is_s3
 from kubetune_trainer.storage.uploader import UploadFailed
+from kubetune_trainer.tracking import ABORT_SECONDS, tracker_for
 from kubetune_trainer.training_state import Position, SavedState
 from kubetune_trainer.validation import Validator
 
@@ -108,6 +111,8 @@ def with_local_inputs(spec: TrainingJobSpec) -> TrainingJobSpec:
             "init_from": spec.adapter.init_from and local_copy(spec.adapter.init_from)}),
         "pmg": spec.pmg and spec.pmg.model_copy(update={
             "language_model": spec.pmg.language_model and local_copy(spec.pmg.language_model)}),
+        "validation": spec.validation.model_copy(update={
+            "clip_model": spec.validation.clip_model and local_copy(spec.validation.clip_model)}),
     })
 
 
@@ -120,7 +125,8 @@ def check_local_inputs(spec: TrainingJobSpec) -> None:
     """A local model path that is not there is named as such (from_pretrained would try the hub
     and report a network or repository-id error instead)."""
     named = {"spec.model.pretrained": spec.model.pretrained, "spec.adapter.initFrom": spec.adapter.init_from,
-             "spec.pmg.languageModel": spec.pmg and spec.pmg.language_model}
+             "spec.pmg.languageModel": spec.pmg and spec.pmg.language_model,
+             "spec.validation.clipModel": spec.validation.clip_model}
     for field, uri in named.items():
         if uri and looks_local(uri) and not Path(uri).expanduser().exists():
             raise ConfigError(f"{field}: {uri} does not exist (a local path; a hub id reads org/name)")
@@ -229,7 +235,7 @@ class Run:
         self._agree(lambda: claim_run(self.run_place, self.run_id))
         self.output = local_path_for(self.run_place.uri)
         self.validator = Validator(self.spec, self.family, self.held_out, self.output, self.is_main,
-                                   sharded=self.parallel.sharded)
+                                   sharded=self.parallel.sharded, from_main=self._agree)
         self.store = CheckpointStore(self.run_place.uri, on_published=self._published, on_pending=self._pending,
                                      rank=self.rank, world_size=self.world_size)
 
@@ -240,6 +246,7 @@ class Run:
             path, saved = self.start_checkpoint, self.saved
             self.sharded.load(path)
             self.scheduler.load_state_dict(torch.load(path / training_state.SCHEDULER_FILE, weights_only=False))
+            follow_spec_after_resume(self.optimizer, self.scheduler, self.spec.training)
             if (path / VALIDATION_FILE).is_file():
                 self.validator.load_state_dict(json.loads((path / VALIDATION_FILE).read_text()))
             self.position = training_state.continue_position(saved.position, saved.global_batch,
@@ -247,7 +254,7 @@ class Run:
             training_state.load_rng(path, self.rank, same_world=saved.world_size == self.world_size)
         self.reporter = Reporter(self.is_main, self.plan.total_steps, self.position.step, self.output / "logs",
                                  self.spec.training.log_every_steps, self.batching.global_batch, self.namespace,
-                                 self.job.metadata.name)
+                                 self.job.metadata.name, tracker=self._tracker())
         pod = TrainerEnv.from_env(os.environ).pod_name or socket.gethostname()  # the operator names the pod
         self.reporter.pods(list(dict.fromkeys(self._gather_objects(pod))))
         self.reporter.samples_skipped(len(self.family.screen.skipped))
@@ -343,7 +350,9 @@ class Run:
         self.sharded.wait()
         if self.is_main:
             written = self.family.save_weights(output, trained)
-            self.reporter.close()  # flushes the TensorBoard events before they are uploaded
+            self.reporter.final_weights(written, output)
+            # Flushes the TensorBoard events before they are uploaded; MLflow's upload goes on beside S3's.
+            self.reporter.close(wait=False)
             extras = [p for folder in ("logs", "samples", "best", "profile") for p in (output / folder).rglob("*")]
             self.store.publish_files(written + sorted(p for p in extras if p.is_file()), "final weights and logs")
             self._record_run(self.position.step, finished=True)
@@ -368,7 +377,8 @@ class Run:
                           PREEMPTION_UPLOAD_SECONDS)
         except UploadFailed as err:
             log.error("%s", err)
-        self.reporter.close()
+        stopped = isinstance(sys.exc_info()[1], (Preempted, KeyboardInterrupt))
+        self.reporter.close("KILLED" if stopped else "FAILED", timeout=ABORT_SECONDS)
         self.store.close(wait=False)  # an upload still retrying must not hold the exit
 
     # --- set-up parts ---------------------------------------------------------------------------
@@ -463,6 +473,7 @@ class Run:
             with self._weights_to_publish(), self.reporter.timed("validation"):
                 metrics = self.validator.run(self.parallel.unwrap(self.model), pos.step,
                                              lambda: full_trained_state(self.model))
+            self.reporter.validation(pos.step, metrics)
             if self.is_main:
                 self.store.mirror("best")
                 self.store.mirror("samples")
@@ -569,6 +580,12 @@ class Run:
         if self.is_main:
             self.store.write_text(layout.RUN_FILE, runs.run_record_text(self.run_id, steps, finished),
                                   required=finished)
+
+    def _tracker(self):
+        """The main process's MLflow tracker (spec.tracking.mlflow), else None."""
+        if not self.is_main:
+            return None
+        return tracker_for(self.job, self.namespace, self.run_place.uri, self.run_place.version)
 
     def _published(self, step: int, upload_seconds: float | None, size: int) -> None:
         self.reporter.checkpoint_published(step, upload_seconds, size)

@@ -309,6 +309,29 @@ def write_tiny_pmg(out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
+def write_tiny_clip(out_dir: Path, seed: int = 0) -> Path:
+    """A CLIP model (text and 32-pixel vision towers, 16-d projections) with its tokenizer and image
+    processor: what spec.validation.clipModel loads (CLIPModel / CLIPProcessor.from_pretrained)."""
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
+
+    tokenizer = tiny_clip_tokenizer()
+    torch.manual_seed(seed)
+    model = CLIPModel(CLIPConfig(
+        text_config={"vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 64,
+                     "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 77,
+                     "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 1},
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                       "num_attention_heads": 4, "image_size": 32, "patch_size": 8},
+        projection_dim=16,
+    ))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    # The real processors resize and centre-crop to the vision tower's size (224): here 32.
+    image_processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(out_dir)
+    return out_dir
+
+
 WRITERS = {"sd15": write_tiny_sd15, "sdxl": write_tiny_sdxl, "classifier": write_tiny_classifier,
            "flux-kontext": write_tiny_flux_kontext, "qwen-image-edit": write_tiny_qwen_image_edit,
            "pmg": write_tiny_pmg}

@@ -2,9 +2,11 @@
 
 Every process evaluates the same held-out batches with the same per-sample draws (randomness.py:
 the same noise at every validation, so checkpoints compare fairly), so all reach the same
-early-stopping decision without talking to each other; only the main process writes. Under FSDP
-the model's forward is a collective, so sampling images and gathering the best weights involve
-every process too. Validation runs inside `torch.random.fork_rng`, so it never shifts the
+early-stopping decision without talking to each other; only the main process writes. The CLIP
+metrics of the sample images (evaluation.py, with spec.validation.clipModel) are the exception: the
+main process scores its images and hands every process its scores, so they still decide alike.
+Under FSDP the model's forward is a collective, so sampling images and gathering the best weights
+involve every process too. Validation runs inside `torch.random.fork_rng`, so it never shifts the
 training's random stream (a resumed run stays bitwise identical whether or not it validated).
 """
 from __future__ import annotations
@@ -15,6 +17,7 @@ import math
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -24,7 +27,7 @@ from kubetune_trainer.data.sampler import in_order
 from kubetune_trainer.randomness import VALIDATION_STEP, SampleRandom
 
 log = logging.getLogger("kubetune.trainer")
-HIGHER_IS_BETTER = {"loss": False, "accuracy": True, "f1": True}
+HIGHER_IS_BETTER = {"loss": False, "accuracy": True, "f1": True, "clip_score": True, "clip_directional": True}
 
 
 def improves(value: float, best: float | None, metric: str) -> bool:
@@ -33,8 +36,16 @@ def improves(value: float, best: float | None, metric: str) -> bool:
     return value > best if HIGHER_IS_BETTER[metric] else value < best
 
 
+def _alone(decide: Callable[[], Any]) -> Any:
+    return decide()
+
+
 class Validator:
-    def __init__(self, spec: TrainingJobSpec, family, held_out, output: Path, is_main: bool, sharded: bool = False):
+    """from_main(decide): decide() run on the main process, its result (or ConfigError) on every
+    process: a collective (Run._agree); a single process just calls it."""
+
+    def __init__(self, spec: TrainingJobSpec, family, held_out, output: Path, is_main: bool, sharded: bool = False,
+                 from_main: Callable[[Callable[[], Any]], Any] = _alone):
         self.spec = spec.validation
         self.seed = spec.training.seed
         self.batch_size = spec.training.batch_size
@@ -46,6 +57,16 @@ class Validator:
         self.best: float | None = None
         self.validations_without_improvement = 0
         self._writer = None
+        self.from_main = from_main
+        self.clip = None  # the main process's CLIP scorer
+        self._said_nothing_to_score = False
+        if self.spec.clip_model:
+            self.from_main(self._load_clip)  # now, so that a bad clipModel fails the job before it trains
+
+    def _load_clip(self) -> None:
+        from kubetune_trainer.evaluation import ClipScorer
+
+        self.clip = ClipScorer(self.spec.clip_model, self.family.device)
 
     def due(self, step: int, total_steps: int) -> bool:
         every = self.spec.every_steps
@@ -61,7 +82,8 @@ class Validator:
                 for batch_keys, batch in zip(keys, loader)]
 
     def run(self, model: torch.nn.Module, step: int, trained_state: Callable[[], dict]) -> dict[str, float]:
-        """Evaluate and sample at `step`; returns the metrics (empty without held-out data).
+        """Evaluate and sample at `step`; returns the metrics: the held-out ones (none without held-out
+        data) and, with spec.validation.clipModel, the CLIP scores of the sample images.
 
         trained_state: the weights to publish, whole on the main process (a collective under FSDP).
         """
@@ -74,10 +96,14 @@ class Validator:
                 if batches:
                     metrics = self.family.evaluate(model, batches)
                 samples = self.is_main or self.sharded
-                images = self.family.sample_images(model, [batch for batch, _ in batches],
+                held_out = [batch for batch, _ in batches]
+                images = self.family.sample_images(model, held_out,
                                                    torch.Generator().manual_seed(self.seed)) if samples else []
             finally:
                 model.train(was_training)
+            if self.spec.clip_model:
+                scores = self._clip_scores(images, held_out) if self.is_main else {}
+                metrics = {**metrics, **self.from_main(lambda: scores)}
         self._record(step, metrics, images)
         monitored = metrics.get(self.spec.monitor)
         if monitored is not None and not math.isnan(monitored):
@@ -90,6 +116,15 @@ class Validator:
                 if self.is_main:
                     self._keep_best(step, monitored, lambda folder: self.family.save_weights(folder, state))
         return metrics
+
+    def _clip_scores(self, images: list, held_out: list[dict]) -> dict[str, float]:
+        if not images:
+            if not self._said_nothing_to_score:
+                log.warning("spec.validation.clipModel: no validation images to score; set spec.validation.prompts "
+                            "(sd15, sdxl), or heldOutFraction > 0 with numSamples > 0")
+                self._said_nothing_to_score = True
+            return {}
+        return self.family.image_metrics(images, held_out, self.clip)
 
     @property
     def should_stop(self) -> bool:

@@ -136,6 +136,11 @@ class ModelFamily(ABC):
         """PIL images for TensorBoard and the checkpoint folder; none by default."""
         return []
 
+    def image_metrics(self, images: list, held_out: list[dict], clip) -> dict[str, float]:
+        """What `clip` (evaluation.ClipScorer) says of the images sample_images drew from `held_out`
+        (kubetune_api.families lists each family's); none by default."""
+        return {}
+
     # --- trainable state ----------------------------------------------------------------------
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:

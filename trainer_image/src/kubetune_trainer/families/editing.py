@@ -1,6 +1,7 @@
 """What the image-editing families (FLUX.1 Kontext, Qwen-Image-Edit) share: the edit-pairs data with
 caption and control-image dropout, one transformer trained as a LoRA (or fully), held-out pairs
-edited as validation samples, and weights saved through the diffusers pipeline's save_lora_weights.
+edited as validation samples (scored by CLIP directional similarity with spec.validation.clipModel),
+and weights saved through the diffusers pipeline's save_lora_weights.
 
 A family supplies the models (in __init__, then `_prepare_transformer()`), its encoders, the loss,
 `pipeline()` and `PIPELINE`, the diffusers pipeline class name whose LoRA loader reads the weights.
@@ -74,6 +75,16 @@ class EditingFamily(ModelFamily):
         pairs = [(control, caption) for batch in held_out
                  for control, caption in zip(batch["control_values"], batch["captions"])]
         return pairs[:self.spec.validation.num_samples]
+
+    def image_metrics(self, images, held_out, clip):
+        """clip_directional of each edited held-out pair against its control image and instruction."""
+        from kubetune_trainer.data.images import to_pil
+
+        if not images:
+            return {}
+        pairs = self.held_out_pairs(held_out)
+        return {"clip_directional": clip.clip_directional([to_pil(control) for control, _ in pairs], images,
+                                                          [instruction for _, instruction in pairs])}
 
     def save_weights(self, out_dir: Path, trained: dict[str, torch.Tensor]) -> list[Path]:
         out_dir.mkdir(parents=True, exist_ok=True)

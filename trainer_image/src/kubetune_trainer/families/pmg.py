@@ -196,8 +196,22 @@ class PersonalizedGeneration(StableDiffusion15):
         personal = self.personal_tokens(model, batch["histories"])
         return {"encoder_hidden_states": torch.cat([text["prompt_embeds"], personal.to(text["prompt_embeds"].dtype)], 1)}
 
+    @torch.no_grad()
     def sample_images(self, model, held_out, generator):
-        return []
+        """The first held-out users' target captions drawn with their personal tokens, when a CLIP model
+        will score them (validation_prompts). Classifier-free guidance contrasts the caption with the
+        empty one, both followed by the same personal tokens: guidance strengthens the caption and
+        leaves the user's steer as it is."""
+        prompts = self.validation_prompts(held_out)
+        if not prompts:
+            return []
+        histories = [history for batch in held_out for history in batch["histories"]][:len(prompts)]
+        text = self.encode_prompts(prompts)["prompt_embeds"]
+        personal = self.personal_tokens(model, histories).to(text.dtype)
+        empty = self.encode_prompts([""] * len(prompts))["prompt_embeds"]
+        return self.sampling_pipeline()(prompt_embeds=torch.cat([text, personal], 1),
+                                        negative_prompt_embeds=torch.cat([empty, personal], 1),
+                                        **self.sampling_options(generator)).images
 
     def save_weights(self, out_dir: Path, trained: dict[str, torch.Tensor]) -> list[Path]:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -155,19 +155,39 @@ class StableDiffusion15(ModelFamily):
                if self.pipeline_class == "StableDiffusionPipeline" else {}),
         )
 
-    @torch.no_grad()
-    def sample_images(self, model, held_out, generator):
-        prompts = self.spec.validation.prompts
-        if not prompts:
+    def validation_prompts(self, held_out: list[dict]) -> list[str]:
+        """What sample_images draws: spec.validation.prompts, else, when a CLIP model will score them,
+        the first spec.validation.numSamples held-out captions (the same ones at every validation)."""
+        validation = self.spec.validation
+        if validation.prompts:
+            return list(validation.prompts)
+        if not validation.clip_model:
             return []
+        return [caption for batch in held_out for caption in batch["captions"]][:validation.num_samples]
+
+    def image_metrics(self, images, held_out, clip):
+        return {"clip_score": clip.clip_score(images, self.validation_prompts(held_out))} if images else {}
+
+    def sampling_pipeline(self):
+        """pipeline() with a few-step solver, quiet."""
         from diffusers import DPMSolverMultistepScheduler
 
         pipeline = self.pipeline()
         pipeline.scheduler = DPMSolverMultistepScheduler.from_config(pipeline.scheduler.config)
         pipeline.set_progress_bar_config(disable=True)
+        return pipeline
+
+    def sampling_options(self, generator: torch.Generator) -> dict:
         size = self.spec.resolution
-        return pipeline(prompts, num_inference_steps=self.spec.validation.num_inference_steps, height=size,
-                        width=size, generator=generator, output_type="pil").images
+        return {"num_inference_steps": self.spec.validation.num_inference_steps, "height": size, "width": size,
+                "generator": generator, "output_type": "pil"}
+
+    @torch.no_grad()
+    def sample_images(self, model, held_out, generator):
+        prompts = self.validation_prompts(held_out)
+        if not prompts:
+            return []
+        return self.sampling_pipeline()(prompts, **self.sampling_options(generator)).images
 
     def save_weights(self, out_dir: Path, trained: dict[str, torch.Tensor]) -> list[Path]:
         out_dir.mkdir(parents=True, exist_ok=True)

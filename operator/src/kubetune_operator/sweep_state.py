@@ -1,0 +1,215 @@
+"""A TrainingSweep's reconcile as a pure function: from the sweep, the trials its status records
+and what its child TrainingJobs say now, to what to do (trials to create, trials to stop) and the
+status to write.
+
+Level-based and restart-safe: a trial is recorded in status with its parameters before its
+TrainingJob exists, so a restart creates what is missing; a TrainingJob whose record was lost (the
+operator stopped between creating it and writing status) is adopted back from its labels and
+parameter annotation. The search itself (kubetune_api.search) is a function of the records.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubetune_api import layout
+from kubetune_api.search import Trial, best_trial, format_parameters, next_trial, should_stop
+from kubetune_api.sweep import TRAINING_LOSS, VALIDATION_METRICS, TrainingSweepSpec
+
+# A trial's training-loss objective: the mean of its last readings (one step's loss is noisy).
+LAST_LOSSES = 5
+# Readings kept in status per trial, so that a sweep of 1000 trials stays far below the API
+# server's object size limit (1.5 MiB): a running trial's newest, a finished trial's thinned evenly
+# (its last always kept). Enough for the median rule, which compares values at the same step.
+RUNNING_READINGS = 50
+FINISHED_READINGS = 20
+
+
+@dataclass(frozen=True)
+class TrialJob:
+    """What the sweep reads off one trial's TrainingJob."""
+
+    number: int
+    parameters: dict[str, Any]
+    phase: str | None = None               # the TrainingJob's status.phase
+    message: str = ""                      # why it failed, from its conditions
+    step: int | None = None                # status.progress
+    loss: float | None = None
+    validation_step: int | None = None     # status.validation
+    validation: dict[str, float] = field(default_factory=dict)
+    output_uri: str | None = None
+
+
+@dataclass
+class Plan:
+    create: list[Trial] = field(default_factory=list)    # trials whose TrainingJob to create
+    stop: list[int] = field(default_factory=list)        # trials whose TrainingJob to suspend
+    status: dict[str, Any] = field(default_factory=dict)  # the sweep's whole new status
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+
+
+def trial_job_name(sweep: str, number: int) -> str:
+    return f"{sweep}-{number}"
+
+
+def reading(job: TrialJob, metric: str) -> tuple[int, float] | None:
+    """(step, value) of the objective as the trial's TrainingJob reports it now."""
+    if metric == TRAINING_LOSS:
+        return (job.step, job.loss) if job.step and job.loss is not None else None
+    value = job.validation.get(VALIDATION_METRICS[metric])
+    return (job.validation_step, value) if job.validation_step and value is not None else None
+
+
+def final_value(intermediate: dict[int, float], metric: str) -> float | None:
+    """A finished trial's objective: its last validation value, or its mean recent training loss."""
+    if not intermediate:
+        return None
+    steps = sorted(intermediate)
+    if metric == TRAINING_LOSS:
+        recent = [intermediate[s] for s in steps[-LAST_LOSSES:]]
+        return sum(recent) / len(recent)
+    return intermediate[steps[-1]]
+
+
+def records_to_trials(records: list[dict]) -> list[Trial]:
+    return [Trial(number=r["number"], parameters=dict(r["parameters"]), state=r.get("state", "running"),
+                  value=r.get("value"), intermediate={int(s): v for s, v in (r.get("intermediate") or {}).items()},
+                  reason=r.get("reason", ""), output_uri=r.get("outputUri"), exploited_from=r.get("exploitedFrom"))
+            for r in records]
+
+
+def kept_steps(steps: list[int], keep: int) -> list[int]:
+    """At most KEEP of the sorted STEPS, evenly spread, the last always among them."""
+    if len(steps) <= keep:
+        return steps
+    stride = len(steps) / keep
+    return sorted({steps[min(len(steps) - 1, round((i + 1) * stride) - 1)] for i in range(keep)})
+
+
+def trial_record(sweep: str, trial: Trial) -> dict[str, Any]:
+    steps = kept_steps(sorted(trial.intermediate), RUNNING_READINGS if trial.state == "running" else FINISHED_READINGS)
+    record = {"number": trial.number, "job": trial_job_name(sweep, trial.number), "parameters": trial.parameters,
+              "state": trial.state, "intermediate": {str(s): trial.intermediate[s] for s in steps}}
+    if trial.value is not None:
+        record["value"] = trial.value
+    if trial.reason:
+        record["reason"] = trial.reason
+    if trial.output_uri:
+        record["outputUri"] = trial.output_uri
+    if trial.exploited_from is not None:
+        record["exploitedFrom"] = trial.exploited_from
+    return record
+
+
+def plan(sweep: str, namespace: str, spec: TrainingSweepSpec, status: dict, jobs: dict[int, TrialJob]) -> Plan:
+    """What to do now for the sweep NAMESPACE/SWEEP, whose status is STATUS and whose trials'
+    TrainingJobs (by trial number) are JOBS."""
+    result = Plan()
+    records = {r["number"]: r for r in status.get("trials") or []}
+    for number, job in jobs.items():  # a TrainingJob whose record was lost: adopt it
+        records.setdefault(number, {"number": number, "parameters": job.parameters, "state": "running"})
+    trials = records_to_trials([records[n] for n in sorted(records)])
+    metric, minimize = spec.objective.metric, spec.objective.minimize
+
+    for trial in trials:
+        if trial.state != "running":
+            continue
+        job = jobs.get(trial.number)
+        if job is None:
+            result.create.append(trial)  # recorded, not created yet (or created by a call that failed)
+            continue
+        observed = reading(job, metric)
+        if observed:
+            trial.intermediate[observed[0]] = observed[1]
+        # A trial's first run is v0 of its own job: known even before a poll reads status.outputUri.
+        trial.output_uri = job.output_uri or trial.output_uri or layout.run_root(
+            spec.template.spec["checkpoints"]["uri"], namespace, trial_job_name(sweep, trial.number), 0)
+        _follow(trial, job, metric, result, sweep)
+
+    rule = spec.early_stopping
+    if rule is not None:
+        for trial in trials:
+            others = [t for t in trials if t is not trial and t.intermediate]
+            if trial.state == "running" and trial.number in jobs and \
+                    should_stop(trial, others, minimize, rule.min_steps):
+                trial.state, trial.reason = "stopped", "stopped by the median rule"
+                trial.value = _best_so_far(trial, minimize)
+                result.stop.append(trial.number)
+                result.events.append(("Normal", "TrialStopped",
+                                      f"trial {trial.number} stopped: {metric} {trial.value:.5g} at step "
+                                      f"{max(trial.intermediate)} is worse than the other trials' median"))
+
+    # Stopped trials stay suspended: asked again until their TrainingJob says so (level-based).
+    result.stop += [t.number for t in trials if t.state == "stopped" and t.number in jobs
+                    and jobs[t.number].phase not in ("Suspended", "Succeeded", "Failed")
+                    and t.number not in result.stop]
+
+    failed = sum(t.state == "failed" for t in trials)
+    failed_sweep = failed > spec.max_failed_fraction * spec.max_trials
+    if failed_sweep:
+        for trial in trials:
+            if trial.state == "running":
+                trial.state, trial.reason = "stopped", "the sweep failed"
+                if trial.number in jobs:
+                    result.stop.append(trial.number)
+                result.create = [t for t in result.create if t.number != trial.number]
+    else:
+        while sum(t.state == "running" for t in trials) < spec.parallel_trials:
+            trial = next_trial(spec, trials)
+            if trial is None:
+                break
+            trials.append(trial)
+            result.create.append(trial)
+            copied = f" (copies trial {trial.exploited_from})" if trial.exploited_from is not None else ""
+            result.events.append(("Normal", "TrialCreated",
+                                  f"trial {trial.number}{copied}: {format_parameters(trial.parameters)}"))
+
+    running = sum(t.state == "running" for t in trials)
+    finished = len(trials) - running
+    phase = "Failed" if failed_sweep else "Running" if running else "Succeeded"
+    status_now = {
+        "phase": phase,
+        "trialsDone": f"{finished}/{spec.max_trials}",
+        "running": running,
+        "failed": failed,
+        "trials": [trial_record(sweep, t) for t in trials],
+    }
+    best = best_trial(trials, minimize)
+    if best is not None:
+        status_now["best"] = {"trial": best.number, "job": trial_job_name(sweep, best.number), "value": best.value,
+                              "parameters": best.parameters, "outputUri": best.output_uri}
+    if failed_sweep:
+        status_now["message"] = (f"{failed} of {spec.max_trials} trials failed, more than spec.maxFailedFraction "
+                                 f"{spec.max_failed_fraction}: the sweep stopped")
+    elif phase == "Succeeded":
+        status_now["message"] = (f"best: trial {best.number} ({metric} {best.value:.6g})" if best
+                                 else "no trial reported the objective")
+    if phase != status.get("phase") and phase in ("Succeeded", "Failed"):
+        result.events.append(("Warning" if phase == "Failed" else "Normal", f"Sweep{phase}", status_now["message"]))
+    result.status = status_now
+    return result
+
+
+def _follow(trial: Trial, job: TrialJob, metric: str, result: Plan, sweep: str) -> None:
+    """A running trial's state from its TrainingJob's phase."""
+    if job.phase == "Succeeded":
+        trial.value = final_value(trial.intermediate, metric)
+        if trial.value is None or not math.isfinite(trial.value):
+            trial.state, trial.reason = "failed", f"it finished without reporting {metric}"
+        else:
+            trial.state = "succeeded"
+    elif job.phase == "Failed":
+        trial.state, trial.reason = "failed", job.message or "its TrainingJob failed"
+    else:
+        return
+    kind = "Normal" if trial.state == "succeeded" else "Warning"
+    detail = f"{metric} {trial.value:.6g}" if trial.state == "succeeded" else trial.reason
+    result.events.append((kind, "TrialFinished", f"trial {trial.number} ({trial_job_name(sweep, trial.number)}) "
+                                                 f"{trial.state}: {detail}"))
+
+
+def _best_so_far(trial: Trial, minimize: bool) -> float:
+    values = trial.intermediate.values()
+    return min(values) if minimize else max(values)
+

@@ -1,0 +1,175 @@
+"""kopf handlers of TrainingSweeps: admission, and a timer that runs each sweep's trials.
+
+Each tick reads the sweep's trial TrainingJobs (children it owns, labelled with the sweep and the
+trial number), asks sweep_state.plan what to do, creates and suspends TrainingJobs accordingly and
+writes the sweep's status when it changed. A trial is a TrainingJob like any other: the operator's
+TrainingJob handlers run it, and its status (progress, validation) is what the sweep reads.
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+import kopf
+from kubernetes.client.rest import ApiException
+from pydantic import ValidationError
+
+from kubetune_api.contract import (API_GROUP, API_VERSION, KIND, PLURAL, SWEEP_KIND, SWEEP_LABEL, SWEEP_PLURAL,
+                                   TRIAL_LABEL, TRIAL_PARAMETERS_ANNOTATION)
+from kubetune_api.manifest import describe_errors
+from kubetune_api.search import Trial
+from kubetune_api.sweep import TrainingSweep, TrainingSweepSpec, trial_spec
+from kubetune_operator import metrics
+from kubetune_operator.handlers import SETTINGS, create_owned, custom_api
+from kubetune_operator.mlflow_runs import MlflowUnavailable, end_parent_run, start_parent_run
+from kubetune_operator.sweep_state import TrialJob, plan, trial_job_name
+
+log = logging.getLogger("kubetune.operator.sweeps")
+FINISHED = ("Succeeded", "Failed")
+# Status keys a plan may leave out: removed (merge patch null) when they no longer apply.
+OPTIONAL_STATUS = ("best", "message")
+
+
+def typed_sweep(body: kopf.Body) -> TrainingSweep:
+    return TrainingSweep.model_validate({"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+                                         "metadata": dict(body.metadata), "spec": dict(body.spec)})
+
+
+@kopf.on.validate(API_GROUP, API_VERSION, SWEEP_PLURAL, id="validate-sweep", operations=["CREATE"],
+                  ignore_failures=True)
+def validate_new_sweep(body: kopf.Body, **_) -> None:
+    """Admission: what kubetune validate refuses (parameters that name no field or break its bounds,
+    an objective the family does not report, maxTrials below parallelTrials), named by field."""
+    try:
+        typed_sweep(body)
+    except ValidationError as err:
+        metrics.ADMISSION_REJECTIONS.labels("invalid_sweep").inc()
+        raise kopf.AdmissionError("; ".join(describe_errors(err)), code=422) from None
+
+
+def trial_job(sweep: kopf.Body, spec: TrainingSweepSpec, trial: Trial, parent_run: str | None = None) -> dict:
+    """The TrainingJob of one trial: the template with its parameters, owned by and labelled with the
+    sweep; with MLflow tracking, a child run of the sweep's PARENT_RUN."""
+    name = sweep.metadata["name"]
+    job_spec = trial_spec(spec, trial.parameters)
+    if parent_run and (job_spec.get("tracking") or {}).get("mlflow"):
+        job_spec["tracking"]["mlflow"]["parentRunId"] = parent_run
+    return {
+        "apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND,
+        "metadata": {
+            "name": trial_job_name(name, trial.number),
+            "namespace": sweep.metadata["namespace"],
+            "labels": {SWEEP_LABEL: name, TRIAL_LABEL: str(trial.number)},
+            "annotations": {TRIAL_PARAMETERS_ANNOTATION: json.dumps(trial.parameters, sort_keys=True)},
+            "ownerReferences": [{"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": SWEEP_KIND, "name": name,
+                                 "uid": sweep.metadata["uid"], "controller": True}],
+        },
+        "spec": job_spec,
+    }
+
+
+def observe(job: dict) -> TrialJob:
+    """What the sweep reads off a trial's TrainingJob."""
+    status = job.get("status") or {}
+    progress, validation = status.get("progress") or {}, status.get("validation") or {}
+    phase = status.get("phase")
+    message = next((c.get("message", "") for c in status.get("conditions") or []
+                    if c.get("type") == phase and c.get("status") == "True"), "")
+    return TrialJob(
+        number=int(job["metadata"]["labels"][TRIAL_LABEL]),
+        parameters=json.loads(job["metadata"].get("annotations", {}).get(TRIAL_PARAMETERS_ANNOTATION, "{}")),
+        phase=phase, message=message, step=progress.get("step"), loss=progress.get("loss"),
+        validation_step=validation.get("step"), validation=validation.get("metrics") or {},
+        output_uri=status.get("outputUri"))
+
+
+def read_trials(namespace: str, sweep: str, uid: str) -> dict[int, TrialJob]:
+    """The sweep's trial TrainingJobs (only those it owns: a same-named older sweep's are not its own)."""
+    listed = custom_api().list_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL,
+                                                        label_selector=f"{SWEEP_LABEL}={sweep}")
+    trials = {}
+    for job in listed.get("items", []):
+        owners = {ref.get("uid") for ref in job["metadata"].get("ownerReferences") or []}
+        if uid in owners and TRIAL_LABEL in (job["metadata"].get("labels") or {}):
+            observed = observe(job)
+            trials[observed.number] = observed
+    return trials
+
+
+def create_trial(sweep: kopf.Body, spec: TrainingSweepSpec, trial: Trial, parent_run: str | None) -> None:
+    job = trial_job(sweep, spec, trial, parent_run)
+    namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    api = custom_api()
+
+    def owners() -> set[str]:
+        existing = api.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name)
+        return {ref.get("uid") for ref in existing["metadata"].get("ownerReferences") or []}
+
+    create_owned(job, sweep.metadata["uid"],
+                 lambda obj: api.create_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, obj),
+                 owners)
+
+
+def stop_trial(namespace: str, sweep: str, number: int) -> None:
+    """Suspend a trial's TrainingJob: its trainer checkpoints and exits, as on preemption."""
+    try:
+        custom_api().patch_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL,
+                                                    trial_job_name(sweep, number), {"spec": {"suspend": True}})
+    except ApiException as err:
+        if err.status != 404:  # deleted meanwhile: nothing left to stop
+            raise
+
+
+@kopf.timer(API_GROUP, API_VERSION, SWEEP_PLURAL, interval=SETTINGS.sweep_interval_seconds,
+            when=lambda status, **_: (status or {}).get("phase") not in FINISHED)
+def run_sweep(name: str, namespace: str, uid: str, body: kopf.Body, status: kopf.Status, patch: kopf.Patch,
+              **_) -> None:
+    """One step of the sweep: follow its trials, stop the clearly worse, start the next, record all."""
+    with metrics.SWEEP_RECONCILE_SECONDS.time():
+        try:
+            spec = typed_sweep(body).spec
+        except ValidationError as err:  # admitted while the webhook was away
+            patch.status.update({"phase": "Failed", "message": "invalid: " + "; ".join(describe_errors(err))})
+            kopf.event(body, type="Warning", reason="InvalidSweep", message=patch.status["message"])
+            return
+        current = dict(status or {})
+        mlflow = (spec.template.spec.get("tracking") or {}).get("mlflow")
+        parent_run = current.get("mlflowParentRunId")
+        if mlflow and not parent_run and not mlflow.get("parentRunId"):
+            parent_run = parent_run_of(mlflow, namespace, name, logger=log)
+        decided = plan(name, namespace, spec, current, read_trials(namespace, name, uid))
+        for trial in decided.create:
+            create_trial(body, spec, trial, parent_run)
+        for number in decided.stop:
+            stop_trial(namespace, name, number)
+        for kind, reason, message in decided.events:
+            kopf.event(body, type=kind, reason=reason, message=message)
+        if parent_run and decided.status["phase"] in FINISHED:
+            end_sweep_run(mlflow, parent_run, decided.status, spec.objective.metric)
+        changed = {key: value for key, value in decided.status.items() if current.get(key) != value}
+        changed.update({key: None for key in OPTIONAL_STATUS if key in current and key not in decided.status})
+        if changed:
+            patch.status.update(changed)
+
+
+def parent_run_of(mlflow: dict, namespace: str, name: str, logger) -> str | None:
+    """Start the sweep's MLflow parent run and keep its id in status (None while the server is away)."""
+    try:
+        run_id = start_parent_run(mlflow["uri"], mlflow.get("experiment", "kubetune"), namespace, name)
+    except MlflowUnavailable as err:
+        logger.warning("sweep %s/%s: no MLflow parent run yet (trials start as top-level runs): %s", namespace, name,
+                       err)
+        return None
+    # Written now, before any trial names it: a restart must find it rather than start a second one.
+    custom_api().patch_namespaced_custom_object_status(API_GROUP, API_VERSION, namespace, SWEEP_PLURAL, name,
+                                                       {"status": {"mlflowParentRunId": run_id}})
+    return run_id
+
+
+def end_sweep_run(mlflow: dict, run_id: str, status: dict, metric: str) -> None:
+    values = {t["number"]: t["value"] for t in status["trials"] if t.get("value") is not None}
+    try:
+        end_parent_run(mlflow["uri"], run_id, status["phase"] == "Succeeded", metric, values,
+                       (status.get("best") or {}).get("trial"))
+    except MlflowUnavailable as err:
+        log.warning("MLflow parent run %s not ended: %s", run_id, err)

@@ -1,0 +1,162 @@
+"""The operator's TrainingSweep reconcile (kubetune_operator.sweep_state.plan): which trials it
+creates, follows, stops and records, and that a restart (lost status, or lost trial objects) loses
+nothing. Pure: the TrainingJobs are described as the operator would read them."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kubetune_api.search import suggest
+from kubetune_api.sweep import TrainingSweep
+from kubetune_operator.sweep_state import TrialJob, plan, records_to_trials
+from kubetune_operator.sweeps import observe, trial_job
+
+TEMPLATE = {"model": {"family": "sd15", "pretrained": "org/model"}, "data": {"layout": "captions", "uri": "s3://data/set"},
+            "training": {"maxSteps": 100}, "checkpoints": {"uri": "s3://out/runs"}}
+PARAMETERS = {"training.learningRate": {"logUniform": [1e-5, 1e-3]}, "adapter.rank": {"choice": [4, 8, 16]}}
+
+
+def sweep(**spec):
+    return TrainingSweep.model_validate({
+        "apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingSweep", "metadata": {"name": "lr"},
+        "spec": {"template": {"spec": TEMPLATE}, "parameters": PARAMETERS, "objective": {"metric": "loss"},
+                 "maxTrials": 6, "parallelTrials": 2, **spec}}).spec
+
+
+def job(number, status, phase="Running", step=None, loss=None, **fields):
+    parameters = next(r for r in status["trials"] if r["number"] == number)["parameters"]
+    return TrialJob(number, parameters, phase=phase, step=step, loss=loss, **fields)
+
+
+def test_a_new_sweep_records_and_creates_parallel_trials_with_the_searchs_parameters():
+    spec = sweep()
+    decided = plan("lr", "ns", spec, {}, {})
+    assert [t.number for t in decided.create] == [0, 1]
+    assert [t.parameters for t in decided.create] == [suggest(spec, []), suggest(spec, decided.create[:1])]
+    status = decided.status
+    assert status["phase"] == "Running" and status["trialsDone"] == "0/6" and status["running"] == 2
+    assert [(r["job"], r["state"]) for r in status["trials"]] == [("lr-0", "running"), ("lr-1", "running")]
+    assert [e[1] for e in decided.events] == ["TrialCreated", "TrialCreated"]
+
+
+def test_readings_become_intermediate_values_and_a_finished_trial_makes_room_for_the_next():
+    spec = sweep()
+    status = plan("lr", "ns", spec, {}, {}).status
+    status = plan("lr", "ns", spec, status, {0: job(0, status, step=10, loss=0.5), 1: job(1, status, step=10, loss=0.7)}).status
+    assert status["trials"][0]["intermediate"] == {"10": 0.5}
+    jobs = {0: job(0, status, "Succeeded", step=20, loss=0.3, output_uri="s3://out/runs/ns/lr-0/v0"),
+            1: job(1, status, step=20, loss=0.6)}
+    decided = plan("lr", "ns", spec, status, jobs)
+    first = decided.status["trials"][0]
+    assert first["state"] == "succeeded" and first["value"] == pytest.approx((0.5 + 0.3) / 2)  # mean of the last readings
+    assert first["outputUri"] == "s3://out/runs/ns/lr-0/v0"
+    assert [t.number for t in decided.create] == [2]
+    assert decided.status["best"] == {"trial": 0, "job": "lr-0", "value": first["value"],
+                                      "parameters": first["parameters"], "outputUri": "s3://out/runs/ns/lr-0/v0"}
+    assert decided.status["trialsDone"] == "1/6"
+
+
+def test_a_restart_with_its_status_lost_adopts_the_trial_jobs_and_creates_nothing_twice():
+    spec = sweep()
+    status = plan("lr", "ns", spec, {}, {}).status
+    jobs = {0: job(0, status, step=5, loss=0.4), 1: job(1, status, step=5, loss=0.5)}
+    decided = plan("lr", "ns", spec, {}, jobs)  # the status never written
+    assert decided.create == []
+    assert [r["parameters"] for r in decided.status["trials"]] == [r["parameters"] for r in status["trials"]]
+
+
+def test_a_recorded_trial_whose_job_is_missing_is_created_again_with_the_same_parameters():
+    spec = sweep()
+    status = plan("lr", "ns", spec, {}, {}).status
+    decided = plan("lr", "ns", spec, status, {0: job(0, status)})
+    assert [(t.number, t.parameters) for t in decided.create] == [(1, status["trials"][1]["parameters"])]
+
+
+def test_failed_trials_are_recorded_and_the_sweep_fails_past_max_failed_fraction():
+    spec = sweep(maxFailedFraction=0.3)  # more than 1.8 of 6 trials: the second failure ends it
+    status = plan("lr", "ns", spec, {}, {}).status
+    decided = plan("lr", "ns", spec, status, {0: job(0, status, "Failed", message="CUDA out of memory"), 1: job(1, status)})
+    assert decided.status["trials"][0]["reason"] == "CUDA out of memory"
+    assert decided.status["phase"] == "Running" and [t.number for t in decided.create] == [2]
+    status = decided.status
+    decided = plan("lr", "ns", spec, status, {0: job(0, status, "Failed"), 1: job(1, status),
+                                        2: job(2, status, "Failed", message="diverged")})
+    assert decided.status["phase"] == "Failed" and "2 of 6 trials failed" in decided.status["message"]
+    assert decided.stop == [1] and decided.create == []
+    assert decided.status["trials"][1]["state"] == "stopped"
+    assert ("Warning", "SweepFailed") == decided.events[-1][:2]
+
+
+def test_the_median_rule_stops_a_clearly_worse_trial_and_keeps_it_suspended():
+    spec = sweep(earlyStopping={"rule": "median", "minSteps": 10}, parallelTrials=3)
+    status = plan("lr", "ns", spec, {}, {}).status
+    readings = {0: 0.2, 1: 0.25, 2: 0.9}
+    decided = plan("lr", "ns", spec, status, {n: job(n, status, step=10, loss=v) for n, v in readings.items()})
+    assert decided.stop == [2]
+    stopped = decided.status["trials"][2]
+    assert stopped["state"] == "stopped" and stopped["value"] == 0.9 and "median" in stopped["reason"]
+    assert [t.number for t in decided.create] == [3]  # its place goes to the next trial
+    status = decided.status
+    jobs = {n: job(n, status, step=12, loss=v) for n, v in readings.items()}
+    assert plan("lr", "ns", spec, status, jobs).stop == [2]  # asked again until its job says Suspended
+    jobs[2] = job(2, status, "Suspended", step=12, loss=0.9)
+    assert plan("lr", "ns", spec, status, jobs).stop == []
+
+
+def test_the_sweep_succeeds_when_every_trial_finished_and_names_the_best():
+    spec = sweep(maxTrials=2)
+    status = plan("lr", "ns", spec, {}, {}).status
+    decided = plan("lr", "ns", spec, status, {0: job(0, status, "Succeeded", step=9, loss=0.4),
+                                        1: job(1, status, "Succeeded", step=9, loss=0.2)})
+    assert decided.status["phase"] == "Succeeded" and decided.status["trialsDone"] == "2/2"
+    assert decided.status["best"]["trial"] == 1 and "best: trial 1" in decided.status["message"]
+    assert ("Normal", "SweepSucceeded") == decided.events[-1][:2]
+
+
+def test_a_validation_objective_is_read_from_the_jobs_validation_status():
+    spec = TrainingSweep.model_validate({
+        "apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingSweep", "metadata": {"name": "lr"},
+        "spec": {"template": {"spec": {**TEMPLATE, "validation": {"everySteps": 5, "heldOutFraction": 0.2}}},
+                 "parameters": PARAMETERS, "objective": {"metric": "validation_loss"}, "maxTrials": 2}}).spec
+    status = plan("lr", "ns", spec, {}, {}).status
+    decided = plan("lr", "ns", spec, status, {0: job(0, status, "Succeeded", step=10, loss=9.0, validation_step=10,
+                                               validation={"loss": 0.125})})
+    assert decided.status["trials"][0]["value"] == 0.125  # the validation loss, not the training loss
+
+
+def test_trial_jobs_carry_what_a_restart_needs_and_read_back():
+    spec = sweep()
+    trial = plan("lr", "ns", spec, {}, {}).create[0]
+    body = {"metadata": {"name": "lr", "namespace": "team-a", "uid": "u-1"}}
+
+    class Body(dict):
+        metadata = body["metadata"]
+
+    made = trial_job(Body(body), spec, trial)
+    assert made["metadata"]["name"] == "lr-0" and made["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert made["metadata"]["labels"] == {"kubetune.dev/sweep": "lr", "kubetune.dev/trial": "0"}
+    assert made["spec"]["adapter"]["rank"] == trial.parameters["adapter.rank"]
+    assert made["spec"]["training"]["learningRate"] == trial.parameters["training.learningRate"]
+    made["status"] = {"phase": "Failed", "progress": {"step": 3, "loss": 0.5}, "outputUri": "s3://o",
+                      "conditions": [{"type": "Failed", "status": "True", "message": "out of memory"}]}
+    seen = observe(made)
+    assert (seen.number, seen.parameters, seen.phase, seen.message, seen.step, seen.output_uri) == (
+        0, json.loads(made["metadata"]["annotations"]["kubetune.dev/trial-parameters"]), "Failed", "out of memory", 3,
+        "s3://o")
+    assert records_to_trials(plan("lr", "ns", spec, {}, {}).status["trials"])[0].parameters == trial.parameters
+
+
+def test_a_thousand_trial_sweep_stays_far_below_the_api_servers_object_size_limit():
+    from kubetune_api.search import Trial
+    from kubetune_operator.sweep_state import kept_steps, trial_record
+
+    assert kept_steps(list(range(1, 1001)), 20)[-1] == 1000 and len(kept_steps(list(range(1, 1001)), 20)) == 20
+    assert kept_steps([5, 10], 20) == [5, 10]
+    parameters = {"training.learningRate": 0.000123456789, "adapter.rank": 16}
+    records = [trial_record("a-long-sweep-name", Trial(n, parameters, "succeeded", 0.123456789,
+                                                       {s: 1 / s for s in range(1, 1001)},
+                                                       output_uri=f"s3://bucket/prefix/namespace/a-long-sweep-name-{n}/v0"))
+               for n in range(1000)]
+    assert all(len(r["intermediate"]) == 20 and "1000" in r["intermediate"] for r in records)
+    assert len(json.dumps({"trials": records})) < 1024 * 1024  # the limit is 1.5 MiB
