@@ -186,6 +186,8 @@ def test_a_run_monitoring_clip_score_logs_it_at_each_validation_and_keeps_the_be
     assert best["metric"] == "clip_score" and best["value"] == pytest.approx(max(scores.values()), abs=1e-5)
     events = EventAccumulator(str(out / "logs")).Reload()
     assert [e.step for e in events.Scalars("validation/clip_score")] == [1, 2]
+    saved = json.loads((out / "checkpoint-2" / "manifest.json").read_text())["validation"]  # the checkpoint says too
+    assert saved["step"] == 2 and saved["metrics"]["clip_score"] == pytest.approx(scores[2], abs=1e-5)
     assert {tag.split("/")[0] for tag in events.Tags()["images"]} == {"samples"}
 
 

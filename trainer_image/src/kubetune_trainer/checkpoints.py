@@ -42,9 +42,13 @@ def write_json_atomically(target: Path, content: dict) -> None:
     partial.replace(target)
 
 
-def write_manifest(path: Path, step: int, epoch: int, loss: float | None, files: dict[str, dict]) -> dict:
-    """The manifest of a checkpoint whose `files` (from describe_files) are all written: last, atomically."""
+def write_manifest(path: Path, step: int, epoch: int, loss: float | None, files: dict[str, dict],
+                   validation: dict | None = None) -> dict:
+    """The manifest of a checkpoint whose `files` (from describe_files) are all written: last, atomically.
+    VALIDATION: the latest validation at or before this step ({step, metrics}), when there was one."""
     manifest = {"step": step, "epoch": epoch, "loss": loss, "time": time.time(), "files": files}
+    if validation:
+        manifest["validation"] = validation
     write_json_atomically(path / MANIFEST, manifest)
     return manifest
 

@@ -234,6 +234,7 @@ class Run:
             self.sharded.check_compatible(self.start_checkpoint)
         self._agree(lambda: claim_run(self.run_place, self.run_id))
         self.output = local_path_for(self.run_place.uri)
+        self.last_validation: dict | None = None  # {step, metrics}: goes into each checkpoint's manifest
         self.validator = Validator(self.spec, self.family, self.held_out, self.output, self.is_main,
                                    sharded=self.parallel.sharded, from_main=self._agree)
         self.store = CheckpointStore(self.run_place.uri, on_published=self._published, on_pending=self._pending,
@@ -335,7 +336,8 @@ class Run:
         self.store.publish_part(path, pos.step, lambda: files_of_rank(path, self.rank, self.world_size),
                                 written=saving.result)
         if self.is_main:
-            self.store.complete_checkpoint(path, pos.step, pos.epoch, pos.loss, self.spec.checkpoints.keep_last)
+            self.store.complete_checkpoint(path, pos.step, pos.epoch, pos.loss, self.spec.checkpoints.keep_last,
+                                           self.last_validation)
             self._record_run(pos.step)
             self.reporter.flush()
             self.store.mirror("logs")  # TensorBoard in S3 follows the checkpoints
@@ -474,6 +476,8 @@ class Run:
                 metrics = self.validator.run(self.parallel.unwrap(self.model), pos.step,
                                              lambda: full_trained_state(self.model))
             self.reporter.validation(pos.step, metrics)
+            if metrics:
+                self.last_validation = {"step": pos.step, "metrics": metrics}
             if self.is_main:
                 self.store.mirror("best")
                 self.store.mirror("samples")

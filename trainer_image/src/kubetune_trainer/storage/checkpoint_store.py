@@ -146,7 +146,8 @@ class CheckpointStore:
                                   group="checkpoint part", on_skipped=lambda: self._release(path, None),
                                   if_superseded=Task(f"{path.name} skipped (rank {self.rank})", record_skip)))
 
-    def complete_checkpoint(self, path: Path, step: int, epoch: int, loss: float | None, keep_last: int) -> None:
+    def complete_checkpoint(self, path: Path, step: int, epoch: int, loss: float | None, keep_last: int,
+                            validation: dict | None = None) -> None:
         """Main process: once every rank recorded its part, write the manifest (last) and prune."""
         sizes: list[int] = []
 
@@ -155,7 +156,7 @@ class CheckpointStore:
             if files is None:
                 log.info("%s: a newer checkpoint came first on some rank; this one stays incomplete", path.name)
                 return
-            checkpoints.write_manifest(path, step, epoch, loss, files)
+            checkpoints.write_manifest(path, step, epoch, loss, files, validation)
             sizes.append(sum(entry["size"] for entry in files.values()))
             if self.remote is not None:
                 s3.upload_file(path / checkpoints.MANIFEST, self.remote.child(path.name, checkpoints.MANIFEST))
