@@ -53,13 +53,22 @@ def wait_until_finished(api_client, control_plane, core, namespace: str, name: s
         "\noperator log:\n" + operator_log(control_plane, core)))
 
 
-def test_a_random_sweep_runs_six_trials_two_at_a_time_and_names_the_best(
-        control_plane, api_client, core, operator_release, job_namespace, inputs_in_s3, tmp_path):
+@pytest.fixture(scope="module")
+def mlflow(control_plane):
+    """An MLflow tracking server beside the control plane (SQLite, artifacts in its S3 server)."""
+    with control_plane.mlflow_server() as server:
+        yield server
+
+
+def test_a_random_sweep_runs_six_trials_two_at_a_time_names_the_best_and_logs_them_to_mlflow(
+        control_plane, api_client, core, operator_release, job_namespace, inputs_in_s3, mlflow, tmp_path):
     manifest = sweep_manifest("lr-rank", inputs_in_s3, {
         "training.learningRate": {"logUniform": [1.0e-4, 1.0e-2]}, "adapter.rank": {"choice": [2, 4, 8]}},
         objective={"metric": "loss"}, algorithm="random", maxTrials=6, parallelTrials=2)
+    template = manifest["spec"]["template"]["spec"]
     # Enough steps for the progress polls (every second) to read each trial's loss a few times.
-    manifest["spec"]["template"]["spec"]["training"]["maxSteps"] = 16
+    template["training"]["maxSteps"] = 12
+    template["tracking"] = {"mlflow": {"uri": mlflow.uri, "experiment": "e2e-sweeps"}}
     kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(manifest))
 
     # Never more than two trials at once.
@@ -98,6 +107,24 @@ def test_a_random_sweep_runs_six_trials_two_at_a_time_and_names_the_best(
     assert pulled.returncode == 0, pulled.stdout + pulled.stderr
     assert (tmp_path / "best" / "pytorch_lora_weights.safetensors").is_file()
 
+    # MLflow: one parent run named after the sweep, each trial a child run with its values and LoRA.
+    from mlflow.tracking import MlflowClient
+
+    runs = MlflowClient(mlflow.uri)
+    parent = runs.get_run(status["mlflowParentRunId"])
+    assert parent.info.run_name == "lr-rank" and parent.info.status == "FINISHED"
+    assert parent.data.tags["kubetune.dev/sweep"] == f"{job_namespace}/lr-rank"
+    assert parent.data.metrics["best/loss"] == pytest.approx(status["best"]["value"])
+    experiment = runs.get_experiment_by_name("e2e-sweeps")
+    children = runs.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert sorted(run.info.run_name for run in children) == sorted(t["job"] for t in trials)
+    for run in children:
+        trial = next(t for t in trials if t["job"] == run.info.run_name)
+        assert run.data.params["adapter.rank"] == str(trial["parameters"]["adapter.rank"])
+        assert run.info.status == "FINISHED" and runs.get_metric_history(run.info.run_id, "train/loss")
+        weights = [a.path for a in runs.list_artifacts(run.info.run_id, "weights")]
+        assert "weights/pytorch_lora_weights.safetensors" in weights, weights
+
 
 @pytest.fixture(scope="module")
 def worse_model_in_s3(s3, tmp_path_factory) -> str:
@@ -121,15 +148,15 @@ def test_the_median_rule_stops_a_clearly_worse_trial(control_plane, api_client, 
                               objective={"metric": "loss"}, algorithm="grid", maxTrials=3, parallelTrials=3,
                               earlyStopping={"rule": "median", "minSteps": 3})
     # Long enough that the worse trial is stopped well before its end.
-    manifest["spec"]["template"]["spec"]["training"].update(maxSteps=60)
-    manifest["spec"]["template"]["spec"]["checkpoints"]["everySteps"] = 30
+    manifest["spec"]["template"]["spec"]["training"].update(maxSteps=40)
+    manifest["spec"]["template"]["spec"]["checkpoints"]["everySteps"] = 20
     kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(manifest))
 
     status = wait_until_finished(api_client, control_plane, core, job_namespace, "early", timeout=900)["status"]
     states = {t["number"]: t["state"] for t in status["trials"]}
     assert states == {0: "succeeded", 1: "succeeded", 2: "stopped"}, json.dumps(status)
     stopped = status["trials"][2]
-    assert "median" in stopped["reason"] and max(int(s) for s in stopped["intermediate"]) < 60
+    assert "median" in stopped["reason"] and max(int(s) for s in stopped["intermediate"]) < 40
     worse_job = get_job(api_client, job_namespace, "early-2")
     assert worse_job["spec"]["suspend"] is True, "a stopped trial is suspended: it checkpoints and frees its pods"
     assert eventually(lambda: get_job(api_client, job_namespace, "early-2")["status"]["phase"] == "Suspended",
@@ -170,40 +197,6 @@ def draws_both_offsets(manifest: dict, seed: int) -> bool:
     spec = TrainingSweep.model_validate({**manifest, "spec": {**manifest["spec"], "seed": seed}}).spec
     first = next_trial(spec, [])
     return first.parameters != next_trial(spec, [first]).parameters
-
-
-@pytest.fixture(scope="module")
-def mlflow(control_plane):
-    with control_plane.mlflow_server() as server:
-        yield server
-
-
-def test_a_sweeps_trials_are_child_runs_of_one_mlflow_run(control_plane, api_client, core, operator_release,
-                                                         job_namespace, inputs_in_s3, mlflow):
-    from mlflow.tracking import MlflowClient
-
-    manifest = sweep_manifest("tracked", inputs_in_s3, {"adapter.rank": {"choice": [2, 4]}},
-                              objective={"metric": "loss"}, algorithm="grid", maxTrials=2, parallelTrials=2)
-    template = manifest["spec"]["template"]["spec"]
-    template["training"]["maxSteps"] = 12
-    template["tracking"] = {"mlflow": {"uri": mlflow.uri, "experiment": "e2e-sweeps"}}
-    kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(manifest))
-
-    status = wait_until_finished(api_client, control_plane, core, job_namespace, "tracked", timeout=900)["status"]
-    assert status["phase"] == "Succeeded", json.dumps(status)
-    runs = MlflowClient(mlflow.uri)
-    parent = runs.get_run(status["mlflowParentRunId"])
-    assert parent.info.run_name == "tracked" and parent.info.status == "FINISHED"
-    assert parent.data.tags["kubetune.dev/sweep"] == f"{job_namespace}/tracked"
-    assert parent.data.metrics["best/loss"] == pytest.approx(status["best"]["value"])
-    experiment = runs.get_experiment_by_name("e2e-sweeps")
-    children = runs.search_runs([experiment.experiment_id],
-                                   f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
-    assert sorted(run.data.params["adapter.rank"] for run in children) == ["2", "4"]
-    for run in children:
-        assert run.info.status == "FINISHED" and runs.get_metric_history(run.info.run_id, "train/loss")
-        weights = [a.path for a in runs.list_artifacts(run.info.run_id, "weights")]
-        assert "weights/pytorch_lora_weights.safetensors" in weights, weights
 
 
 def test_kubectl_apply_refuses_a_sweep_over_a_field_that_does_not_exist(control_plane, operator_release,

@@ -13,6 +13,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 from kubetune_api.spec import TrainingJob
 from kubetune_trainer.errors import ConfigError
@@ -189,6 +190,10 @@ def test_a_run_monitoring_clip_score_logs_it_at_each_validation_and_keeps_the_be
     saved = json.loads((out / "checkpoint-2" / "manifest.json").read_text())["validation"]  # the checkpoint says too
     assert saved["step"] == 2 and saved["metrics"]["clip_score"] == pytest.approx(scores[2], abs=1e-5)
     assert {tag.split("/")[0] for tag in events.Tags()["images"]} == {"samples"}
+    assert [e.step for e in events.Images("samples/grid")] == [1, 2]  # one grid of the fixed prompts per step
+    grid = Image.open(out / "samples" / "step-0000002" / "grid.png")
+    single = Image.open(out / "samples" / "step-0000002" / "0.png")
+    assert grid.size == (2 * single.size[0], single.size[1])
 
 
 def test_every_process_of_a_sharded_run_decides_by_the_main_processs_clip_score(tiny_sd15, captions_data, tiny_clip,

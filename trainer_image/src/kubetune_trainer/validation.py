@@ -150,6 +150,9 @@ class Validator:
             for i, image in enumerate(images):
                 image.save(folder / f"{i}.png")
                 self._writer.add_image(f"samples/{i}", np.asarray(image), step, dataformats="HWC")
+            grid = image_grid(images)  # the same prompts and seed every time: one picture per step to compare
+            grid.save(folder / "grid.png")
+            self._writer.add_image("samples/grid", np.asarray(grid), step, dataformats="HWC")
         self._writer.flush()
 
     def _keep_best(self, step: int, value: float, save_best: Callable[[Path], None]) -> None:
@@ -177,3 +180,16 @@ class Validator:
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+
+
+def image_grid(images: list, columns: int = 4):
+    """The images side by side, COLUMNS to a row, each at the first one's size."""
+    from PIL import Image
+
+    width, height = images[0].size
+    columns = min(columns, len(images))
+    rows = -(-len(images) // columns)
+    grid = Image.new("RGB", (columns * width, rows * height))
+    for i, image in enumerate(images):
+        grid.paste(image.convert("RGB").resize((width, height)), ((i % columns) * width, (i // columns) * height))
+    return grid
