@@ -60,9 +60,9 @@ e2e: $(STAMP) cluster-bins
 	$(PY) -m pytest tests/e2e -q
 
 # Two workers: the control-plane tests (one control plane per machine) run in one, in file order,
-# while the other takes the unit, trainer and storage tests (tests/conftest.py groups them).
+# while the other takes the unit, trainer and storage tests (tests/conftest.py schedules them).
 test: $(STAMP) cluster-bins lint-tools
-	CHECKOV=$(abspath $(LINT_VENV))/bin/checkov $(PY) -m pytest tests -q -ra -n 2 --dist loadgroup
+	CHECKOV=$(abspath $(LINT_VENV))/bin/checkov $(PY) -m pytest tests -q -ra -n 2
 
 bench: $(STAMP) cluster-bins
 	$(PY) benchmarks/trainer_throughput.py

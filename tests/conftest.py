@@ -14,11 +14,16 @@ def example_manifest() -> dict:
     return yaml.safe_load((REPO / "manifests" / "examples" / "sd15-lora.yaml").read_text())
 
 
-def pytest_collection_modifyitems(items):
-    """`make test` runs two pytest-xdist workers (--dist loadgroup): every test of the local control
-    plane goes to one of them, in file order, since a machine runs one control plane at a time
-    (tests/e2e/conftest.py); the other worker takes the unit, trainer and storage tests meanwhile."""
-    e2e = REPO / "tests" / "e2e"
-    for item in items:
-        if e2e in item.path.parents:
-            item.add_marker(pytest.mark.xdist_group("control-plane"))
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs two pytest-xdist workers: every test of the local control plane goes to one
+    of them, in file order, since a machine runs one control plane at a time (tests/e2e/conftest.py);
+    the other worker takes the unit, trainer and storage tests meanwhile, one at a time. (Marking the
+    tests xdist_group does not group them with pytest 9: xdist renames item._nodeid, which pytest 9
+    no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ControlPlaneTestsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "control-plane" if nodeid.startswith("tests/e2e/") else nodeid
+
+    return ControlPlaneTestsTogether(config, log)
