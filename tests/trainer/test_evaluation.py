@@ -149,7 +149,7 @@ def test_sd15_scores_its_held_out_captions_the_same_for_the_same_weights(tiny_sd
         first = validate(family, validator, 1)
     assert 0 < first["clip_score"] <= 100, "the tiny CLIP happens to score above 0 (else nothing below shows)"
     assert re.search(r"validation at step 1: loss [\d.]+, clip_score [\d.]+", caplog.text), caplog.text
-    assert sorted(p.name for p in (tmp_path / "out" / "samples" / "step-0000001").iterdir()) == ["0.png", "1.png"], \
+    assert sorted(p.name for p in (tmp_path / "out" / "samples" / "step-0000001").iterdir()) == ["0.png", "1.png", "grid.png"], \
         "the scored images are kept beside the checkpoints"
     assert validate(family, validator, 2)["clip_score"] == first["clip_score"], "the same seed, the same images"
     nudge(family)
