@@ -62,3 +62,20 @@ def test_each_trial_is_logged_as_a_child_of_the_sweeps_run():
     untracked = sweep_spec(None)
     job = trial_job(Body(), untracked, plan("lr", "ns", untracked, {}, {}).create[0], parent_run="0123abcd")
     assert "tracking" not in job["spec"]
+
+
+def test_an_unreachable_server_is_asked_again_only_after_a_minute(caplog):
+    import logging
+
+    from kubetune_operator import sweeps
+
+    mlflow = {"uri": "http://127.0.0.1:9", "experiment": "e"}  # port 9 (discard): nothing listens
+    logger = logging.getLogger("test.sweeps")
+    with caplog.at_level(logging.WARNING, logger="test.sweeps"):
+        assert sweeps.parent_run_of(mlflow, "ns", "away", logger) is None
+        assert sweeps.parent_run_of(mlflow, "ns", "away", logger) is None  # within the minute: not asked
+    assert len([r for r in caplog.records if "no MLflow parent run yet" in r.getMessage()]) == 1
+    sweeps._parent_run_retry_at[("ns", "away")] = 0.0  # the minute has passed
+    with caplog.at_level(logging.WARNING, logger="test.sweeps"):
+        assert sweeps.parent_run_of(mlflow, "ns", "away", logger) is None
+    assert len([r for r in caplog.records if "no MLflow parent run yet" in r.getMessage()]) == 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import kopf
 from kubernetes.client.rest import ApiException
@@ -18,7 +19,7 @@ from kubetune_api.contract import (API_GROUP, API_VERSION, KIND, PLURAL, SWEEP_K
                                    TRIAL_LABEL, TRIAL_PARAMETERS_ANNOTATION)
 from kubetune_api.manifest import describe_errors
 from kubetune_api.search import Trial
-from kubetune_api.sweep import TrainingSweep, TrainingSweepSpec, trial_spec
+from kubetune_api.sweep import TrainingSweep, TrainingSweepSpec, trial_spec, with_value
 from kubetune_operator import metrics
 from kubetune_operator.handlers import SETTINGS, create_owned, custom_api
 from kubetune_operator.mlflow_runs import MlflowUnavailable, end_parent_run, start_parent_run
@@ -53,7 +54,7 @@ def trial_job(sweep: kopf.Body, spec: TrainingSweepSpec, trial: Trial, parent_ru
     name = sweep.metadata["name"]
     job_spec = trial_spec(spec, trial.parameters)
     if parent_run and (job_spec.get("tracking") or {}).get("mlflow"):
-        job_spec["tracking"]["mlflow"]["parentRunId"] = parent_run
+        job_spec = with_value(job_spec, "tracking.mlflow.parentRunId", parent_run)
     return {
         "apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND,
         "metadata": {
@@ -152,14 +153,24 @@ def run_sweep(name: str, namespace: str, uid: str, body: kopf.Body, status: kopf
             patch.status.update(changed)
 
 
+# An unreachable tracking server is asked again at most this often per sweep (not every sweep step:
+# each try can wait TIMEOUT_SECONDS per request, and each failure logs a warning).
+PARENT_RUN_RETRY_SECONDS = 60.0
+_parent_run_retry_at: dict[tuple[str, str], float] = {}
+
+
 def parent_run_of(mlflow: dict, namespace: str, name: str, logger) -> str | None:
     """Start the sweep's MLflow parent run and keep its id in status (None while the server is away)."""
+    if time.monotonic() < _parent_run_retry_at.get((namespace, name), 0.0):
+        return None
     try:
         run_id = start_parent_run(mlflow["uri"], mlflow.get("experiment", "kubetune"), namespace, name)
     except MlflowUnavailable as err:
-        logger.warning("sweep %s/%s: no MLflow parent run yet (trials start as top-level runs): %s", namespace, name,
-                       err)
+        _parent_run_retry_at[(namespace, name)] = time.monotonic() + PARENT_RUN_RETRY_SECONDS
+        logger.warning("sweep %s/%s: no MLflow parent run yet (trials start as top-level runs; asked again in "
+                       "%.0f s): %s", namespace, name, PARENT_RUN_RETRY_SECONDS, err)
         return None
+    _parent_run_retry_at.pop((namespace, name), None)
     # Written now, before any trial names it: a restart must find it rather than start a second one.
     custom_api().patch_namespaced_custom_object_status(API_GROUP, API_VERSION, namespace, SWEEP_PLURAL, name,
                                                        {"status": {"mlflowParentRunId": run_id}})
