@@ -1,10 +1,12 @@
 """What metrics and progress reporting cost a training step.
 
     .venv/bin/python benchmarks/metrics_overhead.py
+    python3 benchmarks/metrics_overhead.py --device cuda     # on a GPU (benchmarks/gpu_suite.sh)
 
 1. Per step, in-process: everything the loop does to report a step (three phase marks, the
    progress bar, TensorBoard scalars, Prometheus gauges and the step histogram, the GPU-memory
-   gauges) timed over many steps, with the metrics served on a port and scraped every 100 ms
+   gauges; on --device cuda the clock's CUDA events and the trainer's memory readout) timed over
+   many steps, with the metrics served on a port and scraped every 100 ms
    (far more often than Prometheus' 15-30 s or the operator's progress poll).
 2. End to end: the real trainer on the tiny SD1.5 model, steady-state samples/s with its metrics
    served and scraped every second, against the same run with no metrics port, alternating.
@@ -58,7 +60,7 @@ class Scraper:
         self._thread.join()
 
 
-def reporting_cost_per_step(steps: int) -> float:
+def reporting_cost_per_step(steps: int, device) -> float:
     """Seconds the loop spends reporting one step (served + scraped every 100 ms)."""
     import torch
 
@@ -74,14 +76,14 @@ def reporting_cost_per_step(steps: int) -> float:
             reporter = Reporter(True, total_steps=10 * steps, start_step=0, log_dir=Path(logs), log_every=1,
                                 samples_per_step=8, namespace="bench", job_name="bench")
             scraper = Scraper(port, 0.1)
-            clock = PhaseClock(reporter, torch.device("cpu"))
+            clock = PhaseClock(reporter, device)
             started = time.perf_counter()
             for step in range(1, steps + 1):
                 clock.mark("data_wait")
                 clock.mark("forward_backward")
                 clock.mark("optimizer")
                 reporter.step(step, 0.1, 1e-4, 0)
-                reporter.gpu_memory([(0, 0)])
+                reporter.gpu_memory([gpu_memory_in_use(device)])
                 clock.restart()
             elapsed = time.perf_counter() - started
             scraper.stop()
@@ -95,7 +97,16 @@ def reporting_cost_per_step(steps: int) -> float:
     return elapsed / steps
 
 
-def throughput(served: bool, model: Path, data: Path, work: Path, steps: int, warmup: int) -> float:
+def gpu_memory_in_use(device) -> tuple[int, int]:
+    """What the trainer reads each logged step (Run._gather_memory, without the one-process gather)."""
+    import torch
+
+    if device.type != "cuda":
+        return 0, 0
+    return torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+
+
+def throughput(served: bool, model: Path, data: Path, work: Path, steps: int, warmup: int, gpus: int) -> float:
     """Steady-state samples/s of the real trainer (tiny SD1.5, batch 8, 32 px, fp32)."""
     bench = load_throughput_module()
     out = work / f"run-{'served' if served else 'quiet'}-{time.monotonic_ns()}"
@@ -107,7 +118,7 @@ def throughput(served: bool, model: Path, data: Path, work: Path, steps: int, wa
             "data": {"layout": "captions", "uri": str(data), "resolution": 32},
             "training": {"maxSteps": warmup + steps, "batchSize": 8, "learningRate": 1e-4, "mixedPrecision": "no"},
             "checkpoints": {"uri": str(out), "everySteps": 10_000_000, "keepLast": 1},
-            "resources": {"gpusPerNode": 0},
+            "resources": {"gpusPerNode": gpus},
         },
     }
     config = out.with_suffix(".yaml")
@@ -141,10 +152,17 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=30, help="measured trainer steps per run")
     parser.add_argument("--warmup-steps", type=int, default=3)
     parser.add_argument("--pairs", type=int, default=2, help="served/quiet run pairs, alternating")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args(argv)
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here; run it on a GPU machine (benchmarks/gpu_suite.sh)")
+    device = torch.device(args.device)
+    print(f"device: {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}")
 
     print("1. reporting one step, in-process, metrics served and scraped every 100 ms:")
-    per_step = reporting_cost_per_step(args.micro_steps)
+    per_step = reporting_cost_per_step(args.micro_steps, device)
     print(f"   {per_step * 1e6:.0f} µs per step")
 
     from kubetune_trainer.tiny_data import write_tiny_data
@@ -157,11 +175,12 @@ def main(argv=None) -> None:
         rates = {True: [], False: []}
         for _ in range(args.pairs):
             for served in (True, False):
-                rates[served].append(throughput(served, model, data, work, args.steps, args.warmup_steps))
+                rates[served].append(throughput(served, model, data, work, args.steps, args.warmup_steps,
+                                                int(device.type == "cuda")))
                 print(f"   {'served+scraped' if served else 'no metrics port'}: {rates[served][-1]:.2f} samples/s")
     served, quiet = statistics.median(rates[True]), statistics.median(rates[False])
     step_ms = 8 / quiet * 1000
-    print("2. the real trainer, tiny SD1.5, batch 8, 32 px, fp32 (medians):")
+    print(f"2. the real trainer, tiny SD1.5, batch 8, 32 px, fp32, {args.device} (medians):")
     print(f"   no metrics port {quiet:.2f} samples/s ({step_ms:.0f} ms/step); served and scraped every 1 s "
           f"{served:.2f} samples/s; difference {100 * (quiet - served) / quiet:+.1f} %")
     print(f"   reporting per step = {per_step * 1e6:.0f} µs = {100 * per_step / (step_ms / 1000):.2f} % of this "

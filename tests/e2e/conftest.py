@@ -175,13 +175,15 @@ def uninstall_chart(control_plane) -> None:
 
 def helm_values(env: dict, backend: str) -> list[str]:
     """The chart values of the e2e release: local images and S3, fast progress polls, BACKEND,
-    Kueue's Workloads readable (this control plane runs Kueue), the webhook's Service on 8443."""
+    Kueue's Workloads readable (this control plane runs Kueue), the webhook's Service on 8443,
+    and one CPU requested per trainer process: the tests' machine has two cores and runs a second
+    test worker beside the cluster, so each trainer process takes one CPU thread (cpu_threads)."""
     return ["--set", "operator.image.repository=kubetune/operator", "--set", "operator.image.tag=dev",
             "--set", "trainer.image=kubetune/trainer:dev",
             "--set", f"s3.endpointUrl={env['AWS_ENDPOINT_URL']}", "--set-string", "s3.pathStyle=true",
             "--set", f"s3.region={env['AWS_DEFAULT_REGION']}",
             "--set", "operator.progressIntervalSeconds=1", "--set", f"backend={backend}",
-            "--set", "kueue.enabled=true",
+            "--set", "kueue.enabled=true", "--set-string", "trainer.defaultRequests.cpuPerProcess=1",
             # The kubelet's service proxy listens on the Service's port as whoever runs the tests:
             # an unprivileged port, so it needs no root.
             "--set", "webhook.servicePort=8443"]

@@ -3,7 +3,9 @@
 The operator runs as a pod of the chart (through the process kubelet), the trainer as the pods
 of the child job it creates; model, data, checkpoints and the LoRA live in the local S3 server.
 Every test that installs the operator runs once per backend (the `backend` fixture): PyTorchJob
-(Training Operator v1.9) and TrainJob (Kubeflow Trainer v2.3 on JobSet).
+(Training Operator v1.9) and TrainJob (Kubeflow Trainer v2.3 on JobSet), except where the backend's
+code is never reached or another test already runs the same backend path on both: those run on one
+backend (`ONLY_ON_*`, each with the reason), some on each, so that both stay covered.
 """
 from __future__ import annotations
 
@@ -24,6 +26,9 @@ from tests.e2e.waiting import eventually
 from tests.unit.test_spec_validation import BAD_INPUTS, with_change
 
 pytestmark = pytest.mark.e2e
+# The operator of such a test runs this backend only (the module's `backend` fixture, narrowed).
+ONLY_ON_PYTORCHJOB = pytest.mark.parametrize("backend", ["pytorchjob"], indirect=True)
+ONLY_ON_TRAINJOB = pytest.mark.parametrize("backend", ["trainjob"], indirect=True)
 
 
 def kubetune_cli(env: dict, *args: str) -> str:
@@ -65,6 +70,13 @@ def test_an_applied_example_trains_to_succeeded_and_its_lora_lands_in_s3(
                        message="TrainingJob finished")
     logs = rank0_pod_logs(control_plane, backend, job_namespace, "sd15-e2e")
     assert final["status"]["phase"] == "Succeeded", logs[-1][-3000:] if logs else "no trainer log"
+    # This release requests one CPU per process; the pod reads it through the downward API.
+    assert "(1 process(es), 1 CPU thread(s) each)" in logs[-1], logs[-1][-3000:]
+    # The trainer waited for the operator's read of its final metrics: the status holds the last
+    # step's loss, not the reading of a poll some steps before the end.
+    assert "the operator read the final metrics" in logs[-1], logs[-1][-3000:]
+    last_loss = float(re.findall(r"step 30/30 loss ([\d.]+)", logs[-1])[-1])
+    assert final["status"]["progress"]["loss"] == pytest.approx(last_loss, abs=1e-5)
     assert final["status"]["startTime"] and final["status"]["completionTime"]
     assert final["status"]["backend"] == backend
     run = f"runs/sd15-e2e/{job_namespace}/sd15-e2e/v0"  # <checkpoints.uri>/<namespace>/<job>/v<N>
@@ -125,6 +137,9 @@ def test_a_two_node_job_succeeds(control_plane, api_client, core, backend, opera
     assert sum("node 0 of 2" in log for log in logs.values()) == 1, logs
 
 
+# One backend: the CRD schema, its CEL rules and the webhook's typed model refuse these before any
+# backend is looked up.
+@ONLY_ON_TRAINJOB
 @pytest.mark.parametrize("field,value,expected", BAD_INPUTS, ids=[f"{f}={v!r}" for f, v, _ in BAD_INPUTS])
 def test_kubectl_apply_refuses_a_malformed_manifest_naming_the_field(control_plane, operator_release, field, value,
                                                                      expected):
@@ -136,6 +151,7 @@ def test_kubectl_apply_refuses_a_malformed_manifest_naming_the_field(control_pla
     assert named in result.stderr, result.stderr
 
 
+@ONLY_ON_PYTORCHJOB  # the Secret check comes before the webhook asks which backend runs the job
 def test_the_webhook_refuses_a_job_whose_s3_secret_does_not_exist(control_plane, operator_release, job_namespace,
                                                                    inputs_in_s3):
     manifest = example_job(inputs_in_s3, "no-secret", "runs/no-secret")
@@ -146,6 +162,7 @@ def test_the_webhook_refuses_a_job_whose_s3_secret_does_not_exist(control_plane,
     assert "spec.s3.credentialsSecret: Secret 'not-there' does not exist" in result.stderr, result.stderr
 
 
+@ONLY_ON_TRAINJOB  # a typed-model refusal: no backend involved
 def test_the_webhook_gives_the_trainers_own_message(control_plane, operator_release):
     """A rule CEL states tersely comes back in the typed model's words (the same as kubetune validate)."""
     manifest = yaml.safe_load((REPO / "manifests" / "examples" / "sd15-lora.yaml").read_text())
@@ -208,9 +225,15 @@ def test_the_operator_service_account_can_do_its_work_and_nothing_else(control_p
         assert not can(verb, resource), f"the operator may {verb} {resource}, which it does not need"
 
 
+@ONLY_ON_PYTORCHJOB
 def test_killing_the_operator_while_it_reconciles_leaves_one_child_per_job(
         control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3):
-    """20 jobs applied at once, the operator pod killed mid-way; its successor finishes the work."""
+    """20 jobs applied at once, the operator pod killed mid-way; its successor finishes the work.
+
+    One backend: a child is never made twice because handlers.create_owned creates it under its
+    job's name and adopts what it owns on a conflict, whichever backend built it (the backend gives
+    only the object and its API); the jobs are suspended, so no backend controller acts on them.
+    """
     names = [f"burst-{i:02d}" for i in range(20)]
     documents = []
     for name in names:
@@ -276,15 +299,22 @@ def test_suspend_maps_to_the_child_and_back(control_plane, api_client, backend, 
     kubectl(control_plane, "delete", "tj", "pausable", "-n", job_namespace, "--wait=false")
 
 
+@ONLY_ON_PYTORCHJOB  # the chart's test pod reads the operator's metrics, whichever backend it runs
 def test_helm_test_passes(control_plane, operator_release):
     result = subprocess.run(["helm", "test", "kubetune", "-n", OPERATOR_NAMESPACE, "--timeout", "120s"],
                             env={**os_env(), **control_plane.env()}, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@ONLY_ON_TRAINJOB
 def test_deleting_the_rank_0_pod_mid_run_still_ends_at_the_full_step_count(
         control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3, s3):
-    """A lost pod (preemption, node failure) costs at most the steps since the last checkpoint."""
+    """A lost pod (preemption, node failure) costs at most the steps since the last checkpoint.
+
+    One backend: test_preemption deletes rank 0's pod of a 2-node job on both backends (the same
+    re-creation by each controller, and the same checks of the run's end, version and resume step),
+    and test_kueue preempts a one-process trainer on both (SIGTERM, last checkpoint, resume).
+    """
     manifest = example_job(inputs_in_s3, "preempted", "runs/preempted", maxSteps=40)
     manifest["spec"]["checkpoints"].update(everySteps=5, keepLast=2)
     kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(manifest))

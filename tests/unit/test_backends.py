@@ -116,6 +116,10 @@ def test_a_trainjob_pod_gets_the_same_environment_as_a_pytorchjob_pod(job_of):
     assert trainjob_env == pytorchjob_env
     names = [e["name"] for e in trainjob_env]
     assert names.index("POD_IP") < names.index("KUBETUNE_METRICS_ADDR"), "$(POD_IP) needs POD_IP above it"
+    cpu = {e["name"]: e["valueFrom"]["resourceFieldRef"] for e in trainjob_env if "resourceFieldRef" in e.get("valueFrom", {})}
+    assert cpu == {"KUBETUNE_CPU_REQUEST_MILLICORES": {"resource": "requests.cpu", "divisor": "1m"},
+                   "KUBETUNE_CPU_LIMIT_MILLICORES": {"resource": "limits.cpu", "divisor": "1m"}}, \
+        "the trainer sizes its CPU threads from the container's own request and limit"
     secret = next(e for e in trainjob_env if e["name"] == "AWS_SECRET_ACCESS_KEY")
     assert secret == {"name": "AWS_SECRET_ACCESS_KEY",
                       "valueFrom": {"secretKeyRef": {"name": "s3-creds", "key": "AWS_SECRET_ACCESS_KEY"}}}

@@ -43,14 +43,18 @@ def test_every_kubetune_variable_of_a_pod_is_a_contract_name_and_the_trainer_rea
     job = parse_manifest({**example_manifest, "metadata": {"name": "x", "namespace": "team-a"}})
     set_by_operator = {e["name"] for e in trainer_env(job, "uid", Settings(s3_path_style=True))
                        if e["name"].startswith("KUBETUNE_")}
-    assert set_by_operator == set(TrainerEnv.NAMES.values())
-    # Read by name, or through the contract (TrainerEnv.from_env(os.environ).run_id).
+    # The CPU request and limit come from the downward API (per container), not from a TrainerEnv value.
+    downward = {contract.CPU_REQUEST_MILLICORES: "CPU_REQUEST_MILLICORES",
+                contract.CPU_LIMIT_MILLICORES: "CPU_LIMIT_MILLICORES"}
+    assert set_by_operator == set(TrainerEnv.NAMES.values()) | set(downward)
+    # Read by name, through the contract's constant, or through TrainerEnv (TrainerEnv.from_env(os.environ).run_id).
     read_by_trainer = set()
     for source in TRAINER_SOURCES.rglob("*.py"):
         text = source.read_text()
         read_by_trainer |= set(re.findall(r"KUBETUNE_[A-Z0-9_]+", text))
+        read_by_trainer |= {name for name, constant in downward.items() if re.search(rf"\b{constant}\b", text)}
         read_by_trainer |= {TrainerEnv.NAMES[field] for field in re.findall(r"TrainerEnv\.from_env\([^)]*\)\.(\w+)", text)}
-    needed = {name for field, name in TrainerEnv.NAMES.items() if field not in TrainerEnv.INFORMATIONAL}
+    needed = {name for field, name in TrainerEnv.NAMES.items() if field not in TrainerEnv.INFORMATIONAL} | set(downward)
     unread = needed - read_by_trainer
     assert not unread, f"the operator sets {sorted(unread)}, which no trainer module reads"
 
@@ -117,10 +121,9 @@ def test_a_validation_the_trainer_serves_reaches_the_status_the_operator_writes(
     metrics = TrainerMetrics("team-a", "sd15", port=0, addr="127.0.0.1")
     try:
         metrics.validation(40, {"loss": 0.0123456789, "accuracy": 0.5})
-        samples = read_trainer_gauges("127.0.0.1", metrics.server.server_port)
+        samples = read_trainer_gauges("127.0.0.1", metrics.server.port)
     finally:
-        metrics.server.shutdown()
-        metrics.server.server_close()
+        metrics.server.close()
     assert status_from_metrics(samples, "s3://b/runs", "team-a", "sd15")["validation"] == {
         "step": 40, "metrics": {"loss": 0.0123457, "accuracy": 0.5}}
 

@@ -59,6 +59,10 @@ EXIT_PREEMPTED = 143
 # KUBETUNE_METRICS_ADDR and KUBETUNE_POD_NAME refer to them as $(POD_IP) and $(POD_NAME).
 POD_IP = "POD_IP"
 POD_NAME = "POD_NAME"
+# The trainer container's CPU request and limit in millicores, from the downward API
+# (resourceFieldRef, divisor 1m): the trainer sizes its CPU threads per process from them.
+CPU_REQUEST_MILLICORES = "KUBETUNE_CPU_REQUEST_MILLICORES"
+CPU_LIMIT_MILLICORES = "KUBETUNE_CPU_LIMIT_MILLICORES"
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,9 @@ class TrainerEnv:
     # The pod's name, which the trainer reports in kubetune_trainer_pod_info for joins with GPU
     # exporters' pod label: a JobSet pod's hostname is not its name (<job>-<index> vs <job>-<index>-<suffix>).
     pod_name: str | None = None
+    # Seconds rank 0 waits, after its last step, for the operator to read its final metrics (a run
+    # ending between two progress polls would otherwise take its last step, loss and validation with it).
+    final_read_seconds: float | None = None
 
     # Field -> variable; the names are the contract, so they never change lightly.
     NAMES = {
@@ -93,6 +100,7 @@ class TrainerEnv:
         "staging_dir": "KUBETUNE_STAGING_DIR",
         "s3_path_style": "KUBETUNE_S3_PATH_STYLE",
         "pod_name": "KUBETUNE_POD_NAME",
+        "final_read_seconds": "KUBETUNE_FINAL_READ_SECONDS",
     }
     # Set for people and log collectors looking at a pod; the trainer itself does not need them.
     INFORMATIONAL = ("job_name",)
@@ -112,9 +120,10 @@ class TrainerEnv:
     def from_env(cls, env: Mapping[str, str]) -> "TrainerEnv":
         """The object back from a process environment; empty variables count as unset."""
         raw = {field: env.get(name) or None for field, name in cls.NAMES.items()}
-        port = raw["metrics_port"]
+        port, final_read = raw["metrics_port"], raw["final_read_seconds"]
         path_style = {"true": True, "1": True, "false": False, "0": False}.get((raw["s3_path_style"] or "").lower())
-        return cls(**{**raw, "metrics_port": int(port) if port else None, "s3_path_style": path_style})
+        return cls(**{**raw, "metrics_port": int(port) if port else None, "s3_path_style": path_style,
+                      "final_read_seconds": float(final_read) if final_read else None})
 
 
 # ---- the environment the Kubeflow controller sets ----------------------------------------------
@@ -161,6 +170,9 @@ class NodeEnv:
 # ---- the metrics the operator reads back ----------------------------------------------------------
 
 TRAINER_METRIC_PREFIX = "kubetune_trainer"
+# The operator's progress reads ask for /metrics?<this>: the trainer tells them from Prometheus' scrapes
+# (TrainerEnv.final_read_seconds waits for one of the operator's).
+OPERATOR_READ_QUERY = "reader=kubetune-operator"
 
 
 # Every metric a validation may report: each family's, plus the CLIP image metrics a sweep's objective

@@ -20,7 +20,7 @@ from kubernetes.client.rest import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
-from kubetune_api.contract import API_GROUP, API_VERSION, PLURAL, TRAINER_METRIC_PREFIX
+from kubetune_api.contract import API_GROUP, API_VERSION, OPERATOR_READ_QUERY, PLURAL, TRAINER_METRIC_PREFIX
 from kubetune_api.manifest import describe_errors
 from kubetune_api.spec import TrainingJob
 from kubetune_operator import (backend_check, fit_check, image_policy, metrics, naming, network_policy, queueing,
@@ -587,7 +587,8 @@ def follow_queue(name: str, namespace: str, spec: kopf.Spec, body: kopf.Body, **
 
 
 def read_trainer_gauges(address: str, port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://{address}:{port}/metrics", timeout=3) as response:
+    # Marked as the operator's, so that a finishing trainer waits for this read, not Prometheus'.
+    with urllib.request.urlopen(f"http://{address}:{port}/metrics?{OPERATOR_READ_QUERY}", timeout=3) as response:
         text = response.read().decode()
     samples = {}
     for family in text_string_to_metric_families(text):

@@ -51,15 +51,26 @@ def pod_labels(job: TrainingJob) -> dict[str, str]:
     return labels
 
 
+def final_read_seconds(progress_interval: float) -> float:
+    """How long a finished trainer waits for the operator's next read of its metrics: the next
+    poll comes within one interval; a second interval and a few seconds cover a slow read or a
+    busy operator."""
+    return 2 * progress_interval + 5
+
+
 def static_env(settings: Settings) -> list[dict]:
     """The part of the trainer's environment that is the same for every job of this operator."""
     return [
         # Listed first: the KUBETUNE_ variables refer to them, and $(VAR) sees only variables above it.
         {"name": contract.POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": contract.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        *({"name": name, "valueFrom": {"resourceFieldRef": {"resource": resource, "divisor": "1m"}}}
+          for name, resource in ((contract.CPU_REQUEST_MILLICORES, "requests.cpu"),
+                                 (contract.CPU_LIMIT_MILLICORES, "limits.cpu"))),
         *TrainerEnv(metrics_port=settings.trainer_metrics_port, metrics_addr=f"$({contract.POD_IP})",
                     cache_dir=f"{CACHE_DIR}/inputs", staging_dir=f"{CACHE_DIR}/staging",
-                    pod_name=f"$({contract.POD_NAME})").to_env(),
+                    pod_name=f"$({contract.POD_NAME})",
+                    final_read_seconds=final_read_seconds(settings.progress_interval_seconds)).to_env(),
         {"name": "HOME", "value": f"{CACHE_DIR}/home"},
         {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},

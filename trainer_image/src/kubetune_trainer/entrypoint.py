@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from kubetune_api.contract import CACHE_STAGE_FIRST, NodeEnv
+from kubetune_trainer.cpu_threads import thread_env
 from kubetune_trainer.launch import free_port, trainer_command
 from kubetune_trainer.launcher import NodePlace, launch
 
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{args.config}: invalid\n{err}", file=sys.stderr)
         sys.exit(2)
     place = node_place(dict(os.environ))
+    os.environ.update(thread_env(os.environ, place.processes))  # the pod's CPUs shared by its trainers
     if args.cache_stage and place.node_rank == 0:
         print("kubetune: cache stage", flush=True)
         stage = launch(trainer_command(args.config, ("--cache-only",)), NodePlace(processes=1, master_port=free_port()))

@@ -21,7 +21,9 @@ CHECKPOINT_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 class TrainerMetrics:
     def __init__(self, namespace: str, job: str, port: int | None, addr: str = "0.0.0.0"):
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        from kubetune_trainer.metrics_server import MetricsServer
 
         self.registry = CollectorRegistry()
         job_labels = ["trainingjob_namespace", "trainingjob"]
@@ -80,9 +82,7 @@ class TrainerMetrics:
                                               "validation (kubetune_trainer_validation_step).")
                             for name in VALIDATION_METRICS}
         self._values = values
-        self.server = None
-        if port is not None:
-            self.server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        self.server = MetricsServer(self.registry, port, addr) if port is not None else None
 
     def gpu_memory(self, per_rank: list[tuple[int, int]]) -> None:
         """(allocated, reserved) bytes for each rank, in rank order."""

@@ -141,6 +141,19 @@ class Reporter:
         if self.tracker is not None:
             self.tracker.log_artifacts(files, root)
 
+    def await_final_read(self, seconds: float | None) -> None:
+        """Wait up to SECONDS for the operator to read the final metrics (kubetune_trainer.metrics_server);
+        nothing to wait for without a metrics server or a time (a run outside the operator)."""
+        server = self.metrics.server if self.metrics is not None else None
+        if server is None or not seconds:
+            return
+        started = time.perf_counter()
+        if server.wait_for_operator_read(seconds):
+            log.info("the operator read the final metrics (%.1f s)", time.perf_counter() - started)
+        else:
+            log.warning("the operator did not read the final metrics within %.0f s: the TrainingJob's status "
+                        "may show an earlier step, loss or validation than the run's last", seconds)
+
     def message(self, text: str, *args) -> None:
         if self.enabled:
             log.info(text, *args)

@@ -1,0 +1,59 @@
+"""A finishing trainer waits for the operator's read of its final metrics, not for anyone's."""
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from kubetune_api.contract import OPERATOR_READ_QUERY
+from kubetune_trainer.metrics import TrainerMetrics
+
+
+@pytest.fixture
+def metrics():
+    served = TrainerMetrics("team-a", "sd15", port=0, addr="127.0.0.1")
+    yield served
+    served.server.close()
+
+
+def read(metrics, query: str = "") -> str:
+    url = f"http://127.0.0.1:{metrics.server.port}/metrics" + (f"?{query}" if query else "")
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.read().decode()
+
+
+def waiting(metrics, timeout: float) -> tuple[threading.Thread, list]:
+    result = []
+    thread = threading.Thread(target=lambda: result.append(metrics.server.wait_for_operator_read(timeout)))
+    thread.start()
+    time.sleep(0.2)  # the wait has begun
+    return thread, result
+
+
+def test_only_an_operator_read_begun_after_the_wait_ends_it(metrics):
+    read(metrics, OPERATOR_READ_QUERY)  # before the final values: does not count
+    thread, result = waiting(metrics, timeout=30)
+    assert "kubetune_trainer_step" in read(metrics), "Prometheus' scrape is answered as before"
+    thread.join(0.5)
+    assert thread.is_alive(), "a Prometheus scrape does not end the wait"
+    metrics.step.set(30)
+    assert 'kubetune_trainer_step{trainingjob="sd15",trainingjob_namespace="team-a"} 30.0' in \
+        read(metrics, OPERATOR_READ_QUERY)
+    thread.join(5)
+    assert result == [True]
+
+
+def test_without_the_operators_read_the_wait_gives_up_after_its_time(metrics):
+    started = time.monotonic()
+    assert metrics.server.wait_for_operator_read(0.5) is False
+    assert 0.5 <= time.monotonic() - started < 5
+
+
+def test_the_operators_progress_read_is_marked_as_its_own(metrics):
+    from kubetune_operator.handlers import read_trainer_gauges
+
+    thread, result = waiting(metrics, timeout=30)
+    metrics.step.set(7)
+    assert read_trainer_gauges("127.0.0.1", metrics.server.port)["step"] == 7
+    thread.join(5)
+    assert result == [True]
