@@ -217,3 +217,14 @@ def test_pbt_moves_the_population_towards_better_values():
         last_generation.append(statistics.mean(t.value for t in trials[-8:]))
     # Measured: the population's mean objective falls from 1.35 in generation 0 to 0.07 in generation 5.
     assert statistics.mean(last_generation) < 0.5 * statistics.mean(first_generation), (first_generation, last_generation)
+
+
+def test_the_same_seed_draws_the_same_trials_whatever_the_order_of_the_parameters():
+    """The API server returns spec.parameters with sorted keys; a local sweep reads the manifest's order."""
+    space = {"training.learningRate": {"logUniform": [1e-4, 1e-2]}, "adapter.rank": {"choice": [2, 4, 8]}}
+    backwards = dict(reversed(list(space.items())))
+    def objective(parameters):
+        return parameters["training.learningRate"] * parameters["adapter.rank"]
+
+    drawn = [run_search(sweep(order, "random", seed=1), objective) for order in (space, backwards)]
+    assert [t.parameters for t in drawn[0]] == [t.parameters for t in drawn[1]]

@@ -12,7 +12,7 @@ import difflib
 import math
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, Field, StrictBool, ValidationError, model_validator
+from pydantic import BaseModel, Field, StrictBool, ValidationError, field_validator, model_validator
 
 from kubetune_api.families import FAMILIES
 from kubetune_api.manifest import field_by_alias, model_in, parse_manifest, read_document
@@ -159,6 +159,13 @@ class TrainingSweepSpec(_Model):
         description="The sweep fails when more than this share of its trials failed (a failed trial is recorded "
         "and the sweep goes on).")
     seed: int = Field(default=0, ge=0, le=2**32 - 1, description="Seed of the search (not of the trials' training).")
+
+    @field_validator("parameters")
+    @classmethod
+    def _in_path_order(cls, parameters: dict) -> dict:
+        """Sorted by path: the API server stores the object with sorted keys and the draws follow this
+        order, so `kubetune sweep` and the operator draw the same trials from one seed."""
+        return dict(sorted(parameters.items()))
 
     @model_validator(mode="after")
     def _consistent(self) -> "TrainingSweepSpec":

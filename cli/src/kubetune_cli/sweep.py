@@ -15,7 +15,6 @@ be reached does not stop the sweep: the trials then log (or try to) as top-level
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from kubetune_api.mlflow_sweeps import end_sweep_run, start_sweep_run, sweep_run_params
 from kubetune_api.spec import MlflowSpec, TrainingJobSpec
 from kubetune_api.search import Trial, best_trial, format_parameters, next_trial, should_stop
 from kubetune_api.sweep import TRAINING_LOSS, VALIDATION_METRICS, TrainingSweep, trial_spec, with_value
@@ -119,18 +119,11 @@ class LocalSweep:
         """The sweep's MLflow run (spec.tracking.mlflow in the template), its search space as parameters."""
         if self.mlflow is None:
             return
-        from kubetune_trainer.tracking import start_parent_run
-
-        spec, name = self.spec, self.sweep.metadata.name
-        params = {"sweep.algorithm": spec.algorithm, "sweep.objective.metric": spec.objective.metric,
-                  "sweep.objective.goal": "minimize" if spec.objective.minimize else "maximize",
-                  "sweep.maxTrials": str(spec.max_trials), "sweep.parallelTrials": str(self.parallel),
-                  "sweep.seed": str(spec.seed)}
-        params.update({f"sweep.parameters.{path}": json.dumps(d.model_dump(by_alias=True, exclude_none=True))
-                       for path, d in spec.parameters.items()})
+        name = self.sweep.metadata.name
+        params = {**sweep_run_params(self.spec), "sweep.parallelTrials": str(self.parallel)}
         try:
-            self.parent_run_id = start_parent_run(self.mlflow, name, params,
-                                                  {"kubetune.sweep": name, "kubetune.kind": "TrainingSweep"})
+            self.parent_run_id = start_sweep_run(self.mlflow.uri, self.mlflow.experiment,
+                                                 self.sweep.metadata.namespace or "default", name, params)
         except Exception as err:  # noqa: BLE001 - tracking never stops the sweep
             self.echo(f"MLflow: cannot create the sweep's run at {self.mlflow.uri} ({short_error(err)}); "
                       "the trials log as top-level runs")
@@ -142,19 +135,11 @@ class LocalSweep:
         """Each trial's objective (its step: the trial's number) and the best's, then the run's end."""
         if self.parent_run_id is None:
             return
-        from kubetune_trainer.tracking import end_parent_run
-
-        metric = self.spec.objective.metric
-        values = [(f"trial/{metric}", t.value, t.number) for t in self.trials
-                  if t.value is not None and math.isfinite(t.value)]
-        tags = {}
+        values = {t.number: t.value for t in self.trials if t.value is not None}
         best = best_trial(self.trials, self.spec.objective.minimize)
-        if best is not None:
-            values.append((f"best/{metric}", best.value, best.number))
-            tags["kubetune.best_trial"] = trial_name(self.sweep, best.number)
         try:
-            end_parent_run(self.mlflow, self.parent_run_id, "FAILED" if self.failed_sweep else "FINISHED",
-                           values, tags)
+            end_sweep_run(self.mlflow.uri, self.parent_run_id, not self.failed_sweep, self.spec.objective.metric,
+                          values, best and (best.number, trial_name(self.sweep, best.number)))
         except Exception as err:  # noqa: BLE001
             self.echo(f"MLflow: cannot end the sweep's run {self.parent_run_id} ({short_error(err)})")
 

@@ -18,11 +18,11 @@ from pydantic import ValidationError
 from kubetune_api.contract import (API_GROUP, API_VERSION, KIND, PLURAL, SWEEP_KIND, SWEEP_LABEL, SWEEP_PLURAL,
                                    TRIAL_LABEL, TRIAL_PARAMETERS_ANNOTATION)
 from kubetune_api.manifest import describe_errors
+from kubetune_api.mlflow_sweeps import MlflowUnavailable, end_sweep_run, start_sweep_run, sweep_run_params
 from kubetune_api.search import Trial
 from kubetune_api.sweep import TrainingSweep, TrainingSweepSpec, trial_spec, with_value
 from kubetune_operator import metrics
 from kubetune_operator.handlers import SETTINGS, create_owned, custom_api
-from kubetune_operator.mlflow_runs import MlflowUnavailable, end_parent_run, start_parent_run
 from kubetune_operator.sweep_state import TrialJob, plan, trial_job_name
 
 log = logging.getLogger("kubetune.operator.sweeps")
@@ -137,7 +137,7 @@ def run_sweep(name: str, namespace: str, uid: str, body: kopf.Body, status: kopf
         mlflow = (spec.template.spec.get("tracking") or {}).get("mlflow")
         parent_run = current.get("mlflowParentRunId")
         if mlflow and not parent_run and not mlflow.get("parentRunId"):
-            parent_run = parent_run_of(mlflow, namespace, name, logger=log)
+            parent_run = parent_run_of(mlflow, namespace, name, spec, logger=log)
         decided = plan(name, namespace, spec, current, read_trials(namespace, name, uid))
         for trial in decided.create:
             create_trial(body, spec, trial, parent_run)
@@ -146,7 +146,7 @@ def run_sweep(name: str, namespace: str, uid: str, body: kopf.Body, status: kopf
         for kind, reason, message in decided.events:
             kopf.event(body, type=kind, reason=reason, message=message)
         if parent_run and decided.status["phase"] in FINISHED:
-            end_sweep_run(mlflow, parent_run, decided.status, spec.objective.metric)
+            end_parent_run(mlflow, parent_run, name, decided.status, spec.objective.metric)
         changed = {key: value for key, value in decided.status.items() if current.get(key) != value}
         changed.update({key: None for key in OPTIONAL_STATUS if key in current and key not in decided.status})
         if changed:
@@ -159,12 +159,13 @@ PARENT_RUN_RETRY_SECONDS = 60.0
 _parent_run_retry_at: dict[tuple[str, str], float] = {}
 
 
-def parent_run_of(mlflow: dict, namespace: str, name: str, logger) -> str | None:
+def parent_run_of(mlflow: dict, namespace: str, name: str, spec: TrainingSweepSpec, logger) -> str | None:
     """Start the sweep's MLflow parent run and keep its id in status (None while the server is away)."""
     if time.monotonic() < _parent_run_retry_at.get((namespace, name), 0.0):
         return None
     try:
-        run_id = start_parent_run(mlflow["uri"], mlflow.get("experiment", "kubetune"), namespace, name)
+        run_id = start_sweep_run(mlflow["uri"], mlflow.get("experiment", "kubetune"), namespace, name,
+                                 sweep_run_params(spec))
     except MlflowUnavailable as err:
         _parent_run_retry_at[(namespace, name)] = time.monotonic() + PARENT_RUN_RETRY_SECONDS
         logger.warning("sweep %s/%s: no MLflow parent run yet (trials start as top-level runs; asked again in "
@@ -177,10 +178,11 @@ def parent_run_of(mlflow: dict, namespace: str, name: str, logger) -> str | None
     return run_id
 
 
-def end_sweep_run(mlflow: dict, run_id: str, status: dict, metric: str) -> None:
+def end_parent_run(mlflow: dict, run_id: str, sweep: str, status: dict, metric: str) -> None:
     values = {t["number"]: t["value"] for t in status["trials"] if t.get("value") is not None}
+    best = (status.get("best") or {}).get("trial")
     try:
-        end_parent_run(mlflow["uri"], run_id, status["phase"] == "Succeeded", metric, values,
-                       (status.get("best") or {}).get("trial"))
-    except MlflowUnavailable as err:
+        end_sweep_run(mlflow["uri"], run_id, status["phase"] == "Succeeded", metric, values,
+                      None if best is None else (best, trial_job_name(sweep, best)))
+    except (MlflowUnavailable, LookupError) as err:
         log.warning("MLflow parent run %s not ended: %s", run_id, err)

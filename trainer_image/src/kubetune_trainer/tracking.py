@@ -18,9 +18,7 @@ needs no credentials of the artifact store.
 
 A restarted pod of the same run (same run directory) continues its unfinished MLflow run; a new
 version of the job (e.g. resumeFrom: latest) is a new MLflow run. A sweep's trials are child runs of its
-parent run (spec.tracking.mlflow.parentRunId; `start_parent_run` creates one).
-
-Torch-free: the CLI's local sweep uses the parent-run functions.
+parent run (spec.tracking.mlflow.parentRunId; kubetune_api.mlflow_sweeps creates one).
 """
 from __future__ import annotations
 
@@ -33,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kubetune_api.mlflow_sweeps import (MAX_METRICS_PER_BATCH, MAX_PARAM_VALUE, MAX_PARAMS_PER_BATCH, MAX_TAG_VALUE,
+                                        clip)
 from kubetune_api.spec import MlflowSpec, TrainingJob, TrainingJobSpec
 
 log = logging.getLogger("kubetune.trainer")
@@ -61,13 +61,6 @@ HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BA
                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "60"}
 THREAD_NAME = "kubetune-mlflow"
 
-# MLflow's limits (mlflow.utils.validation).
-MAX_PARAMS_PER_BATCH = 100
-MAX_METRICS_PER_BATCH = 1000
-MAX_PARAM_VALUE = 6000
-MAX_TAG_VALUE = 8000
-
-
 # --- what is logged -------------------------------------------------------------------------------
 
 def run_params(spec: TrainingJobSpec) -> dict[str, str]:
@@ -90,16 +83,12 @@ def _flatten(path: str, value: Any, into: dict[str, str]) -> None:
         return  # an empty section
     else:
         text = value if isinstance(value, str) else json.dumps(value)
-        into[path] = _clip(text, MAX_PARAM_VALUE)
+        into[path] = clip(text, MAX_PARAM_VALUE)
 
 
 def _secret_like(name: str) -> bool:
     folded = name.lower().replace("_", "").replace("-", "")
     return any(word in folded for word in SECRET_WORDS)
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def run_tags(job: TrainingJob, namespace: str, run_uri: str, version: int) -> dict[str, str]:
@@ -111,7 +100,7 @@ def run_tags(job: TrainingJob, namespace: str, run_uri: str, version: int) -> di
     parent = job.spec.tracking.mlflow and job.spec.tracking.mlflow.parent_run_id
     if parent:
         tags[PARENT_TAG] = parent
-    return {key: _clip(value, MAX_TAG_VALUE) for key, value in tags.items()}
+    return {key: clip(value, MAX_TAG_VALUE) for key, value in tags.items()}
 
 
 def tracker_for(job: TrainingJob, namespace: str, run_uri: str, version: int) -> "MlflowTracker | None":
@@ -332,38 +321,3 @@ def experiment_id_of(client, name: str) -> str:
         raise RuntimeError(f"the MLflow experiment {name!r} is deleted: restore it or name another in "
                            "spec.tracking.mlflow.experiment")
     return experiment.experiment_id
-
-
-# --- a sweep's parent run -------------------------------------------------------------------------
-
-def start_parent_run(settings: MlflowSpec, name: str, params: dict[str, str], tags: dict[str, str]) -> str:
-    """Create the parent run NAME of a sweep and return its id (raises when the server cannot be
-    reached: the caller decides whether that matters)."""
-    from mlflow.entities import Param
-    from mlflow.tracking import MlflowClient
-
-    _quiet_http_retries()
-    client = MlflowClient(tracking_uri=settings.uri)
-    experiment_id = experiment_id_of(client, settings.experiment)
-    run = client.create_run(experiment_id, run_name=name,
-                            tags={key: _clip(value, MAX_TAG_VALUE) for key, value in tags.items()})
-    items = [Param(key, _clip(value, MAX_PARAM_VALUE)) for key, value in params.items()]
-    for start in range(0, len(items), MAX_PARAMS_PER_BATCH):
-        client.log_batch(run.info.run_id, params=items[start:start + MAX_PARAMS_PER_BATCH])
-    return run.info.run_id
-
-
-def end_parent_run(settings: MlflowSpec, run_id: str, status: str, metrics: list[tuple[str, float, int]],
-                   tags: dict[str, str]) -> None:
-    """Log the sweep's results ((key, value, step) metrics, tags) and end its parent run with STATUS."""
-    from mlflow.entities import Metric, RunTag
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=settings.uri)
-    now = int(time.time() * 1000)
-    entries = [Metric(key, float(value), now, step) for key, value, step in metrics]
-    for start in range(0, len(entries), MAX_METRICS_PER_BATCH):
-        client.log_batch(run_id, metrics=entries[start:start + MAX_METRICS_PER_BATCH])
-    if tags:
-        client.log_batch(run_id, tags=[RunTag(key, _clip(value, MAX_TAG_VALUE)) for key, value in tags.items()])
-    client.set_terminated(run_id, status)
