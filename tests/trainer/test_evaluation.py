@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shutil
 
 import pytest
 import torch
@@ -49,6 +50,19 @@ def nudge(family) -> None:
 
 def held_out_validation(**validation) -> dict:
     return {"everySteps": 1, "heldOutFraction": 0.25, **validation}
+
+
+def test_the_held_out_split_is_the_same_wherever_the_data_set_lies(tiny_sd15, captions_data, tmp_path):
+    # Each node copies or streams s3:// data to a directory of its own, and a restarted pod may get
+    # another: a split that hashed absolute paths would differ between ranks and between restarts.
+    def held_out_files(data) -> list[str]:
+        manifest = family_job("sd15", "captions", tiny_sd15, data, tmp_path / "out", validation=held_out_validation())
+        held_out = validator_for(manifest, tmp_path / "out")[1].held_out
+        return sorted(sample.path.relative_to(data).as_posix() for sample in held_out.samples)
+
+    elsewhere = tmp_path / "another" / "node" / "copy"
+    shutil.copytree(captions_data, elsewhere)
+    assert held_out_files(captions_data) == held_out_files(elsewhere)
 
 
 def test_the_validation_loss_draws_the_same_noise_every_time_so_only_the_weights_move_it(

@@ -28,6 +28,18 @@ def test_every_list_of_families_is_keyed_by_the_table():
     assert set(TrainingJobSpec.model_json_schema()["$defs"]["ModelSpec"]["properties"]["family"]["enum"]) == names
 
 
+def test_every_layout_the_api_accepts_is_read_by_the_trainer_and_has_tiny_data():
+    from typing import get_args
+
+    from kubetune_api.spec import Layout
+    from kubetune_trainer.data.layouts import LAYOUTS
+    from kubetune_trainer.tiny_data import WRITERS
+
+    accepted = set(get_args(Layout))
+    assert set(LAYOUTS) == set(WRITERS) == accepted
+    assert {layout for family in table.FAMILIES.values() for layout in family.layouts} == accepted
+
+
 def test_the_quantized_denoisers_are_the_families_honouring_quantization():
     from kubetune_api.fixes import QUANTIZABLE
     from kubetune_trainer.planning.models import QUANTIZED

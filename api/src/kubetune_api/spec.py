@@ -940,6 +940,11 @@ class TrainingJobSpec(_Model):
         return self.data.resolution or NATIVE_RESOLUTIONS[self.model.family]
 
     @property
+    def pmg_options(self) -> PmgSpec:
+        """spec.pmg, or its defaults where the manifest leaves it out."""
+        return self.pmg or PmgSpec()
+
+    @property
     def processes_per_node(self) -> int:
         """Trainer processes in each pod: distributed.processesPerNode, else one per GPU, else one."""
         return self.distributed.processes_per_node or max(1, self.resources.gpus_per_node)

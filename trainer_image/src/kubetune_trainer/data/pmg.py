@@ -110,4 +110,5 @@ def collate(items: list[dict]) -> dict:
         "pixel_values": torch.stack([item["pixel_values"] for item in items]),
         "histories": [item["history"] for item in items],
         "captions": [item["caption"] for item in items],
+        "full_captions": [item["caption"] for item in items],  # PMG drops no caption: always the full one
     }

@@ -10,17 +10,19 @@ import torch
 from kubetune_api.spec import TrainingJobSpec
 from kubetune_trainer.data.cache import EmbeddingCache, Encoded, Encoder
 from kubetune_trainer.data.images import ImageTransform
+from kubetune_trainer.data.layouts import LAYOUTS, Layout
 from kubetune_trainer.data.keyed import split_held_out
 from kubetune_trainer.data.screening import Screen
-from kubetune_trainer.errors import ConfigError
+from kubetune_trainer.families.trainable import Trainable, enable_gradient_checkpointing
 from kubetune_trainer.randomness import SampleRandom
 
 
 class ModelFamily(ABC):
-    """Loads a family's models and data; encodes a batch; computes its loss; saves its weights in
-    its own format; samples or scores for validation.
+    """Loads a family's models; encodes a batch; computes its loss; samples or scores for validation.
 
-    The loop owns everything else: accumulation, clipping, precision, logging, checkpoints.
+    Shared by every family: data through the layout table (data.layouts) and what trains and how it
+    is saved through self.trainable (families.trainable). The loop owns everything else:
+    accumulation, clipping, precision, logging, checkpoints.
     """
 
     def __init__(self, spec: TrainingJobSpec, device: torch.device, weight_dtype: torch.dtype):
@@ -28,47 +30,67 @@ class ModelFamily(ABC):
         self.device = device
         self.weight_dtype = weight_dtype
         self.cache: EmbeddingCache | None = None  # set by the run when spec.data.cache is enabled
+        self._encoders: dict[str, Encoder] | None = None
         self.screen = Screen(spec.data.skip_bad)  # the readers report bad samples to it
+        self.resolution = spec.resolution  # of the training images (the classifier may take its model's)
+        self.trainable: Trainable  # what trains and how it is saved: set by each family's __init__
 
-    # --- data ---------------------------------------------------------------------------------
+    # --- data: through the layout of spec.data.layout (data.layouts) ---------------------------
 
-    @abstractmethod
+    @property
+    def layout(self) -> Layout:
+        return LAYOUTS[self.spec.data.layout]
+
     def read_samples(self) -> list:
         """Every sample of the layout under spec.data.uri (paths and texts, nothing decoded); a bad
         record goes to self.screen.reject, which refuses the job or skips it (spec.data.skipBad)."""
+        return self.layout.read(self.spec, self.screen)
 
-    @abstractmethod
     def make_dataset(self, samples: list, training: bool) -> torch.utils.data.Dataset:
         """A data set over `samples` whose items are looked up by (epoch, index) keys.
 
         training=False: the held-out set, without random augmentations or dropouts.
         """
+        return self.layout.dataset(samples, self.image_transform(training), self.spec, training)
 
     def sample_name(self, sample: Any) -> str:
-        """What the held-out split hashes: the sample's file name by default."""
-        return str(getattr(sample, "path", None) or getattr(sample, "target", None) or getattr(sample, "image"))
+        """What the held-out split hashes: the sample's file relative to spec.data.uri, so the split
+        is the same wherever a node copies, streams or mounts the data set (an absolute path would
+        give each node, and each restarted pod, a split of its own)."""
+        path = Path(getattr(sample, "path", None) or getattr(sample, "target", None) or getattr(sample, "image"))
+        root = Path(self.spec.data.uri)
+        return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
 
     def build_datasets(self, samples: list | None = None
                        ) -> tuple[torch.utils.data.Dataset, torch.utils.data.Dataset | None]:
-        """(training, held out or None) from `samples` (default: read_samples()), split by
-        spec.validation.heldOutFraction."""
+        """(training, held out or None) from `samples` (default: read_samples()): the layout's
+        held-out file where it names one, else spec.validation.heldOutFraction of the samples."""
         samples = self.read_samples() if samples is None else samples
-        training, held_out = split_held_out(samples, self.spec.validation.held_out_fraction, self.sample_name)
-        return self.make_dataset(training, True), (self.make_dataset(held_out, False) if held_out else None)
+        held_out = self.layout.held_out(self.spec, self.screen)
+        if held_out is None:
+            samples, held_out = split_held_out(samples, self.spec.validation.held_out_fraction, self.sample_name)
+        return self.make_dataset(samples, True), (self.make_dataset(held_out, False) if held_out else None)
 
-    @abstractmethod
     def collate(self, items: list[dict]) -> dict:
         """Stack items into a batch."""
+        return self.layout.collate(items)
 
     # --- model --------------------------------------------------------------------------------
 
     @property
-    @abstractmethod
     def trainable_module(self) -> torch.nn.Module:
         """The module whose gradients are synchronised across processes (wrapped by Accelerate)."""
+        return self.trainable.module
 
     def encoders(self) -> dict[str, Encoder]:
-        """The frozen encoders whose per-sample outputs the embedding cache may keep."""
+        """The frozen encoders whose per-sample outputs the embedding cache may keep; built once (an
+        encoder's identity reads its model's files)."""
+        if self._encoders is None:
+            self._encoders = self.build_encoders()
+        return self._encoders
+
+    def build_encoders(self) -> dict[str, Encoder]:
+        """The family's encoders (see encoders()); none by default."""
         return {}
 
     def encode(self, name: str, inputs: list[Any], variants: list[list[Any]] | None = None) -> Encoded:
@@ -78,12 +100,13 @@ class ModelFamily(ABC):
         encoded = self.cache.encode(encoder, inputs, variants) if self.cache is not None else encoder.encode(inputs)
         return {key: value.to(self.device) for key, value in encoded.items()}
 
-    def image_transform(self, training: bool, resolution: int | None = None) -> ImageTransform:
-        """Resize, crop and flip as spec.data says (held-out data: centre crop, no flip). With the
-        embedding cache on, a random crop is chosen once per image, so its latents are reusable."""
+    def image_transform(self, training: bool) -> ImageTransform:
+        """Resize to self.resolution, crop and flip as spec.data says (held-out data: centre crop,
+        no flip). With the embedding cache on, a random crop is chosen once per image, so its
+        latents are reusable."""
         data = self.spec.data
         random_crop = training and not data.center_crop
-        return ImageTransform(resolution or self.spec.resolution, not random_crop, data.random_flip and training,
+        return ImageTransform(self.resolution, not random_crop, data.random_flip and training,
                               crop_per_sample=random_crop and data.cache.enabled)
 
     def mirror_variants(self, images: torch.Tensor) -> list[list[torch.Tensor]]:
@@ -100,6 +123,14 @@ class ModelFamily(ABC):
         """Every cacheable encoding of a batch (what `kubetune train --cache-only` precomputes)."""
         return {}
 
+    def encode_images_and_captions(self, batch: dict) -> dict[str, Encoded]:
+        """A text-to-image batch's "latents" (of its pixel values) and "text" (of its captions), each
+        stored in the cache with the forms flips and caption dropout may draw in another epoch."""
+        pixels = list(batch["pixel_values"])
+        return {"latents": self.encode("latents", pixels, self.mirror_variants(pixels)),
+                "text": self.encode("text", batch["captions"],
+                                    self.caption_variants(batch["captions"], batch["full_captions"]))}
+
     @abstractmethod
     def compute_loss(self, model: torch.nn.Module, batch: dict, random: SampleRandom) -> torch.Tensor:
         """The mean training loss over the batch's samples; `model` is the prepared trainable module.
@@ -107,21 +138,16 @@ class ModelFamily(ABC):
         Every random draw (noise, timesteps, latent samples) comes from `random`, one generator
         per sample, so the loss of a sample does not depend on the rest of its batch."""
 
-    @abstractmethod
     def save_weights(self, out_dir: Path, trained: dict[str, torch.Tensor]) -> list[Path]:
         """Write the trained weights in the family's standard format; return the files written.
 
         `trained`: every trained parameter whole, on the CPU, by its name in trainable_module
         (checkpointing.full_trained_state gathers them, from shards under FSDP)."""
+        return self.trainable.save(out_dir, trained)
 
     def enable_gradient_checkpointing(self) -> None:
-        module = self.trainable_module
-        if hasattr(module, "enable_gradient_checkpointing"):  # diffusers
-            module.enable_gradient_checkpointing()
-        elif hasattr(module, "gradient_checkpointing_enable"):  # transformers
-            module.gradient_checkpointing_enable()
-        else:
-            raise ConfigError(f"spec.training.gradientCheckpointing: {type(module).__name__} does not support it")
+        """Checkpoint what the backward pass runs through: by default the trained module."""
+        enable_gradient_checkpointing(self.trainable_module)
 
     # --- validation ---------------------------------------------------------------------------
 
@@ -146,25 +172,3 @@ class ModelFamily(ABC):
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.trainable_module.parameters() if p.requires_grad]
 
-
-def whole_state(module: torch.nn.Module, trained: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A full fine-tune's state dict: the trained parameters plus the module's buffers."""
-    from torch.distributed.tensor import DTensor
-
-    state = {name: value for name, value in module.state_dict().items() if not isinstance(value, DTensor)}
-    state.update(trained)
-    missing = sorted(set(module.state_dict()) - set(state))
-    if missing:
-        raise RuntimeError(f"cannot save {type(module).__name__} whole: {missing[:3]} are neither trained nor local")
-    return {name: value.detach().cpu().contiguous() for name, value in state.items()}
-
-
-def save_diffusers_model(module: torch.nn.Module, trained: dict[str, torch.Tensor], folder: Path) -> list[Path]:
-    """A fully fine-tuned diffusers model in its from_pretrained layout (config + safetensors)."""
-    from diffusers.utils import SAFETENSORS_WEIGHTS_NAME
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    module.save_config(folder)
-    save_file(whole_state(module, trained), folder / SAFETENSORS_WEIGHTS_NAME, metadata={"format": "pt"})
-    return sorted(folder.iterdir())

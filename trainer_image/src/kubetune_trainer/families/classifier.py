@@ -7,12 +7,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kubetune_trainer.data.image_folder import ImageFolderDataset, collate, read_image_folder
+from kubetune_trainer.data.image_folder import read_image_folder
 from kubetune_trainer.errors import ConfigError
-from kubetune_trainer.families.base import ModelFamily, whole_state
-
-# Attention projections of ViT-style encoders; set spec.adapter.targetModules for other models.
-DEFAULT_LORA_TARGETS = ["q_proj", "v_proj", "query", "value"]  # transformers 5 names, then older ones
+from kubetune_trainer.families.base import ModelFamily
+from kubetune_trainer.families.trainable import transformers_classifier
 
 
 def accuracy_and_f1(predictions: torch.Tensor, labels: torch.Tensor, num_classes: int) -> dict[str, float]:
@@ -80,17 +78,8 @@ class ImageClassifier(ModelFamily):
         # A size the model was not built for: ViT-style models interpolate their position embeddings.
         self.forward_options = ({"interpolate_pos_encoding": True} if self.resolution != self.native_size
                                 and "interpolate_pos_encoding" in inspect.signature(model.forward).parameters else {})
-        if spec.adapter.type == "lora":
-            from peft import LoraConfig, get_peft_model
-
-            adapter = spec.adapter
-            # The new classification head always trains in full (it starts random).
-            model = get_peft_model(model, LoraConfig(
-                r=adapter.rank, lora_alpha=adapter.alpha or adapter.rank, lora_dropout=adapter.dropout,
-                target_modules=adapter.target_modules or DEFAULT_LORA_TARGETS,
-                modules_to_save=[self._head_name(model)],
-            ))
-        self.model = model.to(device).train()
+        self.trainable = transformers_classifier(model, spec.adapter)
+        self.model = self.trainable.module.to(device).train()
         self._check_resolution()
 
     def _check_resolution(self) -> None:
@@ -108,25 +97,8 @@ class ImageClassifier(ModelFamily):
                 "spec.data.resolution unset to train at its own size, or use a model that interpolates its "
                 "position embeddings (ViT, DeiT, BEiT...)") from None
 
-    @staticmethod
-    def _head_name(model) -> str:
-        for name in ("classifier", "score", "head", "fc"):
-            if isinstance(getattr(model, name, None), torch.nn.Module):
-                return name
-        raise ValueError(f"{type(model).__name__}: no classification head found to train with LoRA")
-
-    @property
-    def trainable_module(self):
-        return self.model
-
     def read_samples(self):
-        return self.samples
-
-    def make_dataset(self, samples, training):
-        return ImageFolderDataset(samples, self.image_transform(training, self.resolution), self.spec.training.seed)
-
-    def collate(self, items):
-        return collate(items)
+        return self.samples  # read before the model: its head needs the classes
 
     def logits(self, model, pixels: torch.Tensor) -> torch.Tensor:
         pixels = ((pixels + 1) / 2 - self.mean) / self.std  # [-1, 1] -> the model's normalisation
@@ -145,10 +117,3 @@ class ImageClassifier(ModelFamily):
             labels.append(batch["labels"])
         metrics = accuracy_and_f1(torch.cat(predictions), torch.cat(labels), len(self.classes))
         return {"loss": sum(losses) / len(losses), **metrics}
-
-    def save_weights(self, out_dir: Path, trained: dict[str, torch.Tensor]) -> list[Path]:
-        """Full: a transformers model folder; LoRA: a PEFT adapter folder (`model.load_adapter(out_dir)`)."""
-        out_dir.mkdir(parents=True, exist_ok=True)
-        state = trained if self.spec.adapter.type == "lora" else whole_state(self.model, trained)
-        self.model.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
-        return sorted(p for p in out_dir.iterdir() if p.is_file() and p.suffix in (".safetensors", ".json"))

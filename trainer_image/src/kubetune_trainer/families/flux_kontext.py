@@ -6,14 +6,11 @@ target tokens only.
 """
 from __future__ import annotations
 
-from functools import cached_property
-
 import torch
 
 from kubetune_trainer import diffusion, flow_matching
 from kubetune_trainer.data.cache import Encoder, model_identity
 from kubetune_trainer.families.editing import EditingFamily
-from kubetune_trainer.families.lora import DIFFUSERS_ATTENTION_TARGETS
 
 GUIDANCE = 2.5  # the distilled guidance FLUX.1 Kontext [dev] samples with by default
 MAX_TEXT_TOKENS = 512
@@ -21,7 +18,6 @@ MAX_TEXT_TOKENS = 512
 
 class FluxKontext(EditingFamily):
     PIPELINE = "FluxKontextPipeline"
-    LORA_TARGETS = DIFFUSERS_ATTENTION_TARGETS
 
     def __init__(self, spec, device, weight_dtype):
         super().__init__(spec, device, weight_dtype)
@@ -42,17 +38,13 @@ class FluxKontext(EditingFamily):
 
     # --- encoders -----------------------------------------------------------------------------
 
-    @cached_property
-    def _encoders(self):
+    def build_encoders(self):
         root, dtype = self.spec.model.pretrained, self.weight_dtype
         vae = model_identity(self.vae, f"{root}/vae", dtype)
         text = model_identity(self.text_encoder, f"{root}/text_encoder", dtype) + model_identity(
             self.text_encoder_2, f"{root}/text_encoder_2", dtype)
         return {"latents": Encoder("latents", vae, self._vae_moments),
                 "text": Encoder("text", text + "flux-kontext", self.encode_prompts)}
-
-    def encoders(self):
-        return self._encoders
 
     @torch.no_grad()
     def _vae_moments(self, pixels):

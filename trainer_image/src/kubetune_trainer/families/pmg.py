@@ -11,6 +11,7 @@ defaults (the prefix projection would add about 1.1 billion).
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -19,8 +20,9 @@ from transformers.cache_utils import DynamicLayer
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from kubetune_api.spec import PmgSpec
-from kubetune_trainer.data.pmg import PmgDataset, collate, read_pmg
-from kubetune_trainer.families.sd15 import StableDiffusion15
+from kubetune_trainer.families.base import ModelFamily
+from kubetune_trainer.families.sd15 import UNetDiffusion
+from kubetune_trainer.families.trainable import Trainable
 
 ADAPTER_FILE = "pmg_adapter.safetensors"
 ADAPTER_CONFIG = "pmg_adapter.json"
@@ -143,58 +145,56 @@ def load_pmg_adapter(folder: Path, language_model) -> PmgAdapter:
     return adapter
 
 
-class PersonalizedGeneration(StableDiffusion15):
+def save_pmg_adapter(config: dict, out_dir: Path, trained: dict[str, torch.Tensor]) -> list[Path]:
+    """The trained parts and the sizes load_pmg_adapter needs to rebuild them."""
+    save_file({k: v.detach().cpu().contiguous() for k, v in trained.items()}, out_dir / ADAPTER_FILE)
+    (out_dir / ADAPTER_CONFIG).write_text(json.dumps(config, indent=1))
+    return [out_dir / ADAPTER_FILE, out_dir / ADAPTER_CONFIG]
+
+
+class PersonalizedGeneration(ModelFamily):
+    """Stable Diffusion 1.5's parts (sd15.UNetDiffusion), all frozen, plus a frozen LM whose reading
+    of a user's history, through the trained PmgAdapter, follows the caption's tokens into the UNet."""
+
     def __init__(self, spec, device, weight_dtype):
         # The spec refuses what PMG would ignore (adapter shape, initFrom: kubetune_api.families).
         super().__init__(spec, device, weight_dtype)
-        self.pmg = spec.pmg or PmgSpec()
+        self.pmg = spec.pmg_options
+        self.sd = UNetDiffusion(spec, device, weight_dtype)
+        # Frozen, yet in training mode like the UNet the SD1.5 family trains (it has no dropout).
+        self.sd.unet.requires_grad_(False).to(device).train()
         lm_path = self.pmg.language_model or f"{spec.model.pretrained}/language_model"
         self.lm_tokenizer, self.language_model = load_language_model(lm_path, weight_dtype)
         self.language_model.requires_grad_(False).to(device).eval()
-        self.adapter = adapter_for(self.pmg, self.language_model.config, self.unet.config.cross_attention_dim).to(device)
-
-    def attach_trainable_weights(self) -> None:
-        self.unet.requires_grad_(False)  # SD stays frozen
-
-    @property
-    def trainable_module(self):
-        return self.adapter
+        cross_attention_dim = self.sd.unet.config.cross_attention_dim
+        adapter = adapter_for(self.pmg, self.language_model.config, cross_attention_dim).to(device)
+        self.trainable = Trainable(adapter, partial(save_pmg_adapter, {
+            "num_image_prompt": self.pmg.num_image_prompt, "num_prefix_prompt": self.pmg.num_prefix_prompt,
+            "cross_attention_dim": cross_attention_dim, "max_sequence_length": self.pmg.max_sequence_length,
+            "prefix_projection": self.pmg.prefix_projection, "prefix_hidden_size": self.pmg.prefix_hidden_size,
+        }), publishable=True)
 
     def enable_gradient_checkpointing(self):
         """Both frozen networks the loss backpropagates through to the trained parts: the UNet (to
         the mapped tokens) and the LM (to the prompts and prefix), whose activations dominate."""
-        self.unet.enable_gradient_checkpointing()
+        self.sd.unet.enable_gradient_checkpointing()
         checkpoint_language_model(self.language_model)
 
-    def read_samples(self):
-        return read_pmg(Path(self.spec.data.uri), self.screen, self.pmg.train_json)
+    def build_encoders(self):
+        return self.sd.encoders(type(self).__name__)
 
-    def build_datasets(self, samples=None):
-        """With spec.pmg.valJson the held-out set is that file (the guide's val split), else the
-        spec.validation.heldOutFraction of trainJson."""
-        if self.pmg.val_json is None:
-            return super().build_datasets(samples)
-        training = self.read_samples() if samples is None else samples
-        held_out = read_pmg(Path(self.spec.data.uri), self.screen, self.pmg.val_json)
-        return self.make_dataset(training, True), self.make_dataset(held_out, False)
+    def encode_batch(self, batch):
+        return self.encode_images_and_captions(batch)
 
-    def make_dataset(self, samples, training):
-        return PmgDataset(samples, self.image_transform(training), self.spec.training.seed)
-
-    def collate(self, items):
-        return collate(items)
-
-    def personal_tokens(self, model, histories: list[str]) -> torch.Tensor:
+    def personal_tokens(self, adapter, histories: list[str]) -> torch.Tensor:
+        """What `adapter` (the prepared PmgAdapter) maps the LM's reading of each history to."""
         tokens = self.lm_tokenizer(histories, padding=True, truncation=True,
                                    max_length=self.pmg.max_sequence_length, return_tensors="pt")
-        return model(self.language_model, tokens.input_ids.to(self.device), tokens.attention_mask.to(self.device))
+        return adapter(self.language_model, tokens.input_ids.to(self.device), tokens.attention_mask.to(self.device))
 
-    def denoiser(self, model):
-        return self.unet
-
-    def conditioning(self, model, batch, text):
+    def compute_loss(self, model, batch, random):
         personal = self.personal_tokens(model, batch["histories"])
-        return {"encoder_hidden_states": torch.cat([text["prompt_embeds"], personal.to(text["prompt_embeds"].dtype)], 1)}
+        return self.sd.loss(self.sd.unet, batch, self.encode_batch(batch), random, extra_tokens=personal)
 
     @torch.no_grad()
     def sample_images(self, model, held_out, generator):
@@ -202,24 +202,16 @@ class PersonalizedGeneration(StableDiffusion15):
         will score them (validation_prompts). Classifier-free guidance contrasts the caption with the
         empty one, both followed by the same personal tokens: guidance strengthens the caption and
         leaves the user's steer as it is."""
-        prompts = self.validation_prompts(held_out)
+        prompts = self.sd.validation_prompts(held_out)
         if not prompts:
             return []
         histories = [history for batch in held_out for history in batch["histories"]][:len(prompts)]
-        text = self.encode_prompts(prompts)["prompt_embeds"]
+        text = self.sd.encode_prompts(prompts)["prompt_embeds"]
         personal = self.personal_tokens(model, histories).to(text.dtype)
-        empty = self.encode_prompts([""] * len(prompts))["prompt_embeds"]
-        return self.sampling_pipeline()(prompt_embeds=torch.cat([text, personal], 1),
-                                        negative_prompt_embeds=torch.cat([empty, personal], 1),
-                                        **self.sampling_options(generator)).images
+        empty = self.sd.encode_prompts([""] * len(prompts))["prompt_embeds"]
+        return self.sd.sampling_pipeline()(prompt_embeds=torch.cat([text, personal], 1),
+                                           negative_prompt_embeds=torch.cat([empty, personal], 1),
+                                           **self.sd.sampling_options(generator)).images
 
-    def save_weights(self, out_dir: Path, trained: dict[str, torch.Tensor]) -> list[Path]:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().cpu().contiguous() for k, v in trained.items()}, out_dir / ADAPTER_FILE)
-        (out_dir / ADAPTER_CONFIG).write_text(json.dumps({
-            "num_image_prompt": self.pmg.num_image_prompt, "num_prefix_prompt": self.pmg.num_prefix_prompt,
-            "cross_attention_dim": self.unet.config.cross_attention_dim,
-            "max_sequence_length": self.pmg.max_sequence_length, "prefix_projection": self.pmg.prefix_projection,
-            "prefix_hidden_size": self.pmg.prefix_hidden_size,
-        }, indent=1))
-        return [out_dir / ADAPTER_FILE, out_dir / ADAPTER_CONFIG]
+    def image_metrics(self, images, held_out, clip):
+        return self.sd.clip_metrics(images, held_out, clip)

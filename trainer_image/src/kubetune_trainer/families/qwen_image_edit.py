@@ -20,14 +20,12 @@ import torch
 from kubetune_trainer import diffusion, flow_matching
 from kubetune_trainer.data.cache import Encoder, model_identity
 from kubetune_trainer.families.editing import EditingFamily
-from kubetune_trainer.families.lora import DIFFUSERS_ATTENTION_TARGETS
 
 TRUE_CFG_SCALE = 4.0  # what the Qwen-Image-Edit model card samples with (negative prompt " ")
 
 
 class QwenImageEdit(EditingFamily):
     PIPELINE = "QwenImageEditPipeline"
-    LORA_TARGETS = DIFFUSERS_ATTENTION_TARGETS
 
     def __init__(self, spec, device, weight_dtype):
         super().__init__(spec, device, weight_dtype)
@@ -51,8 +49,7 @@ class QwenImageEdit(EditingFamily):
 
     # --- encoders -----------------------------------------------------------------------------
 
-    @cached_property
-    def _encoders(self):
+    def build_encoders(self):
         root, dtype = self.spec.model.pretrained, self.weight_dtype
         vae = model_identity(self.vae, f"{root}/vae", dtype)
         prompts = self._prompt_pipeline  # the template, its dropped prefix and the image preprocessing
@@ -61,9 +58,6 @@ class QwenImageEdit(EditingFamily):
              self.processor.image_processor.to_json_string()]))
         return {"latents": Encoder("latents", vae, self._vae_moments),
                 "text": Encoder("text", text + "qwen-image-edit", self.encode_prompts)}
-
-    def encoders(self):
-        return self._encoders
 
     @cached_property
     def _prompt_pipeline(self):

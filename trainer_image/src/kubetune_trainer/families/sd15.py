@@ -1,29 +1,31 @@
-"""Stable Diffusion 1.5: LoRA (or full) fine-tuning of the UNet on captioned images."""
-from __future__ import annotations
+"""Stable Diffusion 1.5: LoRA (or full) fine-tuning of the UNet on captioned images.
 
-from functools import cached_property
-from pathlib import Path
+`UNetDiffusion` is Stable Diffusion itself: its models (scheduler, text encoder, VAE, UNet) and
+what they do (encode, the denoising loss, pipelines to sample with). The SD1.5 family trains its
+UNet; SDXL (families.sdxl) swaps in its two text encoders and size conditioning; PMG (families.pmg)
+keeps the UNet frozen and trains tokens it appends to the caption's, through the same parts.
+"""
+from __future__ import annotations
 
 import torch
 
 from kubetune_trainer import diffusion, quantization
 from kubetune_trainer.data.cache import Encoder, model_identity
-from kubetune_trainer.data.captions import CaptionsDataset, collate, read_captions
-from kubetune_trainer.families.base import ModelFamily, save_diffusers_model
-from kubetune_trainer.families.lora import DIFFUSERS_ATTENTION_TARGETS, attach_lora, load_lora_init, lora_layers
+from kubetune_trainer.families.base import ModelFamily
+from kubetune_trainer.families.trainable import diffusers_denoiser
 from kubetune_trainer.randomness import SampleRandom
 
 
-
-class StableDiffusion15(ModelFamily):
-    """A UNet denoiser conditioned on CLIP text embeddings; SDXL extends it."""
+class UNetDiffusion:
+    """A UNet denoiser conditioned on CLIP text embeddings, with its frozen encoders; the UNet is
+    loaded but neither made trainable nor moved to the device (the family decides what trains)."""
 
     pipeline_class = "StableDiffusionPipeline"
 
-    def __init__(self, spec, device, weight_dtype):
-        super().__init__(spec, device, weight_dtype)
+    def __init__(self, spec, device: torch.device, weight_dtype: torch.dtype):
         from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
 
+        self.spec, self.device, self.weight_dtype = spec, device, weight_dtype
         root = spec.model.pretrained
         quant = spec.model.quantization
         quantization.check_supported(quant)
@@ -37,18 +39,6 @@ class StableDiffusion15(ModelFamily):
         quantization.apply_after_load(quant, self.unet, weight_dtype)
         for frozen in (*self.text_encoders, self.vae):
             frozen.requires_grad_(False).to(device).eval()
-        self.attach_trainable_weights()
-        self.unet.to(device)
-        self.unet.train()
-
-    def attach_trainable_weights(self) -> None:
-        adapter = self.spec.adapter
-        if adapter.type == "full":
-            self.unet.requires_grad_(True)
-            return
-        attach_lora(self.unet, adapter, DIFFUSERS_ATTENTION_TARGETS)
-        if adapter.init_from:
-            load_lora_init(self.unet, adapter.init_from, "unet")
 
     def load_text_encoders(self, root: str) -> None:
         from transformers import CLIPTextModel, CLIPTokenizer
@@ -58,41 +48,22 @@ class StableDiffusion15(ModelFamily):
                                                           torch_dtype=self.weight_dtype)
         self.text_encoders = [self.text_encoder]
 
-    @property
-    def trainable_module(self) -> torch.nn.Module:
-        return self.unet
-
-    # --- data ---------------------------------------------------------------------------------
-
-    def read_samples(self):
-        return read_captions(Path(self.spec.data.uri), self.screen)
-
-    def make_dataset(self, samples, training):
-        data = self.spec.data
-        transform = self.image_transform(training)
-        return CaptionsDataset(samples, transform, data.caption_dropout if training else 0.0,
-                               self.spec.training.seed, data.bucketing)
-
-    def collate(self, items):
-        return collate(items)
-
     # --- encoders -----------------------------------------------------------------------------
 
-    @cached_property
-    def _encoders(self) -> dict[str, Encoder]:
+    def encoders(self, owner: str) -> dict[str, Encoder]:
+        """The VAE and the text encoder(s) as cacheable encoders; `owner` (the family's name) ends
+        the text encoder's identity, so families that read the same captions differently never
+        share cache entries."""
         root = self.spec.model.pretrained
         text_identity = "".join(model_identity(m, m.name_or_path, self.weight_dtype)
                                 for m in self.text_encoders)
         return {
-            "latents": Encoder("latents", model_identity(self.vae, f"{root}/vae", self.weight_dtype), self._vae_moments),
-            "text": Encoder("text", text_identity + type(self).__name__, self.encode_prompts),
+            "latents": Encoder("latents", model_identity(self.vae, f"{root}/vae", self.weight_dtype), self.vae_moments),
+            "text": Encoder("text", text_identity + owner, self.encode_prompts),
         }
 
-    def encoders(self):
-        return self._encoders
-
     @torch.no_grad()
-    def _vae_moments(self, pixels: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    def vae_moments(self, pixels: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         """Mean and log-variance of each latent, not a sample: the noise is drawn at training time."""
         stacked = torch.stack(pixels).to(self.device, dtype=self.weight_dtype)
         return {"moments": self.vae.encode(stacked).latent_dist.parameters}
@@ -105,36 +76,31 @@ class StableDiffusion15(ModelFamily):
         )
         return {"prompt_embeds": self.text_encoder(tokens.input_ids.to(self.device))[0]}
 
-    def encode_batch(self, batch):
-        pixels = list(batch["pixel_values"])
-        return {"latents": self.encode("latents", pixels, self.mirror_variants(pixels)),
-                "text": self.encode("text", batch["captions"],
-                                    self.caption_variants(batch["captions"],
-                                                          batch.get("full_captions", batch["captions"])))}
-
     def sample_latents(self, moments: torch.Tensor, random: SampleRandom) -> torch.Tensor:
         latents = diffusion.sample_latents(moments, random)
         shift = getattr(self.vae.config, "shift_factor", None) or 0.0
         return (latents - shift) * self.vae.config.scaling_factor
 
-    def denoiser(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The UNet to call: the prepared trainable module itself (PMG trains something else)."""
-        return model
-
-    def conditioning(self, model: torch.nn.Module, batch: dict, text: dict[str, torch.Tensor]) -> dict:
+    def conditioning(self, batch: dict, text: dict[str, torch.Tensor]) -> dict:
         """Keyword arguments of the UNet besides the noisy latents and timesteps."""
         return {"encoder_hidden_states": text["prompt_embeds"]}
 
     # --- loss ---------------------------------------------------------------------------------
 
-    def compute_loss(self, model, batch, random):
+    def loss(self, unet: torch.nn.Module, batch: dict, encoded: dict, random: SampleRandom,
+             extra_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """The noise-prediction loss (min-SNR weighted with spec.training.snrGamma) of `unet` on the
+        batch's encoded latents and text; `extra_tokens` follow the caption's tokens (PMG's)."""
         training = self.spec.training
-        encoded = self.encode_batch(batch)
+        text = encoded["text"]
+        if extra_tokens is not None:
+            embeds = text["prompt_embeds"]
+            text = {**text, "prompt_embeds": torch.cat([embeds, extra_tokens.to(embeds.dtype)], 1)}
         latents = self.sample_latents(encoded["latents"]["moments"], random)
         noise = diffusion.sample_noise(latents, random, training.noise_offset)
         timesteps = diffusion.sample_timesteps(random, self.noise_scheduler.config.num_train_timesteps, latents.device)
         noisy = self.noise_scheduler.add_noise(latents, noise, timesteps)
-        prediction = self.denoiser(model)(noisy, timesteps, **self.conditioning(model, batch, encoded["text"])).sample
+        prediction = unet(noisy, timesteps, **self.conditioning(batch, text)).sample
         target = diffusion.training_target(self.noise_scheduler, latents, noise, timesteps)
         weights = None
         if training.snr_gamma:
@@ -142,10 +108,10 @@ class StableDiffusion15(ModelFamily):
             weights = diffusion.min_snr_weights(snr, training.snr_gamma, self.noise_scheduler.config.prediction_type)
         return diffusion.denoising_loss(prediction, target, weights)
 
-    # --- output -------------------------------------------------------------------------------
+    # --- sampling -----------------------------------------------------------------------------
 
     def pipeline(self):
-        """The family's diffusers pipeline around the models being trained (for samples and saving)."""
+        """The diffusers pipeline around these models (the UNet as it is being trained)."""
         import diffusers
 
         return getattr(diffusers, self.pipeline_class).from_pretrained(
@@ -154,19 +120,6 @@ class StableDiffusion15(ModelFamily):
             **({"safety_checker": None, "requires_safety_checker": False}
                if self.pipeline_class == "StableDiffusionPipeline" else {}),
         )
-
-    def validation_prompts(self, held_out: list[dict]) -> list[str]:
-        """What sample_images draws: spec.validation.prompts, else, when a CLIP model will score them,
-        the first spec.validation.numSamples held-out captions (the same ones at every validation)."""
-        validation = self.spec.validation
-        if validation.prompts:
-            return list(validation.prompts)
-        if not validation.clip_model:
-            return []
-        return [caption for batch in held_out for caption in batch["captions"]][:validation.num_samples]
-
-    def image_metrics(self, images, held_out, clip):
-        return {"clip_score": clip.clip_score(images, self.validation_prompts(held_out))} if images else {}
 
     def sampling_pipeline(self):
         """pipeline() with a few-step solver, quiet."""
@@ -182,21 +135,47 @@ class StableDiffusion15(ModelFamily):
         return {"num_inference_steps": self.spec.validation.num_inference_steps, "height": size, "width": size,
                 "generator": generator, "output_type": "pil"}
 
+    def validation_prompts(self, held_out: list[dict]) -> list[str]:
+        """What validation draws: spec.validation.prompts, else, when a CLIP model will score them,
+        the first spec.validation.numSamples held-out captions (the same ones at every validation)."""
+        validation = self.spec.validation
+        if validation.prompts:
+            return list(validation.prompts)
+        if not validation.clip_model:
+            return []
+        return [caption for batch in held_out for caption in batch["captions"]][:validation.num_samples]
+
+    def clip_metrics(self, images: list, held_out: list[dict], clip) -> dict[str, float]:
+        """clip_score of images drawn from validation_prompts(held_out)."""
+        return {"clip_score": clip.clip_score(images, self.validation_prompts(held_out))} if images else {}
+
+
+class StableDiffusion15(ModelFamily):
+    """Trains Stable Diffusion's UNet, whole or as a LoRA; SDXL extends it with its own DIFFUSION."""
+
+    DIFFUSION = UNetDiffusion
+
+    def __init__(self, spec, device, weight_dtype):
+        super().__init__(spec, device, weight_dtype)
+        self.sd = self.DIFFUSION(spec, device, weight_dtype)
+        self.trainable = diffusers_denoiser(self.sd.unet, spec.adapter, "unet", self.sd.pipeline_class)
+        self.sd.unet.to(device).train()
+
+    def build_encoders(self) -> dict[str, Encoder]:
+        return self.sd.encoders(type(self).__name__)
+
+    def encode_batch(self, batch):
+        return self.encode_images_and_captions(batch)
+
+    def compute_loss(self, model, batch, random):
+        return self.sd.loss(model, batch, self.encode_batch(batch), random)
+
     @torch.no_grad()
     def sample_images(self, model, held_out, generator):
-        prompts = self.validation_prompts(held_out)
+        prompts = self.sd.validation_prompts(held_out)
         if not prompts:
             return []
-        return self.sampling_pipeline()(prompts, **self.sampling_options(generator)).images
+        return self.sd.sampling_pipeline()(prompts, **self.sd.sampling_options(generator)).images
 
-    def save_weights(self, out_dir: Path, trained: dict[str, torch.Tensor]) -> list[Path]:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        if self.spec.adapter.type == "full":
-            return save_diffusers_model(self.unet, trained, out_dir / "unet")
-        import diffusers
-
-        getattr(diffusers, self.pipeline_class).save_lora_weights(
-            out_dir, unet_lora_layers=lora_layers(self.unet, trained), safe_serialization=True,
-            unet_lora_adapter_metadata=self.unet.peft_config["default"].to_dict(),
-        )
-        return [out_dir / "pytorch_lora_weights.safetensors"]
+    def image_metrics(self, images, held_out, clip):
+        return self.sd.clip_metrics(images, held_out, clip)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from kubetune_trainer.families.sd15 import StableDiffusion15
+from kubetune_trainer.families.sd15 import StableDiffusion15, UNetDiffusion
 
 
 def time_ids(crops, height: int, width: int) -> torch.Tensor:
@@ -11,7 +11,9 @@ def time_ids(crops, height: int, width: int) -> torch.Tensor:
     return torch.tensor([[*c.original_size, *c.top_left, height, width] for c in crops], dtype=torch.float32)
 
 
-class StableDiffusionXL(StableDiffusion15):
+class XLDiffusion(UNetDiffusion):
+    """SDXL's parts: SD1.5's, with two text encoders and size and crop conditioning."""
+
     pipeline_class = "StableDiffusionXLPipeline"
 
     def load_text_encoders(self, root: str) -> None:
@@ -35,8 +37,12 @@ class StableDiffusionXL(StableDiffusion15):
             hidden.append(output.hidden_states[-2])
         return {"prompt_embeds": torch.cat(hidden, dim=-1), "pooled": output[0]}
 
-    def conditioning(self, model, batch, text):
+    def conditioning(self, batch, text):
         height, width = batch["pixel_values"].shape[-2:]
         ids = time_ids(batch["crops"], height, width).to(self.device, text["prompt_embeds"].dtype)
         return {"encoder_hidden_states": text["prompt_embeds"],
                 "added_cond_kwargs": {"text_embeds": text["pooled"], "time_ids": ids}}
+
+
+class StableDiffusionXL(StableDiffusion15):
+    DIFFUSION = XLDiffusion

@@ -71,11 +71,9 @@ def enable_gradient_checkpointing(spec: TrainingJobSpec, models: JobModels) -> N
         models.components["unet"].enable_gradient_checkpointing()
         checkpoint_language_model(models.components["language_model"])
         return
-    module = models.trained_module
-    if hasattr(module, "enable_gradient_checkpointing"):
-        module.enable_gradient_checkpointing()
-    else:
-        module.gradient_checkpointing_enable()
+    from kubetune_trainer.families.trainable import enable_gradient_checkpointing as checkpoint
+
+    checkpoint(models.trained_module)
 
 
 def measure_activations(spec: TrainingJobSpec, device: str = "cuda", attention: str = "fused") -> Activations:

@@ -17,7 +17,7 @@ from typing import Callable, ContextManager
 import torch
 import torch.nn.functional as F
 
-from kubetune_api.spec import PmgSpec, TrainingJobSpec
+from kubetune_api.spec import TrainingJobSpec
 
 Make = Callable[[tuple, torch.dtype], torch.Tensor]
 Autocast = Callable[[], ContextManager]
@@ -115,7 +115,7 @@ def qwen_image_edit(models, spec: TrainingJobSpec, make: Make, autocast: Autocas
 def pmg(models, spec: TrainingJobSpec, make: Make, autocast: Autocast, dtype: torch.dtype) -> torch.Tensor:
     """The adapter runs the LM under autocast (it is the prepared module); the frozen UNet runs as loaded,
     and the gradient flows back through both to the soft prompts."""
-    unet, options = models["unet"], spec.pmg or PmgSpec()
+    unet, options = models["unet"], spec.pmg_options
     batch, side = spec.training.batch_size, spec.resolution // vae_scale(models["vae"])
     history = options.max_sequence_length  # padded to the longest history: assume a full one
     with autocast():

@@ -2,8 +2,8 @@
 
 Only config.json files are read, never weights: each model is constructed from its config with
 `torch.device("meta")`, in the dtype the trainer loads it in, and made trainable the way the
-family does it (the trainer's own `attach_lora`, the classifier's PEFT wrapping, PMG's adapter),
-so parameter counts and dtypes are the trainer's.
+family does it (families.trainable's functions, PMG's adapter), so parameter counts and dtypes are
+the trainer's.
 """
 from __future__ import annotations
 
@@ -131,34 +131,19 @@ def _load_dtype(spec: TrainingJobSpec, name: str, config: dict, dtype: torch.dty
 
 
 def _make_trainable(spec: TrainingJobSpec, components: dict[str, torch.nn.Module], trained: str) -> None:
-    """Freeze everything, then add what the family trains, with the trainer's own functions."""
+    """Freeze everything, then add what the family trains, with the families' own functions."""
+    from kubetune_trainer.families import trainable
+
     for model in components.values():
         model.requires_grad_(False)
     family, adapter = spec.model.family, spec.adapter
     with torch.device("meta"):
         if family == "pmg":
-            from kubetune_api.spec import PmgSpec
             from kubetune_trainer.families.pmg import adapter_for
 
-            components["adapter"] = adapter_for(spec.pmg or PmgSpec(), components["language_model"].config,
+            components["adapter"] = adapter_for(spec.pmg_options, components["language_model"].config,
                                                 components["unet"].config.cross_attention_dim)
         elif family == "classifier":
-            if adapter.type == "full":
-                components[trained].requires_grad_(True)
-            else:
-                from peft import LoraConfig, get_peft_model
-
-                from kubetune_trainer.families.classifier import DEFAULT_LORA_TARGETS, ImageClassifier
-
-                model = components[trained]
-                components[trained] = get_peft_model(model, LoraConfig(
-                    r=adapter.rank, lora_alpha=adapter.alpha or adapter.rank, lora_dropout=adapter.dropout,
-                    target_modules=adapter.target_modules or DEFAULT_LORA_TARGETS,
-                    modules_to_save=[ImageClassifier._head_name(model)],
-                ))
-        elif adapter.type == "full":
-            components[trained].requires_grad_(True)
-        else:
-            from kubetune_trainer.families.lora import DIFFUSERS_ATTENTION_TARGETS, attach_lora
-
-            attach_lora(components[trained], adapter, DIFFUSERS_ATTENTION_TARGETS)
+            components[trained] = trainable.transformers_classifier(components[trained], adapter).module
+        else:  # nothing is saved from the meta model: no pipeline to save with, no initFrom to read
+            trainable.diffusers_denoiser(components[trained], adapter, trained, pipeline=None, load_init=False)

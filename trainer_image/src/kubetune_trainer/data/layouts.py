@@ -1,0 +1,77 @@
+"""The data layouts under spec.data.uri (spec.data.layout): how each is read, made into a keyed data
+set and batched. Every family builds its data through this table (ModelFamily's data methods);
+kubetune_api.families says which layouts a family takes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from kubetune_api.spec import TrainingJobSpec
+from kubetune_trainer.data import captions, edit_pairs, image_folder, pmg
+from kubetune_trainer.data.images import ImageTransform
+from kubetune_trainer.data.keyed import KeyedDataset
+from kubetune_trainer.data.screening import Screen
+
+
+@dataclass(frozen=True)
+class Layout:
+    # Every sample (paths and texts, nothing decoded); bad records go to the Screen.
+    read: Callable[[TrainingJobSpec, Screen], list]
+    # A data set over some of the samples; training=False: the held-out set, without dropouts.
+    dataset: Callable[[list, ImageTransform, TrainingJobSpec, bool], KeyedDataset]
+    collate: Callable[[list[dict]], dict]
+    # The held-out samples when the layout names a file of them, else None (a fraction is split off).
+    held_out: Callable[[TrainingJobSpec, Screen], list | None] = lambda spec, screen: None
+
+
+def _read_captions(spec: TrainingJobSpec, screen: Screen) -> list:
+    return captions.read_captions(Path(spec.data.uri), screen)
+
+
+def _captions_dataset(samples: list, transform: ImageTransform, spec: TrainingJobSpec, training: bool) -> KeyedDataset:
+    data = spec.data
+    return captions.CaptionsDataset(samples, transform, data.caption_dropout if training else 0.0,
+                                    spec.training.seed, data.bucketing)
+
+
+def _read_edit_pairs(spec: TrainingJobSpec, screen: Screen) -> list:
+    return edit_pairs.read_edit_pairs(Path(spec.data.uri), screen)
+
+
+def _edit_pairs_dataset(samples: list, transform: ImageTransform, spec: TrainingJobSpec, training: bool) -> KeyedDataset:
+    data = spec.data
+    return edit_pairs.EditPairsDataset(samples, transform, data.caption_dropout if training else 0.0,
+                                       data.control_dropout if training else 0.0, spec.training.seed, data.bucketing)
+
+
+def _read_image_folder(spec: TrainingJobSpec, screen: Screen) -> list:
+    samples, _classes = image_folder.read_image_folder(Path(spec.data.uri), screen)
+    return samples
+
+
+def _image_folder_dataset(samples: list, transform: ImageTransform, spec: TrainingJobSpec, training: bool) -> KeyedDataset:
+    return image_folder.ImageFolderDataset(samples, transform, spec.training.seed)
+
+
+def _read_pmg(spec: TrainingJobSpec, screen: Screen) -> list:
+    return pmg.read_pmg(Path(spec.data.uri), screen, spec.pmg_options.train_json)
+
+
+def _pmg_held_out(spec: TrainingJobSpec, screen: Screen) -> list | None:
+    """spec.pmg.valJson, the PMG guide's val split, when given."""
+    val_json = spec.pmg_options.val_json
+    return None if val_json is None else pmg.read_pmg(Path(spec.data.uri), screen, val_json)
+
+
+def _pmg_dataset(samples: list, transform: ImageTransform, spec: TrainingJobSpec, training: bool) -> KeyedDataset:
+    return pmg.PmgDataset(samples, transform, spec.training.seed)
+
+
+LAYOUTS: dict[str, Layout] = {
+    "captions": Layout(_read_captions, _captions_dataset, captions.collate),
+    "edit-pairs": Layout(_read_edit_pairs, _edit_pairs_dataset, edit_pairs.collate),
+    "image-folder": Layout(_read_image_folder, _image_folder_dataset, image_folder.collate),
+    "pmg": Layout(_read_pmg, _pmg_dataset, pmg.collate, held_out=_pmg_held_out),
+}
