@@ -4,6 +4,8 @@
     .venv/bin/python benchmarks/gpu_lora_step.py --family sdxl           # SDXL, 1024 px
     .venv/bin/python benchmarks/gpu_lora_step.py --family flux-kontext   # FLUX.1 Kontext, 1024 px
     .venv/bin/python benchmarks/gpu_lora_step.py --family qwen-image-edit
+    .venv/bin/python benchmarks/gpu_lora_step.py --family pmg            # LLaMA-2-7B + SD1.5, 512 px
+    .venv/bin/python benchmarks/gpu_lora_step.py --family classifier     # ViT-B/16, 224 px
     .venv/bin/python benchmarks/gpu_lora_step.py --family sd15 --tiny --device cpu   # the plumbing, anywhere
 
 Writes the family's real architecture with random weights (reference_models; speed and memory do
@@ -26,14 +28,19 @@ from pathlib import Path
 
 import yaml
 
-LAYOUTS = {"sd15": "captions", "sdxl": "captions", "flux-kontext": "edit-pairs", "qwen-image-edit": "edit-pairs"}
-RESOLUTIONS = {"sd15": 512, "sdxl": 1024, "flux-kontext": 1024, "qwen-image-edit": 1024}
+from kubetune_api.families import FAMILIES, LORA_ALPHA, LORA_RANK
+
+CLASSIFIER_RESOLUTION = 224  # the classifier takes its model's size: the reference ViT-B/16's
+
+
+def layout(family: str) -> str:
+    return FAMILIES[family].layouts[0]
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--family", required=True, choices=sorted(LAYOUTS))
-    parser.add_argument("--resolution", type=int, help="default: the family's usual (sd15 512, others 1024)")
+    parser.add_argument("--family", required=True, choices=sorted(FAMILIES))
+    parser.add_argument("--resolution", type=int, help="default: the family's native one (families table)")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--gradient-checkpointing", action="store_true")
@@ -43,7 +50,8 @@ def parse_args(argv=None):
     parser.add_argument("--tiny", action="store_true", help="the family's tiny model (a quick check of the command)")
     parser.add_argument("--workdir", type=Path, help="keep the model and data here (default: a temporary directory)")
     args = parser.parse_args(argv)
-    args.resolution = args.resolution or (32 if args.tiny else RESOLUTIONS[args.family])
+    native = FAMILIES[args.family].native_resolution or CLASSIFIER_RESOLUTION
+    args.resolution = args.resolution or (32 if args.tiny else native)
     return args
 
 
@@ -69,10 +77,17 @@ def prepare(args, workdir: Path) -> tuple[Path, Path]:
         else:
             print(f"writing {args.family}'s architecture with random weights to {model} (once)", flush=True)
             write_random_weights(args.family, model, device=args.device, dtype=torch.bfloat16)
-    data = workdir / f"{LAYOUTS[args.family]}-{args.resolution}"
+    data = workdir / f"{layout(args.family)}-{args.resolution}"
     if not data.exists():
-        write_tiny_data(LAYOUTS[args.family], data, count=4 * args.batch_size, size=args.resolution)
+        write_tiny_data(layout(args.family), data, count=4 * args.batch_size, size=args.resolution)
     return model, data
+
+
+def lora_adapter(family: str, rank: int) -> dict:
+    """LoRA of `rank`; PMG's adapter is its soft prompts, prefix and mapping layer (no rank)."""
+    honours = FAMILIES[family].honours
+    return {"type": "lora", **({"rank": rank} if LORA_RANK in honours else {}),
+            **({"alpha": rank} if LORA_ALPHA in honours else {})}
 
 
 def manifest(args, model: Path, data: Path, out: Path) -> dict:
@@ -80,8 +95,8 @@ def manifest(args, model: Path, data: Path, out: Path) -> dict:
         "apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "gpu-bench"},
         "spec": {
             "model": {"family": args.family, "pretrained": str(model)},
-            "adapter": {"type": "lora", "rank": args.rank, "alpha": args.rank},
-            "data": {"layout": LAYOUTS[args.family], "uri": str(data), "resolution": args.resolution},
+            "adapter": lora_adapter(args.family, args.rank),
+            "data": {"layout": layout(args.family), "uri": str(data), "resolution": args.resolution},
             "training": {"maxSteps": args.warmup_steps + args.steps, "batchSize": args.batch_size,
                          "learningRate": 1e-4, "mixedPrecision": "bf16",
                          "gradientCheckpointing": args.gradient_checkpointing},
@@ -131,7 +146,8 @@ def main(argv=None) -> None:
         peak = re.search(r"peak GPU memory on rank 0: ([\d.]+) GiB allocated", result.stderr)
         plan = planned_peak_gib(job, args.device)
     size = "tiny" if args.tiny else "real architecture, random weights"
-    print(f"{args.family} LoRA r{args.rank}, {size}, {args.resolution} px, batch {args.batch_size}, bf16, "
+    adapter = f"LoRA r{args.rank}" if "rank" in job["spec"]["adapter"] else "adapter (soft prompts, prefix, mapping)"
+    print(f"{args.family} {adapter}, {size}, {args.resolution} px, batch {args.batch_size}, bf16, "
           f"gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}, device {args.device}")
     print(f"  seconds per step        {step:.3f}   ({args.batch_size / step:.2f} samples/s)")
     print(f"  peak GPU memory         {peak.group(1) + ' GiB' if peak else 'n/a (not a GPU)'}")

@@ -4,8 +4,12 @@
 #
 #   PYTHON=python3 bash benchmarks/gpu_suite.sh OUT_DIR [NAME ...]
 #
-# NAME: quantization, lora-sd15, lora-sdxl, lora-flux-kontext, lora-flux-kontext-gc (default: all,
-# about 11 minutes on an H200; a 10-minute device call takes the first three, then the two FLUX ones).
+# NAME: quantization, lora-sd15, lora-sdxl, lora-flux-kontext, lora-flux-kontext-gc (about 11 minutes
+# on an H200: a 10-minute device call takes the first three, then the two FLUX ones), and
+# throughput-full-size, metrics-overhead, clip-scorer, lora-classifier, lora-pmg (about 9 minutes).
+# Default: all. Qwen-Image-Edit is not in the suite: its random-weight checkpoint (20B transformer
+# + 8B text encoder, ~58 GB in bf16) does not fit the lent machines' 64 GiB disks beside the rest;
+# `gpu_lora_step.py --family qwen-image-edit --workdir BIG_DISK` runs it where one does.
 # Writes OUT_DIR/device.txt (nvidia-smi -L, library versions) and one log per benchmark; prints
 # each benchmark's exit status. A benchmark cut by its cap prints "rc=124". The figures go into
 # benchmarks/RESULTS.md by hand, with the device line.
@@ -49,3 +53,10 @@ run lora-flux-kontext-gc 150 benchmarks/gpu_lora_step.py --family flux-kontext -
     --workdir "$flux_dir"
 run lora-flux-kontext 90 benchmarks/gpu_lora_step.py --family flux-kontext --workdir "$flux_dir"
 rm -rf "$flux_dir"
+
+# Figures first measured on 2026-11-26's second lease.
+run throughput-full-size 200 benchmarks/trainer_throughput.py --full-size
+run metrics-overhead 150 benchmarks/metrics_overhead.py --device cuda
+run clip-scorer 90 benchmarks/clip_scorer.py --device cuda
+run lora-classifier 90 benchmarks/gpu_lora_step.py --family classifier
+run lora-pmg 240 benchmarks/gpu_lora_step.py --family pmg

@@ -22,3 +22,19 @@ def test_without_a_gpu_it_says_so_and_how_to_check_the_command():
     result = subprocess.run(COMMAND, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1
     assert "needs a CUDA GPU (this process sees none); --tiny --device cpu checks the command itself" in result.stderr
+
+
+def test_pmgs_command_gives_its_adapter_no_lora_rank(tmp_path):
+    """PMG refuses spec.adapter.rank (families table): the benchmark's job must not carry one."""
+    result = subprocess.run([sys.executable, "benchmarks/gpu_lora_step.py", "--family", "pmg", "--tiny", "--device",
+                             "cpu", "--steps", "2", "--warmup-steps", "2", "--workdir", str(tmp_path)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "pmg adapter (soft prompts, prefix, mapping), tiny, 32 px" in result.stdout
+
+
+@pytest.mark.parametrize("script", ["benchmarks/clip_scorer.py", "benchmarks/metrics_overhead.py"])
+def test_the_other_gpu_benchmarks_refuse_cuda_without_a_gpu(script):
+    result = subprocess.run([sys.executable, script, "--device", "cuda"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert "--device cuda: no CUDA device here; run it on a GPU machine (benchmarks/gpu_suite.sh)" in result.stderr
