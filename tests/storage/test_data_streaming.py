@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,7 +19,7 @@ from PIL import Image
 from kubetune_trainer.storage import s3
 from kubetune_trainer.storage.uri import parse_s3
 from tests.trainer.conftest import (family_job, run_dir, run_trainer_expecting_failure, tiny_sd15,  # noqa: F401
-                                    trained_weights, write_manifest)
+                                    trained_weights, trainer_env, write_manifest)
 from tests.trainer.test_distributed import max_difference, train
 
 pytestmark = pytest.mark.slow
@@ -83,6 +85,19 @@ def test_the_tree_is_laid_out_from_one_listing_and_images_arrive_when_read(bucke
     assert stream.read_bytes(root / "003.png") == (local / "003.png").read_bytes()
     assert (root / "003.png").stat().st_size == (local / "003.png").stat().st_size
     assert stream.streamed(root).fetched_images == 1
+
+    # The pod's container restarts (its disk kept) after a caption was fixed in place, same length.
+    time.sleep(1.1)  # a later LastModified, whatever the server's resolution
+    fixed = (local / "metadata.jsonl").read_text().replace("noise number 4", "noise Number 4")
+    (local / "metadata.jsonl").write_text(fixed)
+    s3.upload_file(local / "metadata.jsonl", parse_s3(f"s3://{bucket}/streamed/layout/metadata.jsonl"))
+    retouched = bytearray((local / "003.png").read_bytes())  # the image it had fetched, replaced: same size
+    retouched[-20] ^= 0xFF
+    (local / "003.png").write_bytes(retouched)
+    s3.upload_file(local / "003.png", parse_s3(f"s3://{bucket}/streamed/layout/003.png"))
+    assert Path(stream.open_stream(f"s3://{bucket}/streamed/layout")) == root
+    assert (root / "metadata.jsonl").read_text() == fixed, "the same size, but newer: fetched again"
+    assert stream.read_bytes(root / "003.png") == retouched, "an image left by the last container, gone stale"
 
 
 def test_the_prefetcher_keeps_the_next_steps_within_its_budget_and_evicts_trained_ones(bucket, tmp_path, monkeypatch):
@@ -150,6 +165,32 @@ def test_two_processes_stream_a_set_larger_than_their_disk_and_train_what_local_
 
 def fetched_images(log: str) -> int:
     return int(re.search(r"data stream: (\d+) images fetched", log).group(1))
+
+
+def test_the_cache_stage_of_a_streamed_set_fetches_each_image_once_within_the_budget(bucket, tiny_sd15, tmp_path):
+    """`kubetune train --cache-only` (the operator's cache init container) on two processes: each
+    encodes its share, its images fetched ahead and evicted once encoded; training then hits."""
+    local = noise_captions(tmp_path / "data", 16)
+    upload(local, f"s3://{bucket}/streamed/cache-stage")
+    one_image = (local / "000.png").stat().st_size
+    budget = 2 * one_image
+    manifest = streamed_job(tiny_sd15, f"s3://{bucket}/streamed/cache-stage", tmp_path / "out", steps=4,
+                            cacheSize=str(budget), prefetchSteps=1)
+    manifest["spec"]["data"]["cache"] = {"enabled": True, "uri": str(tmp_path / "embeddings")}
+    env = {"KUBETUNE_CACHE_DIR": str(tmp_path / "cache")}
+    command = [sys.executable, "-m", "kubetune_cli.main", "train", "-f", str(write_manifest(manifest, tmp_path)),
+               "--nproc", "2", "--cache-only"]
+    with DiskWatcher(tmp_path / "cache" / "stream") as disk:
+        result = subprocess.run(command, env={**trainer_env(), **env}, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    fetched = [int(n) for n in re.findall(r"data stream: (\d+) images fetched", result.stderr)]
+    assert fetched == [8], "rank 0 (the one that logs) fetched its half, each image once"
+    one_batch = 2 * one_image
+    assert 0 < disk.peak <= 2 * (budget + one_batch), (disk.peak, budget)
+    assert disk.peak < image_bytes(local) / 2, "never the whole set on disk"
+
+    log = train(manifest, tmp_path, nproc=2, extra_env=env)
+    assert re.search(r"embedding cache: [1-9]\d* hits, 0 misses", log), log[-2000:]
 
 
 def test_a_resumed_run_streams_from_its_saved_position(bucket, tiny_sd15, tmp_path, monkeypatch):

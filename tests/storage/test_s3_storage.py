@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import shutil
 import threading
+import time
 
 from kubetune_trainer import checkpoints
 from kubetune_trainer.storage import runs, s3
@@ -30,6 +31,34 @@ def test_a_directory_round_trips_through_a_prefix(bucket, tmp_path):
 
     s3.delete_prefix(location)
     assert s3.list_objects(location) == {}
+
+
+def test_a_mirror_takes_its_objects_times_and_fetches_a_same_size_reupload_again(bucket, tmp_path):
+    """As `aws s3 sync`: every node's mirror of a model reads the same (the embedding cache's encoder
+    identity depends on it), and new weights of the same shapes are not mistaken for the old."""
+    location = parse_s3(f"s3://{bucket}/models/resized")
+    s3.upload_file(_written(tmp_path / "weights.bin", b"old!" * 256), location.child("weights.bin"))
+    s3.upload_file(_written(tmp_path / "config.json", b"{}"), location.child("config.json"))
+    stored = s3.list_stored_objects(location)
+    assert {name: item.size for name, item in stored.items()} == s3.list_objects(location)
+
+    one_node, another = tmp_path / "node-1", tmp_path / "node-2"
+    for mirror in (one_node, another):
+        s3.download_prefix(location, mirror)
+        assert {p.name: p.stat().st_mtime_ns for p in mirror.iterdir()} == {
+            name: item.modified_ns for name, item in stored.items()}
+
+    time.sleep(1.1)  # a later LastModified, whatever the server's resolution
+    s3.upload_file(_written(tmp_path / "weights.bin", b"new!" * 256), location.child("weights.bin"))
+    config_inode = (one_node / "config.json").stat().st_ino
+    s3.download_prefix(location, one_node)
+    assert (one_node / "weights.bin").read_bytes() == b"new!" * 256, "the same size, but newer: fetched again"
+    assert (one_node / "config.json").stat().st_ino == config_inode, "an unchanged object is kept"
+
+
+def _written(path, data: bytes):
+    path.write_bytes(data)
+    return path
 
 
 def save_checkpoint(root, step: int, payload: bytes = b"w"):

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -10,7 +13,9 @@ from kubetune_cli.main import cli
 
 from kubetune_trainer.storage import s3
 from kubetune_trainer.storage.uri import parse_s3
-from tests.trainer.conftest import captions_data, tiny_job, tiny_sd15, run_trainer  # noqa: F401 (fixtures)
+from tests.trainer.conftest import (captions_data, family_job, run_trainer, tiny_job, tiny_sd15,  # noqa: F401
+                                    trainer_env, write_manifest)
+from tests.trainer.test_distributed import train
 
 pytestmark = pytest.mark.slow
 
@@ -82,3 +87,25 @@ def test_a_local_run_reaches_s3_through_the_endpoint_its_spec_names(bucket, tiny
     result = CliRunner().invoke(cli, ["train", "-f", str(path)])
     assert result.exit_code == 0, result.output
     assert "AWS_ENDPOINT_URL" not in os.environ, "the spec's endpoint applied to the run only"
+
+
+def test_embeddings_one_node_cached_from_an_s3_model_are_hit_by_another_node_that_fetched_it_again(
+        bucket, tiny_sd15, captions_data, tmp_path):
+    """The operator's cache stage runs on every node of a job, and a preempted job comes back on
+    other nodes (fresh emptyDirs): each fetches the model again, so an encoder's identity must not
+    change with where or when this node's copy was written."""
+    upload_dir(tiny_sd15, f"s3://{bucket}/models/cached")
+    manifest = family_job("sd15", "captions", f"s3://{bucket}/models/cached", captions_data, tmp_path / "out",
+                          data={"cache": {"enabled": True, "uri": f"s3://{bucket}/embeddings"}})
+
+    def node(name: str) -> dict:
+        (tmp_path / name).mkdir()
+        return {"KUBETUNE_CACHE_DIR": str(tmp_path / name / "cache")}
+
+    cache_stage = [sys.executable, "-m", "kubetune_cli.main", "train", "-f", str(write_manifest(manifest, tmp_path)),
+                   "--nproc", "2", "--cache-only"]
+    staged = subprocess.run(cache_stage, env={**trainer_env(), **node("node-1")}, capture_output=True, text=True,
+                            timeout=600)
+    assert staged.returncode == 0, staged.stderr[-4000:]
+    log = train(manifest, tmp_path / "node-2", nproc=2, extra_env=node("node-2"))
+    assert re.search(r"embedding cache: [1-9]\d* hits, 0 misses", log), log[-3000:]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from kubetune_trainer.launch import free_port
+from kubetune_trainer.preemption import RETRYABLE_EXIT_CODE
 from tests.trainer.conftest import family_job, run_dir, trained_weights, trainer_env, write_manifest
 
 pytestmark = pytest.mark.slow
@@ -126,16 +128,40 @@ def test_sigterm_while_models_load_ends_every_process_at_once_with_143(tiny_job,
     assert not list((tmp_path / "out").rglob("checkpoint-*")), "nothing to save yet"
 
 
-def two_nodes_of_two_processes(manifest: dict, directory: Path, **popen) -> list[subprocess.Popen]:
-    """Two launchers (the container entry point two pods run) of one job, two processes each."""
+def two_nodes_of_two_processes(manifest: dict, directory: Path, working_dirs: list[Path] | None = None,
+                               **popen) -> list[subprocess.Popen]:
+    """Two launchers (the container entry point two pods run) of one job, two processes each;
+    working_dirs: each node's own (relative paths in the manifest then name each node's files)."""
     config = write_manifest(manifest, directory)
     port = free_port()
     return [subprocess.Popen([sys.executable, "-m", "kubetune_trainer.entrypoint", "--config", str(config)],
                              env={**trainer_env(), "PET_NNODES": "2", "PET_NODE_RANK": str(rank),
                                   "PET_NPROC_PER_NODE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                                   "KUBETUNE_RUN_ID": "uid-2"},
+                             cwd=working_dirs[rank] if working_dirs else None,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **popen)
             for rank in (0, 1)]
+
+
+def test_nodes_that_hold_different_versions_of_the_base_model_are_refused_before_anything_is_written(
+        tiny_sd15, captions_data, tmp_path):
+    """Two pods that fetched spec.model.pretrained while it was being re-uploaded: the same path on
+    both nodes, other weights of the same shapes (and size) on one."""
+    from safetensors.torch import save_file
+
+    nodes = [tmp_path / "node-0", tmp_path / "node-1"]
+    for node in nodes:
+        shutil.copytree(tiny_sd15, node / "model")  # copies keep their files' times: one version
+    vae = nodes[1] / "model" / "vae" / "diffusion_pytorch_model.safetensors"
+    save_file({name: weight + 0.01 for name, weight in load_file(vae).items()}, vae, metadata={"format": "pt"})
+    manifest = family_job("sd15", "captions", "./model", captions_data, tmp_path / "out")
+    launched = two_nodes_of_two_processes(manifest, tmp_path, working_dirs=nodes)
+    logs = [node.communicate(timeout=300)[1] for node in launched]
+    assert [node.returncode for node in launched] == [RETRYABLE_EXIT_CODE] * 2, logs
+    for log in logs:
+        assert ("spec.model.pretrained: the nodes of this run hold different versions of ./model "
+                "(its files changed while the pods fetched them") in log, log[-3000:]
+    assert not (tmp_path / "out").exists(), "refused before the run claimed a version or wrote a file"
 
 
 def test_a_worker_node_stopped_alone_stops_the_other_node_too_both_retryably(tiny_job, tmp_path):
@@ -347,3 +373,28 @@ def test_ctrl_c_stops_kubetune_train_like_sigterm_and_leaves_no_process_behind(t
     assert log.count("stopped by SIGINT after step") == 2
     assert list(run_dir(tmp_path / "out").glob("checkpoint-*/manifest.json")), "the last checkpoint, complete"
     assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()], "no trainer outlives kubetune train"
+
+
+def test_a_sharded_resume_trains_with_the_learning_rate_its_spec_now_gives(tiny_job, tmp_path):
+    """What population-based training does to a copied trial: resume its checkpoint with another
+    learning rate, here under FSDP on two processes (the optimizer's state comes back sharded, its
+    rate from the spec). Plain SGD steps by rate x gradient, and the resumed step sees the gradient
+    the first run saw at that step (same weights, samples and noise), so twice the rate is twice the step."""
+    manifest = tiny_job(maxSteps=5, optimizer="sgd", sgdMomentum=0.0, learningRate=0.05, maxGradNorm=0.0,
+                        logEverySteps=1)
+    manifest["spec"]["distributed"] = {"strategy": "fsdp"}
+    manifest["spec"]["checkpoints"]["everySteps"] = 1
+    train(manifest, tmp_path, 2)
+    first = run_dir(tmp_path / "out")
+    manifest["spec"]["training"]["learningRate"] = 0.1
+    manifest["spec"]["checkpoints"]["resumeFrom"] = str(first / "checkpoint-4")
+    log = train(manifest, tmp_path, 2)
+    assert re.search(r"step 5/5 loss [\d.]+ lr 1\.000e-01", log), log[-3000:]
+    resumed = run_dir(tmp_path / "out", version=1)
+    start = trained_weights(first / "checkpoint-4")
+    step_at_first_rate = {k: v - start[k] for k, v in trained_weights(first / "checkpoint-5").items()}
+    step_at_twice_the_rate = {k: v - start[k] for k, v in trained_weights(resumed / "checkpoint-5").items()}
+    size = max(v.abs().max().item() for v in step_at_twice_the_rate.values())
+    assert size > 0
+    assert max_difference({k: 2 * v for k, v in step_at_first_rate.items()}, step_at_twice_the_rate) \
+        < RELATIVE_TOLERANCE * size

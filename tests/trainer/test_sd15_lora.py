@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import shutil
 import signal
 import subprocess
 
@@ -141,6 +142,28 @@ def test_resume_from_an_explicit_checkpoint_uri_and_refuse_an_incomplete_one(tin
     (checkpoint / "manifest.json").unlink()
     stderr = run_trainer_expecting_failure(manifest, tmp_path)
     assert f"spec.checkpoints.resumeFrom: {checkpoint} cannot be resumed: no manifest" in stderr
+
+
+def test_a_resume_onto_other_base_weights_says_so_and_one_onto_the_same_does_not(tiny_sd15, tiny_job, tmp_path):
+    """Two processes, as a pod runs them: the version is gathered from both and kept by rank 0."""
+    from safetensors.torch import load_file, save_file
+
+    from tests.trainer.test_distributed import train
+
+    model = shutil.copytree(tiny_sd15, tmp_path / "model")
+    manifest = tiny_job(maxSteps=2)
+    manifest["spec"]["model"]["pretrained"] = str(model)
+    train(manifest, tmp_path, nproc=2)
+    checkpoint = run_dir(tmp_path / "out") / "checkpoint-2"
+    assert json.loads((checkpoint / "trainer_state.json").read_text())["base_model"], "the version trained on"
+    manifest["spec"]["training"]["maxSteps"] = 3
+    manifest["spec"]["checkpoints"]["resumeFrom"] = str(checkpoint)
+    notice = f"spec.model.pretrained {model} has changed since the checkpoint was written"
+    assert notice not in train(manifest, tmp_path, nproc=2)
+
+    vae = model / "vae" / "diffusion_pytorch_model.safetensors"  # re-uploaded: same shapes, other weights
+    save_file({name: weight + 0.01 for name, weight in load_file(vae).items()}, vae, metadata={"format": "pt"})
+    assert notice in train(manifest, tmp_path, nproc=2)
 
 
 def test_two_processes_train_together_over_gloo(tiny_job, tmp_path):

@@ -24,8 +24,9 @@ def test_a_symlink_inside_the_root_may_not_lead_out(tmp_path):
 
 def test_a_bucket_key_with_dot_dot_is_refused_before_anything_is_downloaded(tmp_path, monkeypatch):
     downloaded = []
-    monkeypatch.setattr(s3, "list_objects", lambda location: {"ok.bin": 1, "../../.bashrc": 5})
-    monkeypatch.setattr(s3, "download_file", lambda location, target: downloaded.append(target))
+    monkeypatch.setattr(s3, "list_stored_objects", lambda location: {
+        "ok.bin": s3.StoredObject(1, 0), "../../.bashrc": s3.StoredObject(5, 0)})
+    monkeypatch.setattr(s3, "download_file", lambda location, target, modified_ns: downloaded.append(target))
     with pytest.raises(UnsafePath, match=r"object key under s3://bucket/models '../../.bashrc' leaves"):
         s3.download_prefix(parse_s3("s3://bucket/models"), tmp_path / "mirror")
     assert downloaded == [], "refused before the first download"

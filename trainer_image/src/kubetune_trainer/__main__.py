@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         except ManifestError as err:
             print(f"{args.config}: invalid\n{err}", file=sys.stderr)
             return CONFIG_ERROR_EXIT_CODE
-        from kubetune_trainer.errors import ConfigError, TrainingDiverged
+        from kubetune_trainer.errors import ConfigError, InputsInFlux, TrainingDiverged
         from kubetune_trainer.run import Run
 
         try:
@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         except TrainingDiverged as err:
             print(f"kubetune trainer: {err}", file=sys.stderr)
             return DIVERGED_EXIT_CODE
+        except InputsInFlux as err:
+            print(f"kubetune trainer: {err}", file=sys.stderr)
+            return RETRYABLE_EXIT_CODE
     except Preempted as stopped:
         print(f"kubetune trainer: {stopped}", file=sys.stderr)
         return RETRYABLE_EXIT_CODE

@@ -1,12 +1,18 @@
 """Errors that mean "the spec asks for something that cannot be done here", not a trainer bug.
 
-The entry point prints them as one line naming the field and exits 2; anything else keeps its
-traceback.
+The entry point prints them as one line naming the field and exits 2 (InputsInFlux: retryably);
+anything else keeps its traceback.
 """
 
 
 class ConfigError(ValueError):
     """The spec asks for something this machine, this data or this trainer version cannot do."""
+
+
+class InputsInFlux(RuntimeError):
+    """An input changed under the run (a model re-uploaded while the pods fetched it): not the
+    spec's fault, and a restart fetches it whole, so the entry point exits with
+    RETRYABLE_EXIT_CODE and the job's restart policy brings the pods back."""
 
 
 class TrainingDiverged(RuntimeError):

@@ -32,7 +32,7 @@ from kubetune_trainer.data.cache import EmbeddingCache, open_store
 from kubetune_trainer.data.sampler import Batching, check_enough_samples, epoch_steps, shard_for_encoding, steps_per_epoch
 from kubetune_trainer.data.screening import image_paths
 from kubetune_trainer.ema import EMA
-from kubetune_trainer.errors import ConfigError, TrainingDiverged
+from kubetune_trainer.errors import ConfigError, InputsInFlux, TrainingDiverged
 from kubetune_trainer.families import family_for
 from kubetune_trainer.loop import SampleLog, Stepper, iterate_steps, plan_steps, step_micro_batches
 from kubetune_trainer.phase_clock import PhaseClock
@@ -45,7 +45,7 @@ from kubetune_trainer.reporting import Reporter
 from kubetune_trainer.run_directory import claim_run, local_start_checkpoint, place_run, run_id_from_env
 from kubetune_trainer.storage import runs
 from kubetune_trainer.storage.checkpoint_store import CheckpointStore, local_path_for
-from kubetune_trainer.storage.inputs import local_copy
+from kubetune_trainer.storage.inputs import local_copy, origin, version_of
 from kubetune_trainer.storage.stream import Prefetcher, open_stream, streamed
 from kubetune_trainer.storage.uri import is_s3
 from kubetune_trainer.storage.uploader import UploadFailed
@@ -132,6 +132,11 @@ def check_local_inputs(spec: TrainingJobSpec) -> None:
             raise ConfigError(f"{field}: {uri} does not exist (a local path; a hub id reads org/name)")
 
 
+def images_of(dataset, keys: list) -> list[Path]:
+    """The image files of a batch's samples (keys (epoch, index) into a keyed data set)."""
+    return [path for _, index in keys for path in image_paths(dataset.samples[index])]
+
+
 def open_cache(spec: TrainingJobSpec) -> EmbeddingCache | None:
     if not spec.data.cache.enabled:
         return None
@@ -185,8 +190,8 @@ class Run:
             self.spec = with_local_inputs(self.spec)
         check_local_inputs(self.spec)
         dtype = WEIGHT_DTYPES[self.spec.training.mixed_precision]
-        log.info("loading %s from %s (%d process(es))", self.spec.model.family, self.spec.model.pretrained,
-                 self.world_size)
+        log.info("loading %s from %s (%d process(es), %d CPU thread(s) each)", self.spec.model.family,
+                 self.spec.model.pretrained, self.world_size, torch.get_num_threads())
         self.family = family_for(self.spec.model.family)(self.spec, self.accelerator.device, dtype)
         self.family.cache = open_cache(self.spec)
         samples = self.family.read_samples()
@@ -202,16 +207,25 @@ class Run:
         self.dataset, self.held_out = self.family.build_datasets(samples)
 
     def fill_cache(self) -> None:
-        """--cache-only: encode this process's share of every sample once (epoch 0's augmentations)."""
+        """--cache-only: encode this process's share of every sample once (epoch 0's augmentations).
+        A streamed data set is fetched batch by batch ahead of the encoder and each batch's images
+        are evicted once encoded, so this stage too keeps within spec.data.streaming.cacheSize."""
         from torch.utils.data import DataLoader
 
         if self.family.cache is None:
             raise ConfigError("--cache-only needs spec.data.cache.enabled: true")
-        for dataset in (d for d in (self.dataset, self.held_out) if d is not None):
-            batches = shard_for_encoding(len(dataset), self.spec.training.batch_size, self.world_size, self.rank)
-            for batch in DataLoader(dataset, batch_sampler=batches, collate_fn=self.family.collate):
-                self.stop.check()
-                self.family.encode_batch(batch)
+        try:
+            for dataset in (d for d in (self.dataset, self.held_out) if d is not None):
+                batches = shard_for_encoding(len(dataset), self.spec.training.batch_size, self.world_size, self.rank)
+                if self.prefetcher is not None:
+                    self.prefetcher.plan([images_of(dataset, keys) for keys in batches])
+                for batch in DataLoader(dataset, batch_sampler=batches, collate_fn=self.family.collate):
+                    self.stop.check()
+                    self.family.encode_batch(batch)
+                    if self.prefetcher is not None:
+                        self.prefetcher.advance()
+        finally:
+            self._stop_streaming()
         log.info("embedding cache filled: %d encoded, %d already there", self.family.cache.misses,
                  self.family.cache.hits)
         self.accelerator.wait_for_everyone()
@@ -225,6 +239,7 @@ class Run:
             self.start_checkpoint = local_start_checkpoint(
                 self.run_place, fetch=self.accelerator.is_local_main_process and not self.is_main)
         self.saved = training_state.read_saved_state(self.start_checkpoint) if self.start_checkpoint else None
+        self.base_model = self._base_model_version()
         self.batching = self._batching()
         groups = getattr(self.dataset, "groups", None)
         check_enough_samples(len(self.dataset), self.batching.global_batch, groups)
@@ -321,12 +336,13 @@ class Run:
         if not self.parallel.sharded:
             check_replicas_agree(self._trained_named(), self._gather_tensors)
         saving = self.sharded.save(path)
-        publishable = self.spec.adapter.type == "lora"
+        publishable = self.family.trainable.publishable  # an adapter, not a whole model
         trained = self._trained_to_publish() if publishable else {}  # whole adapter, ready to pull
         training_state.save_rng(path, self.rank)
         if self.is_main:
             saved = SavedState(pos, self.batching.global_batch, self.world_size, self.spec.training.batch_size,
-                               self.spec.training.gradient_accumulation_steps, self.parallel.describe())
+                               self.spec.training.gradient_accumulation_steps, self.parallel.describe(),
+                               self.base_model)
             (path / training_state.STATE_FILE).write_text(saved.to_json())
             torch.save(self.scheduler.state_dict(), path / training_state.SCHEDULER_FILE)
             (path / VALIDATION_FILE).write_text(json.dumps(self.validator.state_dict()))
@@ -364,6 +380,7 @@ class Run:
             if self.accelerator.device.type == "cuda":
                 log.info("peak GPU memory on rank 0: %.2f GiB allocated, %.2f GiB reserved",
                          torch.cuda.max_memory_allocated() / 2**30, torch.cuda.max_memory_reserved() / 2**30)
+            self.reporter.await_final_read(TrainerEnv.from_env(os.environ).final_read_seconds)
         self.reporter.close()
         self.store.close()
         self.accelerator.wait_for_everyone()
@@ -424,8 +441,25 @@ class Run:
 
         return fits_under_ddp(self.spec, self.world_size, torch.cuda.get_device_properties(0).total_memory)
 
+    def _base_model_version(self) -> str | None:
+        """This run's version of spec.model.pretrained (storage.inputs.version_of), which every
+        process must share: nodes that fetched it while it was being re-uploaded would otherwise
+        train one adapter against different base weights, and nothing would show it."""
+        versions = set(self._gather_objects(version_of(self.spec.model.pretrained)))
+        if len(versions) > 1:
+            raise InputsInFlux(f"spec.model.pretrained: the nodes of this run hold different versions of "
+                               f"{origin(self.spec.model.pretrained)} (its files changed while the pods fetched "
+                               "them: was it being uploaded?); stopping retryably, so that the restarted pods "
+                               "fetch it again (a local path must hold the same files on every node)")
+        return versions.pop()
+
     def _explain_resume(self, saved: SavedState) -> None:
-        """Say how a resume on another number of processes (or with another batch) continues."""
+        """Say how a resume on another number of processes (or with another batch, or another
+        version of the base model) continues."""
+        if saved.base_model is not None and saved.base_model != self.base_model:
+            self.reporter.message("spec.model.pretrained %s has changed since the checkpoint was written (its "
+                                  "files are not those the run trained on so far): training goes on from the "
+                                  "checkpoint on the new files", origin(self.spec.model.pretrained))
         if saved.world_size != self.world_size:
             self.reporter.message("the checkpoint was written by %d process(es), this run has %d: %s; dropout's "
                                   "random state cannot follow the processes and differs from an uninterrupted run",
@@ -440,7 +474,7 @@ class Run:
 
     def _images_of(self, step: list[list]) -> list[Path]:
         """The image files of one step's micro-batches (keys (epoch, index) into the data set)."""
-        return [path for keys in step for _, index in keys for path in image_paths(self.dataset.samples[index])]
+        return [path for keys in step for path in images_of(self.dataset, keys)]
 
     def _stop_streaming(self) -> None:
         if self.prefetcher is not None:

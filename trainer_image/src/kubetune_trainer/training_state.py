@@ -43,6 +43,7 @@ class SavedState:
     batch_size: int  # spec.training.batchSize of that run
     accumulation: int  # spec.training.gradientAccumulationSteps of that run
     strategy: str
+    base_model: str | None = None  # storage.inputs.version_of(spec.model.pretrained); None before it was kept
 
     def to_json(self) -> str:
         data = asdict(self)

@@ -22,6 +22,8 @@ from typing import Any, Protocol
 import torch
 from safetensors.torch import load, save
 
+from kubetune_trainer.storage.inputs import version_of
+
 log = logging.getLogger(__name__)
 Encoded = dict[str, torch.Tensor]
 
@@ -36,16 +38,14 @@ class Encoder:
 
 
 def model_identity(model: torch.nn.Module, source: str, dtype: torch.dtype, extra: str = "") -> str:
-    """Where the weights came from, their files' sizes and times, the config and the precision."""
-    files = []
-    folder = Path(source)
-    if folder.is_dir():
-        files = sorted((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns)
-                       for p in folder.rglob("*.safetensors"))
+    """The version of the weights' folder (storage.inputs.version_of: the same on every node that
+    holds the same files, an s3:// mirror named by its URI), else the hub id; the config and the
+    precision."""
     config = getattr(model, "config", None)
-    config_text = config.to_json_string() if hasattr(config, "to_json_string") else json.dumps(
-        dict(config or {}), sort_keys=True, default=str)
-    return json.dumps([source, files, config_text, str(dtype), type(model).__name__, extra])
+    settings = config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
+    settings.pop("_name_or_path", None)  # the directory this node loaded it from: the version names it
+    config_text = json.dumps(settings, sort_keys=True, default=str)
+    return json.dumps([version_of(source) or source, config_text, str(dtype), type(model).__name__, extra])
 
 
 def content_hash(value: Any) -> bytes:

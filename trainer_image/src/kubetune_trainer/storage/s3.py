@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 
@@ -63,8 +66,8 @@ def _client(endpoint: str | None, region: str | None, path_style_setting: str | 
     import botocore.session
 
     core = botocore.session.get_session()
-    # Nothing here reads an object's LastModified: leave timestamps as text (parsing them took a
-    # quarter of listing a 20,000-image data set).
+    # Leave timestamps as text: botocore's parser took a quarter of listing a 20,000-image data
+    # set; epoch_ns reads them where a mirror needs them (about 2 us each).
     core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=str)
     return boto3.session.Session(botocore_session=core).client("s3", config=config)
 
@@ -76,14 +79,36 @@ def _transfer_config():
                           max_concurrency=4, use_threads=True)
 
 
-def list_objects(location: S3Location) -> dict[str, int]:
-    """Every object under the prefix: relative key -> size."""
-    found = {}
+def _contents(location: S3Location) -> Iterator[tuple[str, dict]]:
+    """(relative key, listing entry) of every object under the prefix."""
     paginator = client().get_paginator("list_objects_v2")
     for page in paginator.paginate(Bucket=location.bucket, Prefix=location.prefix):
         for item in page.get("Contents", []):
-            found[item["Key"][len(location.prefix):]] = item["Size"]
-    return found
+            yield item["Key"][len(location.prefix):], item
+
+
+def list_objects(location: S3Location) -> dict[str, int]:
+    """Every object under the prefix: relative key -> size."""
+    return {name: item["Size"] for name, item in _contents(location)}
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    size: int
+    modified_ns: int  # LastModified, in nanoseconds since the epoch: the mtime its local mirror gets
+
+
+def list_stored_objects(location: S3Location) -> dict[str, StoredObject]:
+    """Every object under the prefix: relative key -> its size and time."""
+    return {name: StoredObject(item["Size"], epoch_ns(item["LastModified"])) for name, item in _contents(location)}
+
+
+def epoch_ns(timestamp: str) -> int:
+    """A listing's LastModified (ISO 8601 with its zone, e.g. 2026-11-26T17:50:30.000Z, as
+    ListObjectsV2 sends it) in whole nanoseconds since the epoch: integer arithmetic, so every node
+    computes the same mtime."""
+    since_epoch = datetime.fromisoformat(timestamp) - datetime(1970, 1, 1, tzinfo=timezone.utc)
+    return (since_epoch.days * 86_400 + since_epoch.seconds) * 10**9 + since_epoch.microseconds * 1000
 
 
 def list_children(location: S3Location) -> list[str]:
@@ -96,10 +121,13 @@ def list_children(location: S3Location) -> list[str]:
     return names
 
 
-def download_file(location: S3Location, target: Path) -> None:
+def download_file(location: S3Location, target: Path, modified_ns: int | None = None) -> None:
+    """Fetch one object; with modified_ns, the file's mtime is set to it before the file appears."""
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".part")
     client().download_file(location.bucket, location.key, str(partial), Config=_transfer_config())
+    if modified_ns is not None:
+        os.utime(partial, ns=(modified_ns, modified_ns))
     partial.replace(target)
 
 
@@ -108,19 +136,32 @@ def upload_file(source: Path, location: S3Location) -> None:
 
 
 def download_prefix(location: S3Location, target: Path) -> list[Path]:
-    """Mirror a prefix into a directory; files already there with the same size are kept."""
-    objects = list_objects(location)
+    """Mirror a prefix into a directory, as `aws s3 sync` does: each file takes its object's
+    LastModified as its mtime, and one already there with the object's size and time is kept.
+
+    The times make a mirror the same on every node and after every re-fetch (an encoder's cache
+    identity reads them), and a re-uploaded model of the same size (new weights, same shapes) is
+    fetched again rather than kept stale."""
+    objects = list_stored_objects(location)
     if not objects:
         raise FileNotFoundError(f"{location.uri} is empty or does not exist")
     # Keys are chosen by whoever writes to the bucket: each must land inside target.
     files = {name: confined(target, name, f"object key under {location.uri}")
              for name in objects if not name.endswith("/")}
-    wanted = [name for name, path in files.items()
-              if not (path.is_file() and path.stat().st_size == objects[name])]
+    wanted = [name for name, path in files.items() if not mirrors(path, objects[name])]
     with ThreadPoolExecutor(PARALLEL_FILES) as pool:
-        list(pool.map(lambda name: download_file(location.child(name), files[name]), wanted))
+        list(pool.map(lambda name: download_file(location.child(name), files[name], objects[name].modified_ns),
+                      wanted))
     log.info("fetched %d of %d files from %s", len(wanted), len(objects), location.uri)
     return list(files.values())
+
+
+def mirrors(path: Path, stored: StoredObject) -> bool:
+    """Whether PATH is a download of the object as it is now (its size and, set at download, its time)."""
+    if not path.is_file():
+        return False
+    stat = path.stat()
+    return stat.st_size == stored.size and stat.st_mtime_ns == stored.modified_ns
 
 
 def upload_files(files: list[Path], root: Path, location: S3Location) -> None:

@@ -11,6 +11,9 @@ those of the steps it trained back into placeholders, so at most about `cacheSiz
 set is on the disk at once and a data set larger than the pod's disk trains. A resumed run plans
 from its saved position, so the stream continues there. Eviction never breaks a read: a file is
 swapped for a placeholder atomically, and a reader that finds one fetches the image again.
+
+Every fetched file takes its object's LastModified as its time: reopened by a restarted container
+of the pod, the tree keeps what is still current and drops what was replaced, same size or not.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ class Stream:
 
     location: S3Location
     root: Path
-    sizes: dict[str, int] = field(default_factory=dict)   # image key under the prefix -> bytes
+    images: dict[str, s3.StoredObject] = field(default_factory=dict)  # image key under the prefix -> size, time
     fetched_images: int = 0                                # by this process (its threads included)
     fetched_bytes: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -50,12 +53,12 @@ class Stream:
             key = PurePosixPath(path.relative_to(self.root)).as_posix()
         except ValueError:
             return None
-        return key if key in self.sizes else None
+        return key if key in self.images else None
 
     def fill(self, path: Path, key: str) -> int:
         """Fetch the image unless it is on disk already; the bytes fetched. One fetch per image at a
         time in this process: the prefetcher and the loader asking together share it."""
-        size = self.sizes[key]
+        size = self.images[key].size
         if size == 0 or _size(path) == size:
             return 0
         with self._lock:
@@ -64,7 +67,7 @@ class Stream:
             if _size(path) == size:
                 return 0
             body = s3.client().get_object(Bucket=self.location.bucket, Key=self.location.prefix + key)["Body"].read()
-            _replace(path, body)
+            _replace(path, body, self.images[key].modified_ns)
         with self._lock:
             self.fetched_images += 1
             self.fetched_bytes += len(body)
@@ -103,31 +106,32 @@ def open_stream(uri: str) -> str:
     every process of a node: what is already there is kept."""
     location = parse_s3(uri)
     root = stream_root() / location.bucket / location.key
-    objects = s3.list_objects(location)
+    objects = s3.list_stored_objects(location)
     if not objects:
         raise FileNotFoundError(f"{uri} is empty or does not exist")
     stream = Stream(location, root)
     small, folders = [], set()
-    for key, size in objects.items():
+    for key, stored in objects.items():
         if key.endswith("/"):
             continue
         # Keys are chosen by whoever writes the bucket: each must stay under root. The tree is this
         # process's own making (no symlinks in it), so checking the text suffices, and is quick.
         path = root.joinpath(*relative_parts(root, key, f"object key under {uri}"))
         if PurePosixPath(key).suffix.lower() in STREAMED_SUFFIXES:
-            stream.sizes[key] = size
+            stream.images[key] = stored
             if path.parent not in folders:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 folders.add(path.parent)
-        elif _size(path) != size or not path.is_file():
+        elif not s3.mirrors(path, stored):  # a caption fixed in place keeps its size, not its time
             small.append(key)
     # Creating files is slow on some disks (a millisecond each): in parallel, with the small files.
     with ThreadPoolExecutor(FETCH_THREADS) as pool:
-        list(pool.map(lambda key: _placeholder(root / key, stream.sizes[key]), stream.sizes))
-        list(pool.map(lambda key: s3.download_file(location.child(key), root / key), small))
+        list(pool.map(lambda key: _placeholder(root / key, stream.images[key]), stream.images))
+        list(pool.map(lambda key: s3.download_file(location.child(key), root / key, objects[key].modified_ns),
+                      small))
     _STREAMS[root] = stream
-    log.info("streaming %s: %d images listed (%.1f MB), %d small files fetched", uri, len(stream.sizes),
-             sum(stream.sizes.values()) / 1e6, len(small))
+    log.info("streaming %s: %d images listed (%.1f MB), %d small files fetched", uri, len(stream.images),
+             sum(image.size for image in stream.images.values()) / 1e6, len(small))
     return str(root)
 
 
@@ -153,7 +157,7 @@ def read_bytes(path: Path) -> bytes:
     for _ in range(3):
         stream.fill(path, key)
         data = Path(path).read_bytes()
-        if len(data) == stream.sizes[key]:
+        if len(data) == stream.images[key].size:
             return data
     raise OSError(f"{path}: {stream.location.uri}/{key} did not arrive whole (is it being rewritten?)")
 
@@ -176,7 +180,7 @@ def image_size(path: Path) -> tuple[int, int]:
     from PIL import Image
 
     found = _stream_of(Path(path))
-    if found is not None and _size(path) != found[0].sizes[found[1]]:
+    if found is not None and _size(path) != found[0].images[found[1]].size:
         stream, key = found
         head = s3.client().get_object(Bucket=stream.location.bucket, Key=stream.location.prefix + key,
                                       Range=f"bytes=0-{HEADER_BYTES - 1}")["Body"].read()
@@ -268,15 +272,16 @@ def _empty(path: Path) -> int:
 
 def _listed_size(path: Path) -> int:
     found = _stream_of(path)
-    return found[0].sizes[found[1]] if found else 0
+    return found[0].images[found[1]].size if found else 0
 
 
-def _placeholder(path: Path, size: int) -> None:
-    """An empty file where the image goes, unless the image is there already."""
+def _placeholder(path: Path, stored: s3.StoredObject) -> None:
+    """An empty file where the image goes, unless the image is there already (fetched by an earlier
+    container of this pod, and still the object's size and time)."""
     present = _size(path)
     if present is None:
         path.touch()
-    elif present not in (0, size):  # an older version of the object
+    elif present and not s3.mirrors(path, stored):  # an older version of the object
         _replace(path, b"")
 
 
@@ -287,8 +292,11 @@ def _size(path: Path) -> int | None:
         return None
 
 
-def _replace(path: Path, data: bytes) -> None:
-    """Write DATA as PATH atomically: a reader sees the old file or the new one, never a part."""
+def _replace(path: Path, data: bytes, modified_ns: int | None = None) -> None:
+    """Write DATA as PATH atomically (with MODIFIED_NS as its time): a reader sees the old file or
+    the new one, never a part."""
     partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.part")
     partial.write_bytes(data)
+    if modified_ns is not None:
+        os.utime(partial, ns=(modified_ns, modified_ns))
     os.replace(partial, path)
