@@ -3,7 +3,11 @@ TrainJob) with the TrainingJob's queue (spec.scheduling.queueName) and priority
 (spec.scheduling.workloadPriorityClass), and Kueue's own integration for that kind holds, admits and
 preempts it (suspend / unsuspend). The TrainingJob says where it stands (the Queued condition, the
 QUEUE column of `kubectl get tj`); preempted work checkpoints on SIGTERM and continues when
-readmitted, also across a restart of the operator."""
+readmitted, also across a restart of the operator.
+
+The preemption test runs on both backends: it is where Kueue's integration of each kind holds,
+admits (within a quota it counts from that kind's pods) and preempts. The other two run on one
+backend each, as they add operator behaviour that no backend changes."""
 from __future__ import annotations
 
 import re
@@ -98,6 +102,11 @@ def trainer_pods_running(core, namespace: str) -> set[str]:
     return {p.metadata.labels["kubetune.dev/trainingjob"] for p in pods if p.status.phase == "Running"}
 
 
+# PyTorchJob only: the Queued condition (Waiting, Admitted, Kueue's reason) and the QUEUE column come
+# from the Workload's conditions (queueing.py), the same for both kinds; that Kueue's TrainJob
+# integration holds a job beyond the quota, admits it later and counts its CPU is what the
+# preemption test shows on both backends. (Kueue's own reason is also only awaited for PyTorchJobs.)
+@pytest.mark.parametrize("backend", ["pytorchjob"], indirect=True)
 def test_four_jobs_on_a_queue_for_two_run_two_at_a_time_and_all_succeed(
         control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3, queue):
     cluster_queue = queue(cpus=2)
@@ -223,6 +232,10 @@ def test_a_higher_priority_job_preempts_a_running_one_which_resumes_from_its_che
     assert seen - int(resumed.group(2)) <= every
 
 
+# TrainJob only: Inadmissible, its message and Warning event come from the Workload's conditions
+# (queueing.py) whichever kind Kueue made it for; TrainJobs thus also show a hold and an admission
+# besides the preemption test.
+@pytest.mark.parametrize("backend", ["trainjob"], indirect=True)
 def test_a_job_in_a_queue_that_does_not_exist_says_so_and_starts_once_it_exists(
         control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3, queue):
     manifest = queued_job(inputs_in_s3, "early", maxSteps=2)

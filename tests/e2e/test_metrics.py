@@ -28,7 +28,12 @@ JOB = "metrics-run"
 # Long enough that Prometheus scrapes rank 0 several times while it trains: a new pod is found up to
 # 5 s after it starts (Prometheus batches discovery updates), and rate() over 10 s needs two scrapes
 # with progress between them. 60 steps (about 5 s on CI) once left the ratio panels without data.
-MAX_STEPS, CHECKPOINT_EVERY = 240, 20
+# The length comes from a checkpoint after every step (save and S3 upload, about 0.5 s on an idle
+# machine, so 40 steps train for about 20 s) rather than from more steps: a step costs 0.12 s idle
+# but several seconds beside the other pytest worker, a checkpoint hardly more. (240 steps with a
+# checkpoint every 20 took 9 minutes per backend in CI.) Every scrape interval also sees a new
+# checkpoint, so the checkpoint panels' rates always have one.
+MAX_STEPS, CHECKPOINT_EVERY = 40, 1
 # What Grafana's $__rate_interval becomes for the devcluster's 2 s scrape interval (4 scrapes, plus one).
 RATE_INTERVAL = "10s"
 
