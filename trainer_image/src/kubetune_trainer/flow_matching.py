@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kubetune_trainer.device_copy import to_device
 from kubetune_trainer.randomness import SampleRandom
 
 
@@ -18,7 +19,7 @@ def sample_sigmas(random: SampleRandom) -> torch.Tensor:
 def noisy_latents(latents: torch.Tensor, random: SampleRandom) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(noise, sigmas, x_sigma) for clean latents of shape [B, ...]; each sample's from its own draws."""
     noise = random.normal(latents.shape[1:], latents.device, latents.dtype)
-    sigmas = sample_sigmas(random).to(latents.device)
+    sigmas = to_device(sample_sigmas(random), latents.device)
     expanded = sigmas.view(-1, *([1] * (latents.dim() - 1))).to(latents.dtype)
     return noise, sigmas, (1 - expanded) * latents + expanded * noise
 

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 import torch
 
+from kubetune_trainer.device_copy import to_device
+
 Key = tuple[int, int]  # (epoch, sample index)
 VALIDATION_STEP = -1  # the "step" of held-out draws: the same at every validation
 
@@ -46,13 +48,7 @@ class SampleRandom:
         return len(self.generators)
 
     def _stack(self, draw, device, dtype) -> torch.Tensor:
-        drawn = torch.stack([draw(g) for g in self.generators])
-        if torch.device(device).type == "cuda":
-            # A copy from pageable memory waits until the GPU has done all its queued work (mid-step:
-            # the VAE encode), and the CPU launches nothing meanwhile; an H100 profile of SD1.5 showed
-            # five such waits a step. From pinned memory the copy is queued like a kernel.
-            drawn = drawn.pin_memory().to(device, non_blocking=True)
-        return drawn.to(device=device, dtype=dtype)
+        return to_device(torch.stack([draw(g) for g in self.generators]), device, dtype)
 
     def normal(self, shape: Sequence[int], device: torch.device | str = "cpu",
                dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -536,7 +536,8 @@ class Run:
 
     def _stop_agreed(self) -> bool:
         """Whether any process got SIGTERM: every process must take the last checkpoint together."""
-        flag = torch.tensor(float(self.stop.requested()), device=self.accelerator.device)
+        # Filled on the device: torch.tensor(x, device=...) would be a blocking copy from the host.
+        flag = torch.full((), float(self.stop.requested()), device=self.accelerator.device)
         return self.accelerator.reduce(flag, reduction="sum").item() > 0
 
     # --- helpers --------------------------------------------------------------------------------

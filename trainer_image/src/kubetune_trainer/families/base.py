@@ -13,6 +13,7 @@ from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.data.layouts import LAYOUTS, Layout
 from kubetune_trainer.data.keyed import split_held_out
 from kubetune_trainer.data.screening import Screen
+from kubetune_trainer.device_copy import to_device
 from kubetune_trainer.families.trainable import Trainable, enable_gradient_checkpointing
 from kubetune_trainer.randomness import SampleRandom
 
@@ -98,7 +99,7 @@ class ModelFamily(ABC):
         also stores each new input's `variants[i]`, the other forms augmentation may draw)."""
         encoder = self.encoders()[name]
         encoded = self.cache.encode(encoder, inputs, variants) if self.cache is not None else encoder.encode(inputs)
-        return {key: value.to(self.device) for key, value in encoded.items()}
+        return {key: to_device(value, self.device) for key, value in encoded.items()}
 
     def image_transform(self, training: bool) -> ImageTransform:
         """Resize to self.resolution, crop and flip as spec.data says (held-out data: centre crop,

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from kubetune_trainer.data.image_folder import read_image_folder
+from kubetune_trainer.device_copy import to_device
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.trainable import transformers_classifier
@@ -102,10 +103,11 @@ class ImageClassifier(ModelFamily):
 
     def logits(self, model, pixels: torch.Tensor) -> torch.Tensor:
         pixels = ((pixels + 1) / 2 - self.mean) / self.std  # [-1, 1] -> the model's normalisation
-        return model(pixel_values=pixels.to(self.device), **self.forward_options).logits
+        return model(pixel_values=to_device(pixels, self.device), **self.forward_options).logits
 
     def compute_loss(self, model, batch, random):
-        return F.cross_entropy(self.logits(model, batch["pixel_values"]).float(), batch["labels"].to(self.device))
+        logits = self.logits(model, batch["pixel_values"]).float()
+        return F.cross_entropy(logits, to_device(batch["labels"], self.device))
 
     @torch.no_grad()
     def evaluate(self, model, batches):

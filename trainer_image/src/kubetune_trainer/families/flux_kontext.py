@@ -10,6 +10,7 @@ import torch
 
 from kubetune_trainer import diffusion, flow_matching
 from kubetune_trainer.data.cache import Encoder, model_identity
+from kubetune_trainer.device_copy import to_device
 from kubetune_trainer.families.editing import EditingFamily
 
 GUIDANCE = 2.5  # the distilled guidance FLUX.1 Kontext [dev] samples with by default
@@ -48,7 +49,7 @@ class FluxKontext(EditingFamily):
 
     @torch.no_grad()
     def _vae_moments(self, pixels):
-        stacked = torch.stack(pixels).to(self.device, dtype=self.weight_dtype)
+        stacked = to_device(torch.stack(pixels), self.device, self.weight_dtype)
         return {"moments": self.vae.encode(stacked).latent_dist.parameters}
 
     @torch.no_grad()
@@ -56,11 +57,11 @@ class FluxKontext(EditingFamily):
         """T5 token embeddings (the sequence) and CLIP's pooled embedding (the global vector)."""
         clip = self.tokenizer(captions, padding="max_length", truncation=True,
                               max_length=self.tokenizer.model_max_length, return_tensors="pt")
-        pooled = self.text_encoder(clip.input_ids.to(self.device)).pooler_output
+        pooled = self.text_encoder(to_device(clip.input_ids, self.device)).pooler_output
         max_length = min(MAX_TEXT_TOKENS, self.tokenizer_2.model_max_length)
         t5 = self.tokenizer_2(captions, padding="max_length", truncation=True, max_length=max_length,
                               return_tensors="pt")
-        return {"prompt_embeds": self.text_encoder_2(t5.input_ids.to(self.device))[0], "pooled": pooled}
+        return {"prompt_embeds": self.text_encoder_2(to_device(t5.input_ids, self.device))[0], "pooled": pooled}
 
     def encode_batch(self, batch):
         targets, controls = list(batch["pixel_values"]), list(batch["control_values"])

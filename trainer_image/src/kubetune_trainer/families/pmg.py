@@ -20,6 +20,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from kubetune_api.spec import PmgSpec
+from kubetune_trainer.device_copy import to_device
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.sd15 import UNetDiffusion
 from kubetune_trainer.families.trainable import Trainable
@@ -190,7 +191,8 @@ class PersonalizedGeneration(ModelFamily):
         """What `adapter` (the prepared PmgAdapter) maps the LM's reading of each history to."""
         tokens = self.lm_tokenizer(histories, padding=True, truncation=True,
                                    max_length=self.pmg.max_sequence_length, return_tensors="pt")
-        return adapter(self.language_model, tokens.input_ids.to(self.device), tokens.attention_mask.to(self.device))
+        return adapter(self.language_model, to_device(tokens.input_ids, self.device),
+                       to_device(tokens.attention_mask, self.device))
 
     def compute_loss(self, model, batch, random):
         personal = self.personal_tokens(model, batch["histories"])

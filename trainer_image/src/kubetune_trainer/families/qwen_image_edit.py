@@ -19,6 +19,7 @@ import torch
 
 from kubetune_trainer import diffusion, flow_matching
 from kubetune_trainer.data.cache import Encoder, model_identity
+from kubetune_trainer.device_copy import to_device
 from kubetune_trainer.families.editing import EditingFamily
 
 TRUE_CFG_SCALE = 4.0  # what the Qwen-Image-Edit model card samples with (negative prompt " ")
@@ -66,7 +67,7 @@ class QwenImageEdit(EditingFamily):
 
     @torch.no_grad()
     def _vae_moments(self, pixels):
-        stacked = torch.stack(pixels).unsqueeze(2).to(self.device, dtype=self.weight_dtype)  # one video frame
+        stacked = to_device(torch.stack(pixels).unsqueeze(2), self.device, self.weight_dtype)  # one video frame
         return {"moments": self.vae.encode(stacked).latent_dist.parameters}
 
     @torch.no_grad()

@@ -11,6 +11,7 @@ import torch
 
 from kubetune_trainer import diffusion, quantization
 from kubetune_trainer.data.cache import Encoder, model_identity
+from kubetune_trainer.device_copy import to_device
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.trainable import diffusers_denoiser
 from kubetune_trainer.randomness import SampleRandom
@@ -65,7 +66,7 @@ class UNetDiffusion:
     @torch.no_grad()
     def vae_moments(self, pixels: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         """Mean and log-variance of each latent, not a sample: the noise is drawn at training time."""
-        stacked = torch.stack(pixels).to(self.device, dtype=self.weight_dtype)
+        stacked = to_device(torch.stack(pixels), self.device, self.weight_dtype)
         return {"moments": self.vae.encode(stacked).latent_dist.parameters}
 
     @torch.no_grad()
@@ -74,7 +75,7 @@ class UNetDiffusion:
             captions, padding="max_length", truncation=True,
             max_length=self.tokenizer.model_max_length, return_tensors="pt",
         )
-        return {"prompt_embeds": self.text_encoder(tokens.input_ids.to(self.device))[0]}
+        return {"prompt_embeds": self.text_encoder(to_device(tokens.input_ids, self.device))[0]}
 
     def sample_latents(self, moments: torch.Tensor, random: SampleRandom) -> torch.Tensor:
         latents = diffusion.sample_latents(moments, random)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from kubetune_trainer.device_copy import to_device
 from kubetune_trainer.families.sd15 import StableDiffusion15, UNetDiffusion
 
 
@@ -33,13 +34,13 @@ class XLDiffusion(UNetDiffusion):
         for tokenizer, encoder in zip(self.tokenizers, self.text_encoders):
             tokens = tokenizer(captions, padding="max_length", truncation=True,
                                max_length=tokenizer.model_max_length, return_tensors="pt")
-            output = encoder(tokens.input_ids.to(self.device), output_hidden_states=True)
+            output = encoder(to_device(tokens.input_ids, self.device), output_hidden_states=True)
             hidden.append(output.hidden_states[-2])
         return {"prompt_embeds": torch.cat(hidden, dim=-1), "pooled": output[0]}
 
     def conditioning(self, batch, text):
         height, width = batch["pixel_values"].shape[-2:]
-        ids = time_ids(batch["crops"], height, width).to(self.device, text["prompt_embeds"].dtype)
+        ids = to_device(time_ids(batch["crops"], height, width), self.device, text["prompt_embeds"].dtype)
         return {"encoder_hidden_states": text["prompt_embeds"],
                 "added_cond_kwargs": {"text_embeds": text["pooled"], "time_ids": ids}}
 
