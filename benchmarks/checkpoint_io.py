@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-import socket
 import statistics
 import shutil
 import subprocess
@@ -34,6 +33,8 @@ import urllib.request
 from pathlib import Path
 
 import torch
+
+from kubetune_api.ports import free_listen_port
 
 
 def parse_args(argv=None):
@@ -51,9 +52,7 @@ def parse_args(argv=None):
 def start_versitygw(root: Path) -> tuple[subprocess.Popen, dict[str, str]]:
     from kubetune_dev import versions
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_listen_port()
     access, secret = "bench" + secrets.token_hex(4), secrets.token_hex(16)
     process = subprocess.Popen([str(versions.binary("versitygw")), "--access", access, "--secret", secret,
                                 "--region", "us-east-1", "--port", f"127.0.0.1:{port}", "posix", str(root)],

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,13 +28,9 @@ from pathlib import Path
 
 import yaml
 
+from kubetune_api.ports import free_listen_port
+
 HERE = Path(__file__).resolve().parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Scraper:
@@ -67,7 +62,7 @@ def reporting_cost_per_step(steps: int, device) -> float:
     from kubetune_trainer.phase_clock import PhaseClock
     from kubetune_trainer.reporting import Reporter
 
-    port = free_port()
+    port = free_listen_port()
     os.environ.update(KUBETUNE_METRICS_PORT=str(port), KUBETUNE_METRICS_ADDR="127.0.0.1")
     devnull = open(os.devnull, "w")
     stderr, sys.stderr = sys.stderr, devnull  # the bar's output goes to a pipe in a pod
@@ -126,7 +121,7 @@ def throughput(served: bool, model: Path, data: Path, work: Path, steps: int, wa
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBETUNE_METRICS")}
     scraper = None
     if served:
-        port = free_port()
+        port = free_listen_port()
         env.update(KUBETUNE_METRICS_PORT=str(port), KUBETUNE_METRICS_ADDR="127.0.0.1")
         scraper = Scraper(port, 1.0)
     result = subprocess.run([sys.executable, "-m", "kubetune_trainer", "--config", str(config)], env=env,

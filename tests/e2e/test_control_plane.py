@@ -3,7 +3,6 @@ collection, the Kubeflow training operator, pods run by the process kubelet, S3 
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 import urllib.parse
@@ -14,6 +13,7 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
+from kubetune_api.ports import free_listen_port
 from kubetune_dev.versions import versions
 from tests.e2e.waiting import eventually
 
@@ -262,9 +262,7 @@ def test_prometheus_scrapes_a_target(control_plane):
 
     registry = CollectorRegistry()
     Gauge("kubetune_e2e_probe", "A value the test expects Prometheus to scrape.", registry=registry).set(42)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_listen_port()
     server, _ = start_http_server(port, addr="127.0.0.1", registry=registry)
     try:
         (control_plane.prometheus_targets / "e2e.json").write_text(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import time
 import urllib.parse
 import urllib.request
@@ -17,6 +16,7 @@ import urllib.request
 import pytest
 import yaml
 
+from kubetune_api.ports import free_listen_port
 from tests import dashboards
 from tests.e2e.conftest import delete_namespace_and_wait
 from tests.e2e.jobs import (OPERATOR_NAMESPACE, backend_of, example_job, get_job, kubectl, operator_log, phase,
@@ -92,9 +92,7 @@ class DcgmStandIn:
         for name, text, value in [("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", 87),
                                   ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", 40960)]:
             Gauge(name, text, list(labels), registry=registry).labels(**labels).set(value)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_listen_port()
         self.server, _ = start_http_server(port, addr="127.0.0.1", registry=registry)
         self.target_file = targets_dir / "dcgm-stand-in.json"
         self.target_file.write_text(json.dumps([{"targets": [f"127.0.0.1:{port}"],

@@ -6,20 +6,14 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 import time
 import urllib.request
 
 import pytest
 
+from kubetune_api.ports import free_listen_port
 from kubetune_trainer.storage import s3
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def unavailable(reason: str):
@@ -37,7 +31,7 @@ class S3Server:
         except versions.MissingBinary as err:
             unavailable(f"no S3 server: {err}")
         self.root, self.access, self.secret = root, access, secret
-        self.port = free_port()
+        self.port = free_listen_port()
         self.process = None
 
     @property
@@ -56,7 +50,7 @@ class S3Server:
         for _ in range(5 if first else 1):
             if self._launch():
                 return
-            self.port = free_port() if first else self.port
+            self.port = free_listen_port() if first else self.port
         unavailable("the S3 server did not start (its port was taken?)")
 
     def _launch(self) -> bool:

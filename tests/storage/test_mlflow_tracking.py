@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from kubetune_api.ports import free_listen_port
 from kubetune_trainer.storage import s3
-from tests.storage.conftest import free_port
 from tests.trainer.conftest import (captions_data, family_job, run_dir, tiny_sd15, trainer_command,  # noqa: F401
                                     trainer_env, write_manifest)
 
@@ -78,7 +78,7 @@ def test_a_run_logs_its_parameters_each_logged_step_and_its_final_weights(
 
 
 def test_a_run_whose_server_is_down_trains_and_warns_once(tiny_sd15, captions_data, tmp_path):
-    down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    down = f"http://127.0.0.1:{free_listen_port()}"  # nothing listens there
     manifest = family_job("sd15", "captions", tiny_sd15, captions_data, tmp_path / "out",
                           tracking={"mlflow": {"uri": down, "experiment": "nowhere"}})
     result = train_without_s3_credentials(manifest, tmp_path)

@@ -2,17 +2,11 @@
 checkpoints go to s3:// uploads nothing (its S3 endpoint is a closed port: any upload would fail)."""
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 
+from kubetune_api.ports import free_listen_port
 from tests.trainer.conftest import run_dir, trainer_env, write_manifest
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_debug_run_trains_three_steps_locally_with_anomaly_detection(tiny_job, tmp_path):
@@ -20,7 +14,7 @@ def test_a_debug_run_trains_three_steps_locally_with_anomaly_detection(tiny_job,
     manifest["spec"]["checkpoints"]["uri"] = "s3://nowhere-bucket/runs"
     workdir = tmp_path / "work"
     workdir.mkdir()
-    env = {**trainer_env(), "AWS_ENDPOINT_URL": f"http://127.0.0.1:{closed_port()}",
+    env = {**trainer_env(), "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_listen_port()}",
            "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y", "AWS_DEFAULT_REGION": "us-east-1"}
     result = subprocess.run([sys.executable, "-m", "kubetune_cli.main", "train", "--debug", "-f",
                              str(write_manifest(manifest, tmp_path))], cwd=workdir, env=env,

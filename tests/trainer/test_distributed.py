@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from kubetune_trainer.launch import free_port
+from kubetune_api.ports import free_listen_port
 from kubetune_trainer.preemption import RETRYABLE_EXIT_CODE
 from tests.trainer.conftest import family_job, run_dir, trained_weights, trainer_env, write_manifest
 
@@ -133,7 +133,7 @@ def two_nodes_of_two_processes(manifest: dict, directory: Path, working_dirs: li
     """Two launchers (the container entry point two pods run) of one job, two processes each;
     working_dirs: each node's own (relative paths in the manifest then name each node's files)."""
     config = write_manifest(manifest, directory)
-    port = free_port()
+    port = free_listen_port()
     return [subprocess.Popen([sys.executable, "-m", "kubetune_trainer.entrypoint", "--config", str(config)],
                              env={**trainer_env(), "PET_NNODES": "2", "PET_NODE_RANK": str(rank),
                                   "PET_NPROC_PER_NODE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),

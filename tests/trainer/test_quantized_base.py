@@ -1,15 +1,9 @@
 """An fp8 base under DDP: two CPU processes over gloo, as a multi-GPU job would run it."""
-import socket
-
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from kubetune_api.ports import free_listen_port
 
 
 def _train_one_step(rank: int, port: int, results) -> None:
@@ -37,7 +31,7 @@ def _train_one_step(rank: int, port: int, results) -> None:
 def test_ddp_wraps_an_fp8_lora_model_and_averages_the_lora_gradients():
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(_train_one_step, args=(_free_port(), results), nprocs=2)
+        mp.spawn(_train_one_step, args=(free_listen_port(), results), nprocs=2)
         grads = dict(results)
     assert set(grads) == {0, 1}
     assert torch.equal(grads[0], grads[1]), "DDP all-reduced the LoRA gradients"

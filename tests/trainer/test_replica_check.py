@@ -5,8 +5,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from kubetune_api.ports import free_listen_port
 from kubetune_trainer.consistency import ReplicasDiverged, check_replicas_agree
-from kubetune_trainer.launch import free_port
 
 
 def gather(tensor: torch.Tensor) -> list[torch.Tensor]:
@@ -38,7 +38,7 @@ def train_two_replicas(rank: int, port: int, all_reduce: bool, results) -> None:
 
 def replicas_after_one_step(all_reduce: bool) -> dict:
     results = mp.Manager().dict()
-    mp.spawn(train_two_replicas, args=(free_port(), all_reduce, results), nprocs=2)
+    mp.spawn(train_two_replicas, args=(free_listen_port(), all_reduce, results), nprocs=2)
     return dict(results)
 
 

@@ -14,9 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import os
-import random
 import secrets
-import socket
 import ssl
 import subprocess
 import sys
@@ -29,6 +27,7 @@ from typing import Callable
 
 import yaml
 
+from kubetune_api.ports import free_listen_port
 from kubetune_dev import certs, processes, versions
 from kubetune_dev.controllers import CONTROLLERS, KUEUE_NAMESPACE, Controller
 from kubetune_dev.webhooks import ca_bundle
@@ -45,33 +44,6 @@ def default_home() -> Path:
 
 class NotReady(RuntimeError):
     pass
-
-
-def ephemeral_ports(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> range:
-    """The ports the kernel hands to outgoing connections and to binds of port 0."""
-    try:
-        low, high = map(int, path.read_text().split())
-    except (OSError, ValueError):
-        low, high = 32768, 60999  # Linux's default
-    return range(low, high + 1)
-
-
-def free_listen_port(ephemeral: range, taken: set[int] = frozenset(), tries: int = 200) -> int:
-    """A free port below the kernel's ephemeral range. Ports are chosen when the state directory is
-    made and bound later (Prometheus a minute later, after everything else has started): a port
-    from the ephemeral range may meanwhile go to any outgoing connection, and did (Prometheus
-    failed with "address already in use"). Below the range only explicit binds can take it.
-    TAKEN: ports already chosen for other components (free until they start)."""
-    low = max(1024, ephemeral.start - 20000)
-    candidates = random.sample(range(low, ephemeral.start), min(tries, max(0, ephemeral.start - low)))
-    for port in (p for p in candidates if p not in taken):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {low}-{ephemeral.start - 1} after {len(candidates)} tries")
 
 
 @dataclass
@@ -101,9 +73,8 @@ class Cluster:
         if missing := [name for name in PORT_NAMES if name not in ports]:
             # A new state directory, or one made before a component was added: chosen once, kept.
             self.home.mkdir(parents=True, exist_ok=True)
-            ephemeral = ephemeral_ports()
-            for name in missing:
-                ports[name] = free_listen_port(ephemeral, taken=set(ports.values()))
+            for name in missing:  # bound later (Prometheus a minute later): kubetune_api.ports says why
+                ports[name] = free_listen_port(taken=set(ports.values()))
             path.write_text(json.dumps(ports, indent=1))
         return ports
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,13 +21,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from kubetune_api.ports import free_listen_port
+
 START_SECONDS = 180  # a fresh SQLite store runs its schema migrations first (a minute on a busy 2-core machine)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class MlflowServerError(RuntimeError):
@@ -78,7 +73,7 @@ class MlflowServer:
         """Start on a free port and return once /health answers; MlflowServerError otherwise."""
         self.root.mkdir(parents=True, exist_ok=True)
         for _ in range(3):  # another process may take the free port before the server binds it
-            self.port = free_port()
+            self.port = free_listen_port()
             with self.log_path.open("ab") as log:
                 self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                                 env=self.server_env(), cwd=self.root, start_new_session=True)

@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 from kubetune_api.contract import CACHE_STAGE_FIRST, NodeEnv
+from kubetune_api.ports import free_listen_port
 from kubetune_trainer.cpu_threads import thread_env
-from kubetune_trainer.launch import free_port, trainer_command
+from kubetune_trainer.launch import trainer_command
 from kubetune_trainer.launcher import NodePlace, launch
 
 
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.update(thread_env(os.environ, place.processes))  # the pod's CPUs shared by its trainers
     if args.cache_stage and place.node_rank == 0:
         print("kubetune: cache stage", flush=True)
-        stage = launch(trainer_command(args.config, ("--cache-only",)), NodePlace(processes=1, master_port=free_port()))
+        stage = launch(trainer_command(args.config, ("--cache-only",)), NodePlace(processes=1, master_port=free_listen_port()))
         if stage != 0:
             sys.exit(stage)
     command = trainer_command(args.config)

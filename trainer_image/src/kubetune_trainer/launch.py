@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -10,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from kubetune_api.ports import free_listen_port
 from kubetune_api.spec import TrainingJob
 from kubetune_trainer.launcher import NodePlace, launch
 
@@ -17,12 +17,6 @@ from kubetune_trainer.launcher import NodePlace, launch
 def trainer_command(config: Path, trainer_args: tuple[str, ...] = ()) -> list[str]:
     """The argv of one trainer process."""
     return [sys.executable, "-m", "kubetune_trainer", "--config", str(config), *trainer_args]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def write_config(job: TrainingJob, directory: Path) -> Path:
@@ -75,5 +69,5 @@ def launch_local(job: TrainingJob, nproc: int | None = None, trainer_args: tuple
             from kubetune_trainer.__main__ import main
 
             return main(["--config", str(config), *trainer_args])
-        place = NodePlace(processes=nproc, master_port=free_port())
+        place = NodePlace(processes=nproc, master_port=free_listen_port())
         return launch(trainer_command(config, trainer_args), place, dict(os.environ))

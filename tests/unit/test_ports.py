@@ -1,10 +1,12 @@
-"""The local control plane's listen ports come from below the kernel's ephemeral range, where no
-outgoing connection can take them between their choice and the component's start."""
+"""Listen ports (the local control plane's, the trainer's rendezvous port, the tests' servers) come
+from below the kernel's ephemeral range, where no outgoing connection can take them between their
+choice and their bind."""
 import socket
 
 import pytest
 
-from kubetune_dev.cluster import PORT_NAMES, Cluster, ephemeral_ports, free_listen_port
+from kubetune_api.ports import ephemeral_ports, free_listen_port
+from kubetune_dev.cluster import PORT_NAMES, Cluster
 
 
 def test_the_ephemeral_range_is_read_from_the_kernels_setting(tmp_path):
@@ -39,3 +41,12 @@ def test_a_port_already_chosen_for_another_component_is_not_chosen_again():
     ephemeral = range(1034, 60000)  # ten candidates: 1024-1033
     taken = set(range(1024, 1033))
     assert free_listen_port(ephemeral, taken=taken) == 1033
+
+
+def test_the_trainers_launcher_takes_its_rendezvous_port_from_below_the_range(monkeypatch, example_manifest):
+    from kubetune_trainer import launch
+
+    chosen = []
+    monkeypatch.setattr(launch, "launch", lambda command, place, env: chosen.append(place.master_port) or 0)
+    assert launch.launch_local(launch.TrainingJob.model_validate(example_manifest), nproc=2) == 0
+    assert len(chosen) == 1 and chosen[0] < ephemeral_ports().start
