@@ -5,7 +5,7 @@ waits until the GPU has finished everything queued before the copy, then the GPU
 CPU to queue more. The training step makes several such copies (pixels and token ids for the
 frozen encoders, the per-sample random draws, cached embeddings read from disk), each in the
 middle of queued work; an H100 profile of the SD1.5 step showed five waits a step, about 40 ms of
-a 430 ms step. Copied from page-locked (pinned) memory without blocking, the copy is queued like
+a 470 ms profiled step. Copied from page-locked (pinned) memory without blocking, the copy is queued like
 a kernel and the CPU goes on. torch's pinned-memory allocator keeps the staging buffer until the
 copy has run, so the temporary pinned tensor is safe to drop at once.
 """
