@@ -206,20 +206,6 @@ def test_missing_instruction_is_named(tmp_path):
         read_edit_pairs(root, Screen(skip_bad=False))
 
 
-def test_gpu_runs_keep_attention_off_cudnn():
-    # cuDNN's attention backward crashed FLUX.1 Kontext at 1024 px on an H200 (benchmarks/RESULTS.md).
-    from kubetune_trainer.run import avoid_cudnn_attention
-
-    before = torch.backends.cuda.cudnn_sdp_enabled()
-    torch.backends.cuda.enable_cudnn_sdp(True)
-    try:
-        avoid_cudnn_attention()
-        assert not torch.backends.cuda.cudnn_sdp_enabled()
-        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
-    finally:
-        torch.backends.cuda.enable_cudnn_sdp(before)
-
-
 def test_a_resumed_run_trains_with_its_specs_learning_rate_and_keeps_the_optimizer_moments():
     # Population-based training resumes a strong trial's checkpoint with a perturbed learning rate.
     from kubetune_trainer.optim import follow_spec_after_resume

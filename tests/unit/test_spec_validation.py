@@ -119,6 +119,14 @@ BAD_INPUTS = [
                                                      "spec.resources.gpusPerNode 0", "use bf16"]),
     ("spec.distributed", OnCpu({"strategy": "fsdp", "cpuOffload": True}), [
         "spec.distributed.cpuOffload true needs a CUDA GPU", "spec.resources.gpusPerNode 0", "remove cpuOffload"]),
+    ("spec.training", OnCpu({"maxSteps": 10, "compile": True, "compileMode": "reduce-overhead"}), [
+        "spec.training.compileMode reduce-overhead needs a CUDA GPU", "use compileMode default"]),
+    ("spec.training.attention", OnCpu("flash3"), ["spec.training.attention flash3 needs a CUDA GPU",
+                                                  "use attention auto or sdpa"]),
+    # Speed options.
+    ("spec.training", {"maxSteps": 10, "compileMode": "max-autotune-no-cudagraphs"}, [
+        "spec.training.compileMode applies with spec.training.compile: true"]),
+    ("spec.training.attention", "flash2", ["spec.training.attention", "'auto'", "'sdpa'", "'flash3'"]),
 ]
 
 def test_a_quantized_base_trains_only_an_adapter(example_manifest):

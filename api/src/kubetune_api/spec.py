@@ -254,6 +254,9 @@ TRAINING_RULES = [
          lambda training: training.optimizer != "schedulefree-adamw" or training.lr_scheduler == "constant",
          "spec.training.optimizer schedulefree-adamw replaces the schedule: set spec.training.lrScheduler to "
          "constant (lrWarmupSteps still applies)"),
+    Rule("self.compileMode == 'default' || self.compile",
+         lambda training: training.compile_mode == "default" or training.compile,
+         "spec.training.compileMode applies with spec.training.compile: true; set compile: true or remove compileMode"),
 ]
 
 
@@ -327,7 +330,23 @@ class TrainingSpec(_Model):
     gradient_checkpointing: bool = Field(
         default=False, description="Recompute activations in the backward pass: less memory, about 30% slower.",
     )
-    compile: bool = Field(default=False, description="torch.compile the trained model (slow first steps).")
+    compile: bool = Field(
+        default=False,
+        description="torch.compile the trained model's repeated blocks (regional compilation: each block class is "
+        "compiled once and reused; the log states the compile time). The first step is slow; every bucket "
+        "shape compiles once.",
+    )
+    compile_mode: Literal["default", "max-autotune-no-cudagraphs", "reduce-overhead"] = Field(
+        default="default",
+        description="With compile: default; max-autotune-no-cudagraphs (longer compile, faster kernels); "
+        "reduce-overhead (CUDA graphs: least launch overhead, a GPU only).",
+    )
+    attention: Literal["auto", "sdpa", "flash3"] = Field(
+        default="auto",
+        description="Attention kernel on a GPU: auto (FlashAttention 3 on a Hopper GPU whose image has its "
+        "kernels, else PyTorch SDPA's flash / memory-efficient kernels); sdpa; flash3 (refused where absent). "
+        "The log states the choice.",
+    )
     debug_overfit_batch: bool = Field(
         default=False,
         description="Debug mode: train on the first batch only, again and again; the loss should go to ~0.",
@@ -791,6 +810,13 @@ CUDA_ONLY_OPTIONS = [
                    "has(self.distributed) && has(self.distributed.cpuOffload) && self.distributed.cpuOffload",
                    lambda spec: spec.distributed.cpu_offload,
                    "remove cpuOffload (a CPU job's weights are in CPU memory already)"),
+    CudaOnlyOption("spec.training.compileMode", "reduce-overhead",
+                   "has(self.training.compileMode) && self.training.compileMode == 'reduce-overhead'",
+                   lambda spec: spec.training.compile_mode == "reduce-overhead",
+                   "use compileMode default (CUDA graphs replay GPU work only)"),
+    CudaOnlyOption("spec.training.attention", "flash3",
+                   "has(self.training.attention) && self.training.attention == 'flash3'",
+                   lambda spec: spec.training.attention == "flash3", "use attention auto or sdpa"),
 ]
 
 

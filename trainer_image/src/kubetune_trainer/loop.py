@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,13 +86,14 @@ class Stepper:
     """Runs one optimizer step of the run over this process's micro-batches."""
 
     def __init__(self, family, model, optimizer, scheduler, parallel, batching: Batching,
-                 training: TrainingSpec, clock: PhaseClock, sum_over_ranks: Callable[[torch.Tensor], torch.Tensor]):
+                 training: TrainingSpec, clock: PhaseClock):
         self.family, self.model, self.optimizer, self.scheduler = family, model, optimizer, scheduler
         self.parallel, self.batching, self.training, self.clock = parallel, batching, training, clock
-        self.sum_over_ranks = sum_over_ranks
 
-    def step(self, step: int, micro_batches: list[MicroBatch]) -> tuple[float, float]:
-        """Train optimizer step `step` (0-based); returns its mean loss over all processes and its lr."""
+    def step(self, step: int, micro_batches: list[MicroBatch]) -> tuple[torch.Tensor, float]:
+        """Train optimizer step `step` (0-based); returns the sum of this process's samples' losses,
+        on the device and not read (reading waits for the GPU: step_readout reads it a step later),
+        and the step's learning rate."""
         device = next(iter(self.family.trainable_parameters())).device
         loss_sum = torch.zeros((), device=device, dtype=torch.float64)
         for index, (keys, batch) in enumerate(micro_batches):
@@ -115,9 +116,8 @@ class Stepper:
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        mean_loss = (self.sum_over_ranks(loss_sum) / self.batching.global_batch).item()
         self.clock.mark("optimizer")
-        return mean_loss, lr
+        return loss_sum, lr
 
     def _maybe_no_sync(self, skip: bool):
         from contextlib import nullcontext

@@ -45,10 +45,13 @@ class Reporter:
         self.metrics.planned_steps.set(total_steps)
         self.metrics.step.set(start_step)
 
-    def step(self, step: int, loss: float, lr: float, epoch: int) -> None:
+    def step(self, step: int, loss: float, lr: float, epoch: int, ended: float | None = None) -> None:
+        """Step `step` is done; `ended`: when the host finished queuing it (time.time()), where its
+        numbers are read later than that (step_readout), so that rates and event times are the step's."""
         if not self.enabled:
             return
-        now = time.perf_counter()
+        wall = ended if ended is not None else time.time()
+        now = time.perf_counter() - (time.time() - wall)
         step_seconds, self._last_time = now - self._last_time, now
         samples_per_second = self.samples_per_step / step_seconds if step_seconds > 0 else 0.0
         seconds_per_step = (now - self._started) / max(1, step - self.start_step)
@@ -63,9 +66,9 @@ class Reporter:
         self._bar.update(1)
         self._bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
         if self._writer is not None:
-            self._writer.add_scalar("train/loss", loss, step)
-            self._writer.add_scalar("train/lr", lr, step)
-            self._writer.add_scalar("train/samples_per_second", samples_per_second, step)
+            self._writer.add_scalar("train/loss", loss, step, walltime=wall)
+            self._writer.add_scalar("train/lr", lr, step, walltime=wall)
+            self._writer.add_scalar("train/samples_per_second", samples_per_second, step, walltime=wall)
         if step % self.log_every == 0 or step == self.total_steps:
             log.info("step %d/%d loss %.5f lr %.3e %.2f samples/s", step, self.total_steps, loss, lr,
                      samples_per_second)

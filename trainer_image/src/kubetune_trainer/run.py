@@ -26,6 +26,8 @@ from kubetune_api.contract import TrainerEnv
 from kubetune_api.quantity import parse_quantity
 from kubetune_api.spec import TrainingJob, TrainingJobSpec
 from kubetune_trainer import checkpoints, training_state
+from kubetune_trainer.attention import choose_attention
+from kubetune_trainer.compilation import CompileTimer, compile_regions
 from kubetune_trainer.checkpointing import ShardedState, files_of_rank, full_trained_state
 from kubetune_trainer.consistency import check_replicas_agree
 from kubetune_trainer.data.cache import EmbeddingCache, open_store
@@ -48,6 +50,7 @@ from kubetune_trainer.storage.checkpoint_store import CheckpointStore, local_pat
 from kubetune_trainer.storage.inputs import local_copy, origin, version_of
 from kubetune_trainer.storage.stream import Prefetcher, open_stream, streamed
 from kubetune_trainer.storage.uri import is_s3
+from kubetune_trainer.step_readout import StepReadout, StepResult
 from kubetune_trainer.storage.uploader import UploadFailed
 from kubetune_trainer.tracking import ABORT_SECONDS, tracker_for
 from kubetune_trainer.training_state import Position, SavedState
@@ -74,20 +77,7 @@ def setup_accelerator(spec: TrainingJobSpec):
             "train on the CPU")
     if spec.training.mixed_precision == "fp16" and not gpus:
         raise ConfigError('spec.training.mixedPrecision: fp16 needs a GPU; use bf16 or "no" on the CPU')
-    if gpus:
-        avoid_cudnn_attention()
     return Accelerator(mixed_precision=spec.training.mixed_precision, cpu=not gpus)
-
-
-def avoid_cudnn_attention() -> None:
-    """Attention runs on the flash or memory-efficient kernels, never cuDNN's.
-
-    Measured on an H200 (torch 2.11+cu130, 2026-11-26, benchmarks/gpu_lora_step.py): cuDNN's
-    attention backward hit an illegal memory access on FLUX.1 Kontext at 1024 px (8,704 tokens),
-    with and without gradient checkpointing; without cuDNN the same run trained. The planner's
-    memory estimate assumes the flash / memory-efficient kernels too.
-    """
-    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def _quiet_libraries() -> None:
@@ -184,6 +174,7 @@ class Run:
         logging.basicConfig(level=logging.INFO if self.is_main else logging.WARNING,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         _quiet_libraries()
+        log.info("attention: %s", choose_attention(self.spec.training.attention, self.accelerator.device))
         set_seed(self.spec.training.seed)
         # s3:// models and data are mirrored once per node; the node's other processes then find them.
         with self.accelerator.local_main_process_first():
@@ -290,7 +281,10 @@ class Run:
         self._cache_seen = (0, 0) if self.family.cache is None else (self.family.cache.hits, self.family.cache.misses)
         clock = PhaseClock(self.reporter, self.accelerator.device)
         stepper = Stepper(self.family, self.model, self.optimizer, self.scheduler, self.parallel, self.batching,
-                          self.spec.training, clock, self._sum_over_ranks)
+                          self.spec.training, clock)
+        self.readout = StepReadout(self.accelerator.device, self.batching.global_batch, self._gather_rows)
+        self._stop_seen = False
+        compile_timer = CompileTimer(self.compiled)
         sample_log = SampleLog(self.rank)
         with maybe_profile(self.optimizer, self.spec.training.profile_steps, self.output / "profile", self.is_main):
             while self.position.step < self.plan.total_steps:
@@ -302,16 +296,16 @@ class Run:
                 for micro_batches in iterate_steps(self.dataset, self.family.collate, self.spec.data.num_workers,
                                                    micro, self.spec.training.seed + self.position.epoch):
                     sample_log.record(self.position.step, micro_batches)
-                    loss, lr = stepper.step(self.position.step, micro_batches)
+                    compile_timer.step_started()
+                    loss_sum, lr = stepper.step(self.position.step, micro_batches)
                     if self.prefetcher is not None:
                         self.prefetcher.advance()
-                    if not math.isfinite(loss):  # the all-reduced loss: every rank stops here together
-                        raise TrainingDiverged(self.position.step + 1, loss)
                     self.position.step += 1
                     self.position.steps_in_epoch += 1
-                    self.position.loss = loss
-                    self.reporter.step(self.position.step, loss, lr, self.position.epoch)
+                    self.readout.push(self.position.step, self.position.epoch, lr, loss_sum, self.stop.requested())
                     self._after_step()
+                    if (compiled := compile_timer.step_done()) is not None:
+                        self.reporter.message(compiled)
                     clock.restart()  # checkpointing and validation were charged to their own phases
                     if self.position.step >= self.plan.total_steps:
                         clock.flush()
@@ -326,7 +320,7 @@ class Run:
         """Every process stages its share together; writing, hashing, uploading and the manifest
         follow in the background (storage.checkpoint_store)."""
         pos = self.position
-        if pos.step % self.spec.checkpoints.every_steps and pos.step != self.plan.total_steps and not force:
+        if not (force or self._checkpoint_due()):
             return
         started = time.perf_counter()
         path = checkpoints.checkpoint_dir(self.output, pos.step)
@@ -427,8 +421,11 @@ class Run:
         self.model, self.optimizer = self.parallel.prepare(
             self.family.trainable_module, lambda params: build_optimizer(params, spec.training))
         self.scheduler = build_lr_scheduler(self.optimizer, spec.training, self.plan.total_steps)
-        if spec.training.compile:
-            self.model = torch.compile(self.model)
+        self.compiled = None
+        if spec.training.compile:  # in place: names, state dicts and the wrappers stay the eager model's
+            groups = getattr(self.dataset, "groups", None)
+            self.compiled = compile_regions(self.parallel.unwrap(self.model), spec.training.compile_mode,
+                                            shapes=len(set(groups)) if groups is not None else 1)
         set_optimizer_mode(self.optimizer, training=True)
         self.ema = None
         if spec.training.ema_decay:
@@ -492,20 +489,20 @@ class Run:
         return steps
 
     def _after_step(self) -> None:
-        """Stop if asked, validate when due, checkpoint when due, report memory when due."""
+        """Account for the steps whose numbers are in; stop if asked, validate when due, checkpoint
+        when due. Where the run needs this step's loss now, its numbers are read at once."""
         pos = self.position
-        if pos.step % self.spec.training.log_every_steps == 0:  # a collective: every rank takes part
-            self.reporter.gpu_memory(self._gather_memory())
-        if self._stop_agreed():
+        validating = self.validator.due(pos.step, self.plan.total_steps)
+        self._account(self.readout.read(drain=validating or self._checkpoint_due() or self._reads_every_loss))
+        if self._stop_seen:
+            self._account(self.readout.read(drain=True))  # the checkpoint records this step's loss
             with self.reporter.timed("checkpoint"):
                 self.save_checkpoint(force=True)
             raise Preempted(pos.step, self.stop.cause())
         if pos.step == runs.MIN_STEPS:
             self._record_run(pos.step)  # from now on the run is worth keeping
-        if isinstance(self.scheduler, PlateauScheduler) and self.held_out is None:
-            self.scheduler.observe(pos.loss)
         stop = False
-        if self.validator.due(pos.step, self.plan.total_steps):
+        if validating:
             with self._weights_to_publish(), self.reporter.timed("validation"):
                 metrics = self.validator.run(self.parallel.unwrap(self.model), pos.step,
                                              lambda: full_trained_state(self.model))
@@ -534,11 +531,30 @@ class Run:
             self.reporter.message("epoch %d: embedding cache %d hits, %d misses (%.1f%% hits)", self.position.epoch,
                                   hits, misses, 100.0 * hits / (hits + misses))
 
-    def _stop_agreed(self) -> bool:
-        """Whether any process got SIGTERM: every process must take the last checkpoint together."""
-        # Filled on the device: torch.tensor(x, device=...) would be a blocking copy from the host.
-        flag = torch.full((), float(self.stop.requested()), device=self.accelerator.device)
-        return self.accelerator.reduce(flag, reduction="sum").item() > 0
+    def _account(self, results: list[StepResult]) -> None:
+        """What the host learns of finished steps, in step order: every process reads the same
+        steps at the same point, so all of them stop together on a non-finite loss or a stop request."""
+        for done in results:
+            if not math.isfinite(done.loss):
+                raise TrainingDiverged(done.step, done.loss)
+            self.position.loss = done.loss
+            self.reporter.step(done.step, done.loss, done.lr, done.epoch, ended=done.ended)
+            if done.step % self.spec.training.log_every_steps == 0:
+                self.reporter.gpu_memory(done.memory)
+            if self._reads_every_loss:
+                self.scheduler.observe(done.loss)
+            # Any process got SIGTERM: every process takes the last checkpoint together.
+            self._stop_seen = self._stop_seen or done.stop_requested
+
+    @property
+    def _reads_every_loss(self) -> bool:
+        """A plateau schedule without held-out data decays on each training loss before the next
+        step: such a run reads every step's loss at once."""
+        return isinstance(self.scheduler, PlateauScheduler) and self.held_out is None
+
+    def _checkpoint_due(self) -> bool:
+        step = self.position.step
+        return step % self.spec.checkpoints.every_steps == 0 or step == self.plan.total_steps
 
     # --- helpers --------------------------------------------------------------------------------
 
@@ -582,15 +598,9 @@ class Run:
         gathered = self.accelerator.gather(tensor.to(self.accelerator.device)[None])
         return list(gathered.cpu())
 
-    def _sum_over_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
-        return self.accelerator.reduce(tensor, reduction="sum") if self.world_size > 1 else tensor
-
-    def _gather_memory(self) -> list[tuple[int, int]]:
-        device = self.accelerator.device
-        in_use = (torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)) \
-            if device.type == "cuda" else (0, 0)
-        gathered = self.accelerator.gather(torch.tensor(in_use, device=device))
-        return [tuple(pair) for pair in gathered.view(-1, 2).tolist()]
+    def _gather_rows(self, row: torch.Tensor) -> torch.Tensor:
+        """[1, k] on every process -> [world, k] in rank order (a collective, queued on the GPU)."""
+        return self.accelerator.gather(row) if self.world_size > 1 else row
 
     def _trained_named(self) -> list[tuple[str, torch.nn.Parameter]]:
         module = self.parallel.unwrap(self.model)
