@@ -13,7 +13,8 @@ not depend on the values: FLUX takes ~35 GB of disk in bf16, written once into -
 generated data at the resolution, then runs the real trainer (`python -m kubetune_trainer`, one
 GPU, bf16, LoRA rank 16, batch 1, no embedding cache, so the text encoders and VAE run every
 step) and prints seconds per step after the warm-up, the peak GPU memory the trainer reports,
-and `kubetune plan`'s estimate of that peak. Not a test: nothing is asserted. Results go into
+and `kubetune plan`'s estimate of that peak. `--cache` fills the embedding cache first and trains
+from it; `--compile MODE` sets spec.training.compile. Not a test: nothing is asserted. Results go into
 benchmarks/RESULTS.md with the device (`nvidia-smi -L`).
 """
 from __future__ import annotations
@@ -44,6 +45,10 @@ def parse_args(argv=None):
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--cache", action="store_true",
+                        help="fill the embedding cache first (--cache-only), then train from it (encoders idle)")
+    parser.add_argument("--compile", choices=["default", "max-autotune-no-cudagraphs", "reduce-overhead"],
+                        help="spec.training.compile with this compileMode")
     parser.add_argument("--steps", type=int, default=10, help="measured steps after the warm-up")
     parser.add_argument("--warmup-steps", type=int, default=3)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -96,10 +101,12 @@ def manifest(args, model: Path, data: Path, out: Path) -> dict:
         "spec": {
             "model": {"family": args.family, "pretrained": str(model)},
             "adapter": lora_adapter(args.family, args.rank),
-            "data": {"layout": layout(args.family), "uri": str(data), "resolution": args.resolution},
+            "data": {"layout": layout(args.family), "uri": str(data), "resolution": args.resolution,
+                     **({"cache": {"enabled": True, "uri": str(out / "cache")}} if args.cache else {})},
             "training": {"maxSteps": args.warmup_steps + args.steps, "batchSize": args.batch_size,
                          "learningRate": 1e-4, "mixedPrecision": "bf16",
-                         "gradientCheckpointing": args.gradient_checkpointing},
+                         "gradientCheckpointing": args.gradient_checkpointing,
+                         **({"compile": True, "compileMode": args.compile} if args.compile else {})},
             "checkpoints": {"uri": str(out), "everySteps": 10_000_000, "keepLast": 1},
             "resources": {"gpusPerNode": 1 if args.device == "cuda" else 0},
         },
@@ -137,10 +144,12 @@ def main(argv=None) -> None:
         job = manifest(args, model, data, out)
         config = workdir / "job.yaml"
         config.write_text(yaml.safe_dump(job))
-        result = subprocess.run([sys.executable, "-m", "kubetune_trainer", "--config", str(config)],
-                                capture_output=True, text=True)
-        if result.returncode:
-            sys.exit(f"the trainer failed:\n{result.stderr[-4000:]}")
+        command = [sys.executable, "-m", "kubetune_trainer", "--config", str(config)]
+        for extra in ([["--cache-only"]] if args.cache else []) + [[]]:
+            result = subprocess.run(command + extra, capture_output=True, text=True)
+            if result.returncode:
+                sys.exit(f"the trainer failed:\n{result.stderr[-4000:]}")
+        compiled = re.search(r"torch.compile: .*", result.stderr)
         runs = sorted((out / "default" / "gpu-bench").glob("v*"), key=lambda p: int(p.name[1:]))
         step = seconds_per_step(runs[-1] / "logs", args.warmup_steps)
         peak = re.search(r"peak GPU memory on rank 0: ([\d.]+) GiB allocated", result.stderr)
@@ -148,7 +157,11 @@ def main(argv=None) -> None:
     size = "tiny" if args.tiny else "real architecture, random weights"
     adapter = f"LoRA r{args.rank}" if "rank" in job["spec"]["adapter"] else "adapter (soft prompts, prefix, mapping)"
     print(f"{args.family} {adapter}, {size}, {args.resolution} px, batch {args.batch_size}, bf16, "
-          f"gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}, device {args.device}")
+          f"gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}, "
+          f"embedding cache {'filled first' if args.cache else 'off'}, compile {args.compile or 'off'}, "
+          f"device {args.device}")
+    if compiled:
+        print(f"  {compiled.group(0)}")
     print(f"  seconds per step        {step:.3f}   ({args.batch_size / step:.2f} samples/s)")
     print(f"  peak GPU memory         {peak.group(1) + ' GiB' if peak else 'n/a (not a GPU)'}")
     print(f"  kubetune plan estimate  {f'{plan:.2f} GiB' if plan is not None else 'n/a'}")

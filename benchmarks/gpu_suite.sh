@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Every GPU benchmark in one command, each under its own time cap, so that a short GPU lease
-# yields what it can: the first checks are the ones that prove CUDA-only options work.
+# yields what it can: the cases first that the open speed targets need (issue 28), then the rest.
 #
 #   PYTHON=python3 bash benchmarks/gpu_suite.sh OUT_DIR [NAME ...]
 #
-# NAME: quantization, lora-sd15, lora-sdxl, lora-flux-kontext, lora-flux-kontext-gc (about 11 minutes
-# on an H200: a 10-minute device call takes the first three, then the two FLUX ones), and
-# throughput-full-size, metrics-overhead, clip-scorer, lora-classifier, lora-pmg (about 9 minutes).
-# Default: all. Qwen-Image-Edit is not in the suite: its random-weight checkpoint (20B transformer
-# + 8B text encoder, ~58 GB in bf16) does not fit the lent machines' 64 GiB disks beside the rest;
+# NAME, in order: speed-sd15-cached, speed-sd15-compiled, throughput-full-size, speed-sdxl-cached,
+# speed-sdxl-compiled (about 10 minutes on an H200: the speed targets); quantization, lora-sd15,
+# lora-sdxl, lora-flux-kontext, lora-flux-kontext-gc (the first figures, about 11 minutes);
+# metrics-overhead, clip-scorer, lora-classifier, lora-pmg (about 8 minutes). Default: all.
+# Qwen-Image-Edit is not in the suite: its random-weight checkpoint (20B transformer + 8B text
+# encoder, ~58 GB in bf16) does not fit the lent machines' 64 GiB disks beside the rest;
 # `gpu_lora_step.py --family qwen-image-edit --workdir BIG_DISK` runs it where one does.
 # Writes OUT_DIR/device.txt (nvidia-smi -L, library versions) and one log per benchmark; prints
 # each benchmark's exit status. A benchmark cut by its cap prints "rc=124". The figures go into
@@ -44,6 +45,19 @@ run() {
     tail -n 12 "$out/$name.log"
 }
 
+# The speed targets (issue 28): SD1.5 and SDXL at batch 1 from a filled embedding cache, eager and
+# compiled, and full-size SD1.5 at batch 8 against the diffusers-example loop. One model folder per
+# family for its runs.
+sd15_dir=$(mktemp -d)
+run speed-sd15-cached 90 benchmarks/gpu_lora_step.py --family sd15 --cache --workdir "$sd15_dir"
+run speed-sd15-compiled 170 benchmarks/gpu_lora_step.py --family sd15 --cache --compile default --workdir "$sd15_dir"
+rm -rf "$sd15_dir"
+run throughput-full-size 200 benchmarks/trainer_throughput.py --full-size --variants plain,cached
+sdxl_dir=$(mktemp -d)
+run speed-sdxl-cached 120 benchmarks/gpu_lora_step.py --family sdxl --cache --workdir "$sdxl_dir"
+run speed-sdxl-compiled 200 benchmarks/gpu_lora_step.py --family sdxl --cache --compile default --workdir "$sdxl_dir"
+rm -rf "$sdxl_dir"
+
 run quantization 330 benchmarks/gpu_quantization_check.py --steps 6 --json "$out/quantization.json"
 run lora-sd15 90 benchmarks/gpu_lora_step.py --family sd15
 run lora-sdxl 130 benchmarks/gpu_lora_step.py --family sdxl
@@ -55,7 +69,6 @@ run lora-flux-kontext 90 benchmarks/gpu_lora_step.py --family flux-kontext --wor
 rm -rf "$flux_dir"
 
 # Figures first measured on 2026-11-26's second lease.
-run throughput-full-size 200 benchmarks/trainer_throughput.py --full-size
 run metrics-overhead 150 benchmarks/metrics_overhead.py --device cuda
 run clip-scorer 90 benchmarks/clip_scorer.py --device cuda
 run lora-classifier 90 benchmarks/gpu_lora_step.py --family classifier

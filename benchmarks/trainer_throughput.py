@@ -40,6 +40,9 @@ def parse_args(argv=None):
     parser.add_argument("--workdir", type=Path, help="keep the model and data here (default: a temp dir)")
     parser.add_argument("--families", action="store_true",
                         help="kubetune only: every family's tiny model, uncached and with a filled embedding cache")
+    parser.add_argument("--variants", default="plain",
+                        help="kubetune runs, comma-separated: plain; cached (embedding cache filled first); "
+                             "compiled (cached + spec.training.compile); reduce-overhead (cached + CUDA graphs)")
     parser.add_argument("--baseline-worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     defaults = {"batch_size": 8, "resolution": 512, "mixed_precision": "bf16"} if args.full_size \
@@ -74,25 +77,33 @@ def settings(args, model: Path, data: Path, out: Path) -> dict:
 
 # --- kubetune: the real trainer, in its own process, timed from its TensorBoard events ---------
 
-def run_kubetune(cfg: dict) -> float:
+# What each --variants name changes in kubetune's run: (embedding cache, spec.training fields).
+VARIANTS = {"plain": (False, {}), "cached": (True, {}), "compiled": (True, {"compile": True}),
+            "reduce-overhead": (True, {"compile": True, "compileMode": "reduce-overhead"})}
+
+
+def run_kubetune(cfg: dict, variant: str = "plain") -> float:
+    cached, training = VARIANTS[variant]
     manifest = {
         "apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "bench"},
         "spec": {
             "model": {"family": "sd15", "pretrained": cfg["model"]},
             "adapter": {"type": "lora", "rank": cfg["rank"], "alpha": cfg["rank"]},
-            "data": {"layout": "captions", "uri": cfg["data"], "resolution": cfg["resolution"]},
+            "data": {"layout": "captions", "uri": cfg["data"], "resolution": cfg["resolution"],
+                     "cache": {"enabled": cached, "uri": f"{cfg['out']}-cache"}},
             "training": {"maxSteps": cfg["total_steps"], "batchSize": cfg["batch_size"], "learningRate": 1e-4,
-                         "mixedPrecision": cfg["mixed_precision"], "maxGradNorm": 1.0},
+                         "mixedPrecision": cfg["mixed_precision"], "maxGradNorm": 1.0, **training},
             "checkpoints": {"uri": cfg["out"], "everySteps": 10_000_000, "keepLast": 1},
             "resources": {"gpusPerNode": cfg["gpus"]},
         },
     }
     config = Path(cfg["out"]).with_suffix(".yaml")
     config.write_text(yaml.safe_dump(manifest))
-    result = subprocess.run([sys.executable, "-m", "kubetune_trainer", "--config", str(config)],
-                            capture_output=True, text=True)
-    if result.returncode:
-        sys.exit(f"kubetune trainer failed:\n{result.stderr[-4000:]}")
+    command = [sys.executable, "-m", "kubetune_trainer", "--config", str(config)]
+    for extra in ([["--cache-only"]] if cached else []) + [[]]:
+        result = subprocess.run(command + extra, capture_output=True, text=True)
+        if result.returncode:
+            sys.exit(f"kubetune trainer ({variant}) failed:\n{result.stderr[-4000:]}")
     return steady_rate(step_times_from_events(newest_run(Path(cfg["out"])) / "logs"), cfg)
 
 
@@ -288,11 +299,12 @@ def main(argv=None) -> None:
         print(f"SD1.5 LoRA r{args.rank}, {'full-size' if args.full_size else 'tiny'} model, batch "
               f"{args.batch_size}, {args.resolution} px, precision {args.mixed_precision}, device {device}, "
               f"{args.steps} steps after {args.warmup_steps} warm-up")
-        ours = run_kubetune(settings(args, model, data, Path(tmp) / "kubetune"))
         baseline = run_baseline(settings(args, model, data, Path(tmp) / "baseline"))
-        print(f"kubetune trainer      {ours:10.2f} samples/s")
-        print(f"diffusers+peft loop   {baseline:10.2f} samples/s")
-        print(f"ratio (kubetune/loop) {ours / baseline:10.3f}")
+        print(f"diffusers+peft loop   {baseline:10.2f} samples/s", flush=True)
+        for variant in args.variants.split(","):
+            ours = run_kubetune(settings(args, model, data, Path(tmp) / f"kubetune-{variant}"), variant)
+            print(f"kubetune {variant:16s} {ours:10.2f} samples/s, ratio to the loop {ours / baseline:6.3f}",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -9,11 +9,12 @@ pytestmark = pytest.mark.slow
 COMMAND = [sys.executable, "benchmarks/gpu_lora_step.py", "--family", "sdxl"]
 
 
-def test_the_command_trains_and_prints_its_figures(tmp_path):
-    result = subprocess.run([*COMMAND, "--tiny", "--device", "cpu", "--steps", "2", "--warmup-steps", "2",
+def test_the_command_trains_from_a_filled_cache_and_prints_its_figures(tmp_path):
+    result = subprocess.run([*COMMAND, "--tiny", "--device", "cpu", "--steps", "2", "--warmup-steps", "2", "--cache",
                              "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "sdxl LoRA r16, tiny, 32 px, batch 1, bf16" in result.stdout
+    assert "embedding cache filled first, compile off" in result.stdout
     assert float(result.stdout.split("seconds per step")[1].split()[0]) > 0
     assert "kubetune plan estimate" in result.stdout
 

@@ -38,6 +38,7 @@ from kubetune_trainer.errors import ConfigError, InputsInFlux, TrainingDiverged
 from kubetune_trainer.families import family_for
 from kubetune_trainer.loop import SampleLog, Stepper, iterate_steps, plan_steps, step_micro_batches
 from kubetune_trainer.phase_clock import PhaseClock
+from kubetune_trainer.placement import use_channels_last
 from kubetune_trainer.optim import (PlateauScheduler, build_lr_scheduler, build_optimizer, follow_spec_after_resume,
                                     set_optimizer_mode)
 from kubetune_trainer.parallel import build_parallel, resolve_strategy
@@ -416,6 +417,8 @@ class Run:
             log.info("spec.distributed.strategy fsdp: one process has nothing to shard over; training unsharded")
             strategy = "ddp"
         self.parallel = build_parallel(strategy, spec, self.accelerator)
+        if use_channels_last(self.family.trainable_module, self.accelerator.device):
+            log.info("%s in channels_last memory order", type(self.family.trainable_module).__name__)
         if spec.training.gradient_checkpointing:
             self.family.enable_gradient_checkpointing()
         self.model, self.optimizer = self.parallel.prepare(
