@@ -1,6 +1,7 @@
-"""The operator's torch-free table (kubetune_api.fit.PROFILES) agrees with the meta-device estimator.
+"""The operator's torch-free profiles (each families row's `profile`, read by kubetune_api.fit) agree
+with the meta-device estimator.
 
-The table is calibrated at 512 and 1024 px (the classifier at two batch sizes); it is checked here
+They are calibrated at 512 and 1024 px (the classifier at two batch sizes); it is checked here
 at other sizes, within 10%, for the total per GPU and for the activations with working memory.
 Re-calibrate with `python -m kubetune_trainer.planning.profiles` when an architecture or a recipe changes.
 """

@@ -12,7 +12,6 @@ from tests.family_options import SETTINGS, combinations, set_fields, with_family
 
 
 def test_every_list_of_families_is_keyed_by_the_table():
-    from kubetune_api.fit import PROFILES
     from kubetune_api.spec import LAYOUTS_BY_FAMILY, NATIVE_RESOLUTIONS
     from kubetune_cli.main import FAMILIES as CLI_FAMILIES
     from kubetune_trainer.families import FAMILIES as REGISTRY
@@ -22,7 +21,8 @@ def test_every_list_of_families_is_keyed_by_the_table():
     from kubetune_trainer.tiny_models import WRITERS
 
     names = set(table.FAMILY_NAMES)
-    for listing in (REGISTRY, WRITERS, ARCHITECTURES, RECIPES, TRAINED, PROFILES, CLI_FAMILIES,
+    profiles = [name for name, family in table.FAMILIES.items() if family.profile]
+    for listing in (REGISTRY, WRITERS, ARCHITECTURES, RECIPES, TRAINED, profiles, CLI_FAMILIES,
                     LAYOUTS_BY_FAMILY, NATIVE_RESOLUTIONS):
         assert set(listing) == names
     assert set(TrainingJobSpec.model_json_schema()["$defs"]["ModelSpec"]["properties"]["family"]["enum"]) == names

@@ -1,11 +1,14 @@
 """The model families in one torch-free table: what each reads, trains, reports and honours.
 
-Every other list of families derives from FAMILIES: the spec's `family` enum, the layout rule,
-the native resolutions, the metrics validation.monitor may name, and the rules that refuse an
-option a family would otherwise ignore (kubetune_api.spec.OPTION_RULES, which the CRD's CEL, the
-webhook and `kubetune validate` all share). The trainer's registry (kubetune_trainer.families),
-the tiny-model writers and the planner's model lists are keyed by the same names; a test asserts
-the sets are equal, and another trains each family with each option it honours to show it acts.
+A family is one module and one row: this row, and its trainer module
+kubetune_trainer/families/<name, "-" as "_">.py, whose DEFINITION declares the trainer's facts
+(kubetune_trainer/families/definition.py says how to write one). Every other list of families derives from these two: the
+spec's `family` enum, the layout rule, the native resolutions, the metrics validation.monitor may
+name, the rules that refuse an option a family would otherwise ignore (kubetune_api.spec.OPTION_RULES,
+which the CRD's CEL, the webhook and `kubetune validate` all share), the operator's fit check
+(each row's `profile`), the trainer's registry, planner, tiny models and reference architectures.
+tests/unit/test_families_table.py shows it; tests/trainer/test_family_options.py trains each family
+with each option it honours to show it acts.
 """
 from __future__ import annotations
 
@@ -38,6 +41,37 @@ TEXT_TO_IMAGE_METRICS = ("loss", "clip_score")
 EDITING_METRICS = ("loss", "clip_directional")
 
 
+# --- the operator's coarse fit check (kubetune_api.fit) --------------------------------------------
+# Each row's `profile` describes the family's standard architecture (kubetune_trainer's reference
+# architecture) in numbers: calibrated from the meta-device estimator with
+# `python -m kubetune_trainer.planning.profiles FAMILY`, which prints the FamilyProfile to paste into the row.
+
+@dataclass(frozen=True)
+class Dynamic:
+    """Bytes of activations saved for backward plus backward's working memory, in bf16 with autocast:
+    per_step + batch * (per_sample + per_pixel * resolution**2)."""
+
+    per_step: float
+    per_sample: float
+    per_pixel: float
+
+    def bytes(self, batch: int, resolution: int) -> float:
+        return self.per_step + batch * (self.per_sample + self.per_pixel * resolution * resolution)
+
+
+@dataclass(frozen=True)
+class FamilyProfile:
+    trained_module: int     # parameters of the module DDP wraps / FSDP shards, before LoRA (the denoiser)
+    linear_weights: int     # of which in Linear weights (what nf4 and fp8 store quantized)
+    frozen: int             # parameters of every other model the trainer loads (encoders, VAE, LM)
+    lora_per_rank: int      # LoRA parameters per unit of rank on the default target modules
+    adapter: int            # trained parameters besides a LoRA: PMG's adapter, the classifier's new head
+    largest_unit: int       # parameters of the largest block FSDP gathers at once
+    loads_fp32: bool        # the trained module loads in fp32 whatever the precision (the classifier)
+    dynamic: dict           # (adapter type, gradient checkpointing) -> Dynamic
+    image_size: int | None = None  # the standard model's own size, for a family without a native resolution
+
+
 @dataclass(frozen=True)
 class FamilyInfo:
     name: str                        # spec.model.family
@@ -47,27 +81,74 @@ class FamilyInfo:
     metrics: tuple[str, ...]         # what its validation may report (spec.validation.monitor); the
                                      # CLIP ones only with spec.validation.clipModel
     honours: frozenset[str]          # the options above that it applies; any other is refused
+    profile: FamilyProfile | None = None  # its standard architecture in numbers, for the operator's fit
+                                          # check (None: no check)
+    own_adapter: bool = False        # trains parts of its own whatever spec.adapter says (PMG's soft
+                                     # prompts): no LoRA shape, no full fine-tune
+    options: str | None = None       # the spec block of its own options (spec.pmg), refused for other families
 
 
 FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
     FamilyInfo("sd15", "trains a Stable Diffusion 1.5 UNet by DDPM noise prediction",
                ("captions",), 512, TEXT_TO_IMAGE_METRICS,
-               IMAGE_DIFFUSION | LORA_SHAPE | DENOISING | {VALIDATION_PROMPTS, CLIP_MODEL}),
+               IMAGE_DIFFUSION | LORA_SHAPE | DENOISING | {VALIDATION_PROMPTS, CLIP_MODEL},
+               profile=FamilyProfile(
+                   trained_module=859_520_964, linear_weights=270_049_280, frozen=206_714_343,
+                   lora_per_rank=199_296, adapter=0, largest_unit=258_330_880, loads_fp32=False,
+                   dynamic={("lora", False): Dynamic(3.324e+06, 7.683e+06, 4477),
+                            ("lora", True): Dynamic(1.395e+05, 4.63e+05, 1133),
+                            ("full", False): Dynamic(1.679e+09, 4.042e+06, 5058),
+                            ("full", True): Dynamic(2.484e+08, -7.929e+06, 1196)})),
     FamilyInfo("sdxl", "trains a Stable Diffusion XL UNet by DDPM noise prediction",
                ("captions",), 1024, TEXT_TO_IMAGE_METRICS,
-               IMAGE_DIFFUSION | LORA_SHAPE | DENOISING | {VALIDATION_PROMPTS, CLIP_MODEL}),
+               IMAGE_DIFFUSION | LORA_SHAPE | DENOISING | {VALIDATION_PROMPTS, CLIP_MODEL},
+               profile=FamilyProfile(
+                   trained_module=2_567_463_684, linear_weights=2_232_647_680, frozen=901_374_183,
+                   lora_per_rank=1_451_520, adapter=0, largest_unit=1_206_568_960, loads_fp32=False,
+                   dynamic={("lora", False): Dynamic(2.076e+07, 6.996e+07, 7395),
+                            ("lora", True): Dynamic(5.76e+04, 7.312e+06, 823.8),
+                            ("full", False): Dynamic(4.442e+09, 2.602e+07, 8735),
+                            ("full", True): Dynamic(2.608e+08, -2.662e+07, 891)})),
     FamilyInfo("flux-kontext", "trains a FLUX.1 Kontext editing transformer by flow matching",
                ("edit-pairs",), 1024, EDITING_METRICS,
-               IMAGE_DIFFUSION | LORA_SHAPE | {CONTROL_DROPOUT, CLIP_MODEL}),
+               IMAGE_DIFFUSION | LORA_SHAPE | {CONTROL_DROPOUT, CLIP_MODEL},
+               profile=FamilyProfile(
+                   trained_module=11_901_408_320, linear_weights=11_898_322_944, frozen=4_969_190_819,
+                   lora_per_rank=1_167_360, adapter=0, largest_unit=339_831_296, loads_fp32=False,
+                   dynamic={("lora", False): Dynamic(2.123e+07, 3.005e+09, 4.98e+04),
+                            ("lora", True): Dynamic(3.017e+06, 2.53e+08, 4189),
+                            ("full", False): Dynamic(2.377e+10, 5.006e+09, 7.656e+04),
+                            ("full", True): Dynamic(7.769e+08, 3.107e+08, 4957)})),
     FamilyInfo("qwen-image-edit", "trains a Qwen-Image-Edit transformer by flow matching",
                ("edit-pairs",), 1024, EDITING_METRICS,
-               IMAGE_DIFFUSION | LORA_SHAPE | {CONTROL_DROPOUT, CLIP_MODEL}),
+               IMAGE_DIFFUSION | LORA_SHAPE | {CONTROL_DROPOUT, CLIP_MODEL},
+               profile=FamilyProfile(
+                   trained_module=20_430_401_088, linear_weights=20_424_818_688, frozen=8_419_059_187,
+                   lora_per_rank=1_474_560, adapter=0, largest_unit=339_831_296, loads_fp32=False,
+                   dynamic={("lora", False): Dynamic(2.659e+07, 6.605e+08, 7.145e+04),
+                            ("lora", True): Dynamic(3.539e+06, 4.59e+07, 4974),
+                            ("full", False): Dynamic(4.085e+10, 1.341e+09, 1.23e+05),
+                            ("full", True): Dynamic(7.617e+08, 5.943e+07, 5997)})),
     FamilyInfo("pmg", "trains soft prompts, a prefix and a mapping layer for a frozen Stable Diffusion 1.5",
                ("pmg",), 512, TEXT_TO_IMAGE_METRICS,
-               frozenset({QUANTIZATION, EMBEDDING_CACHE, CLIP_MODEL}) | DENOISING),
+               frozenset({QUANTIZATION, EMBEDDING_CACHE, CLIP_MODEL}) | DENOISING, own_adapter=True, options="pmg",
+               profile=FamilyProfile(
+                   trained_module=859_520_964, linear_weights=270_049_280, frozen=6_945_129_959,
+                   lora_per_rank=0, adapter=3_680_512, largest_unit=3_680_512, loads_fp32=False,
+                   dynamic={("lora", False): Dynamic(6.291e+06, 1.097e+09, 2961),
+                            ("lora", True): Dynamic(1.153e+07, 6.687e+07, 931.2),
+                            ("full", False): Dynamic(6.291e+06, 1.097e+09, 2961),
+                            ("full", True): Dynamic(1.153e+07, 6.687e+07, 931.2)})),
     FamilyInfo("classifier", "trains a transformers image classifier by cross-entropy",
                ("image-folder",), None, ("loss", "accuracy", "f1"),
-               frozenset({FULL_FINE_TUNE, LORA_RANK, LORA_ALPHA, LORA_DROPOUT, LORA_TARGETS})),
+               frozenset({FULL_FINE_TUNE, LORA_RANK, LORA_ALPHA, LORA_DROPOUT, LORA_TARGETS}),
+               profile=FamilyProfile(
+                   trained_module=86_567_656, linear_weights=85_702_656, frozen=0,
+                   lora_per_rank=36_864, adapter=769_000, largest_unit=7_087_872, loads_fp32=True, image_size=224,
+                   dynamic={("lora", False): Dynamic(1.684e+08, 0, 1066),
+                            ("lora", True): Dynamic(1.574e+07, 0, 277.9),
+                            ("full", False): Dynamic(1.726e+08, 0, 1589),
+                            ("full", True): Dynamic(1.687e+07, 0, 326)})),
 )}
 
 FAMILY_NAMES = tuple(FAMILIES)

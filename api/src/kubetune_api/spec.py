@@ -903,12 +903,22 @@ MONITOR_RULES += [_clip_monitor_rule(metric) for metric in CLIP_METRICS]
 LAYOUT_MESSAGE = ("spec.data.layout does not fit spec.model.family; each family reads its own layout: "
                   + ", ".join(f"{family} reads {' or '.join(layouts)}" for family, layouts in LAYOUTS_BY_FAMILY.items()))
 
+
+def _own_options_rule(block: str, family: str) -> Rule:
+    """A family's own options block (its row's `options`, e.g. spec.pmg) is refused for every other family."""
+    return Rule(f"!has(self.{block}) || self.model.family == '{family}'",
+                lambda spec: getattr(spec, block) is None or spec.model.family == family,
+                f"spec.{block} applies to family {family} only")
+
+
+OWN_OPTIONS_RULES = [_own_options_rule(family.options, name) for name, family in FAMILIES.items() if family.options]
+
+
 JOB_RULES = [
     Rule(" || ".join(f"(self.model.family == '{family}' && self.data.layout in {list(layouts)})"
                      for family, layouts in LAYOUTS_BY_FAMILY.items()),
          lambda spec: spec.data.layout in LAYOUTS_BY_FAMILY[spec.model.family], LAYOUT_MESSAGE),
-    Rule("!has(self.pmg) || self.model.family == 'pmg'",
-         lambda spec: spec.pmg is None or spec.model.family == "pmg", "spec.pmg applies to family pmg only"),
+    *OWN_OPTIONS_RULES,
     Rule("!has(self.distributed) || !has(self.distributed.processesPerNode) || !has(self.resources) "
          "|| !has(self.resources.gpusPerNode) || self.resources.gpusPerNode == 0 "
          "|| self.distributed.processesPerNode == self.resources.gpusPerNode",

@@ -1,9 +1,9 @@
-"""Calibrate kubetune_api.fit's table from the meta-device estimator: `python -m kubetune_trainer.planning.profiles`.
+"""Calibrate the rows' fit profiles from the meta-device estimator: `python -m kubetune_trainer.planning.profiles [FAMILY...]`.
 
 For each family's reference architecture: parameter counts from the models the planner builds,
 and the activations plus backward working memory measured at three points, solved for
-per_step + batch * (per_sample + per_pixel * resolution**2). Prints the PROFILES literal to paste
-into api/src/kubetune_api/fit.py.
+per_step + batch * (per_sample + per_pixel * resolution**2). Prints each family's
+`profile=FamilyProfile(...)` to paste into its row in api/src/kubetune_api/families.py.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kubetune_api.fit import Dynamic, FamilyProfile
+from kubetune_api.families import Dynamic, FamilyProfile
 from kubetune_api.spec import LAYOUTS_BY_FAMILY, TrainingJobSpec
 from kubetune_trainer.planning.estimate import Planner
 from kubetune_trainer.planning.models import QUANTIZED, TRAINED, load_models
@@ -89,20 +89,19 @@ def profile(family: str, folder: Path, planner: Planner) -> FamilyProfile:
     )
 
 
-def literal(profiles: dict[str, FamilyProfile]) -> str:
-    lines = ["PROFILES: dict[str, FamilyProfile] = {"]
-    for family, p in profiles.items():
-        lines.append(f'    "{family}": FamilyProfile(')
-        lines.append(f"        trained_module={p.trained_module:_}, linear_weights={p.linear_weights:_}, "
-                     f"frozen={p.frozen:_}, lora_per_rank={p.lora_per_rank:_},")
-        lines.append(f"        adapter={p.adapter:_}, largest_unit={p.largest_unit:_}, loads_fp32={p.loads_fp32},")
-        lines.append("        dynamic={")
-        for (kind, checkpointing), d in p.dynamic.items():
-            lines.append(f'            ("{kind}", {checkpointing}): Dynamic({d.per_step:.4g}, {d.per_sample:.4g}, '
-                         f"{d.per_pixel:.4g}),")
-        lines.append("        },")
-        lines.append("    ),")
-    lines.append("}")
+def literal(profile: FamilyProfile) -> str:
+    """`profile=FamilyProfile(...)` as it is written in the family's row (kubetune_api.families)."""
+    pad = " " * 19
+    image_size = f" image_size={profile.image_size}," if profile.image_size else ""
+    lines = ["profile=FamilyProfile(",
+             f"{pad}trained_module={profile.trained_module:_}, linear_weights={profile.linear_weights:_}, "
+             f"frozen={profile.frozen:_},",
+             f"{pad}lora_per_rank={profile.lora_per_rank:_}, adapter={profile.adapter:_}, "
+             f"largest_unit={profile.largest_unit:_}, loads_fp32={profile.loads_fp32},{image_size}"]
+    for i, ((kind, checkpointing), d) in enumerate(profile.dynamic.items()):
+        lines.append(f"{pad}dynamic={{" if i == 0 else pad + " " * 9)
+        lines[-1] += (f'("{kind}", {checkpointing}): Dynamic({d.per_step:.4g}, {d.per_sample:.4g}, {d.per_pixel:.4g})'
+                      + ("})" if i == len(profile.dynamic) - 1 else ","))
     return "\n".join(lines)
 
 
@@ -115,9 +114,8 @@ def main() -> None:
     families = sys.argv[1:] or list(LAYOUTS_BY_FAMILY)
     planner = Planner("cuda")
     with tempfile.TemporaryDirectory() as tmp:
-        profiles = {family: profile(family, write_config_only(family, Path(tmp) / family), planner)
-                    for family in families}
-    print(literal(profiles))
+        for family in families:
+            print(f"{family}:\n" + literal(profile(family, write_config_only(family, Path(tmp) / family), planner)))
 
 
 if __name__ == "__main__":
