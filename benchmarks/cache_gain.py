@@ -27,9 +27,24 @@ from pathlib import Path
 import yaml
 
 
+# What a toy UNet keeps of the reference one: how it is conditioned.
+CONDITIONING = ("cross_attention_dim", "use_linear_projection", "addition_embed_type", "addition_time_embed_dim",
+                "projection_class_embeddings_input_dim")
+
+
+def unet_families() -> list[str]:
+    """The families that train a UNet on captions (their declarations say so): sd15 and sdxl."""
+    from kubetune_api.families import FAMILIES
+    from kubetune_trainer.families import definitions
+
+    return [name for name, definition in definitions().items()
+            if definition.trained == "unet" and "captions" in FAMILIES[name].layouts]
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--families", nargs="+", default=["sd15", "sdxl"], choices=["sd15", "sdxl"])
+    families = unet_families()
+    parser.add_argument("--families", nargs="+", default=families, choices=families)
     parser.add_argument("--resolution", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--images", type=int, default=16)
@@ -38,33 +53,35 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def toy_unet(reference: dict):
+    """The family's reference UNet conditioned as it is (CONDITIONING) at toy width: two levels, its
+    first and last block types, of 32 and 64 channels."""
+    from diffusers import UNet2DConditionModel
+
+    heads = reference["attention_head_dim"]
+    return UNet2DConditionModel(
+        sample_size=32, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 64),
+        norm_num_groups=32, down_block_types=(reference["down_block_types"][0], reference["down_block_types"][-1]),
+        up_block_types=(reference["up_block_types"][0], reference["up_block_types"][-1]),
+        attention_head_dim=heads if isinstance(heads, int) else (2, 4),
+        **{key: reference[key] for key in CONDITIONING if key in reference})
+
+
 def write_model(family: str, out: Path) -> Path:
     """Real VAE and text encoders with random weights, a toy UNet conditioned like the real one."""
     import torch
-    from diffusers import UNet2DConditionModel
 
-    from kubetune_trainer.reference_models import ARCHITECTURES, build, write_config_only
+    from kubetune_trainer.reference_models import architecture, build, write_config_only
 
     if (out / "unet" / "diffusion_pytorch_model.safetensors").exists():
         return out
     write_config_only(family, out)
     torch.manual_seed(0)
-    for name, component in ARCHITECTURES[family].items():
+    components = architecture(family)
+    for name, component in components.items():
         if name != "unet":
             build(component).save_pretrained(out / component.subfolder, safe_serialization=True)
-    toy = dict(sample_size=32, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 64),
-               norm_num_groups=32)
-    if family == "sd15":
-        unet = UNet2DConditionModel(**toy, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-                                    up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=768,
-                                    attention_head_dim=8)
-    else:
-        unet = UNet2DConditionModel(**toy, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-                                    up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), attention_head_dim=(2, 4),
-                                    use_linear_projection=True, addition_embed_type="text_time",
-                                    addition_time_embed_dim=256, projection_class_embeddings_input_dim=6 * 256 + 1280,
-                                    cross_attention_dim=2048)
-    unet.save_pretrained(out / "unet", safe_serialization=True)
+    toy_unet(components["unet"].config).save_pretrained(out / "unet", safe_serialization=True)
     return out
 
 

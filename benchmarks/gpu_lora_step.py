@@ -31,9 +31,6 @@ import yaml
 
 from kubetune_api.families import FAMILIES, LORA_ALPHA, LORA_RANK
 
-CLASSIFIER_RESOLUTION = 224  # the classifier takes its model's size: the reference ViT-B/16's
-
-
 def layout(family: str) -> str:
     return FAMILIES[family].layouts[0]
 
@@ -55,7 +52,8 @@ def parse_args(argv=None):
     parser.add_argument("--tiny", action="store_true", help="the family's tiny model (a quick check of the command)")
     parser.add_argument("--workdir", type=Path, help="keep the model and data here (default: a temporary directory)")
     args = parser.parse_args(argv)
-    native = FAMILIES[args.family].native_resolution or CLASSIFIER_RESOLUTION
+    row = FAMILIES[args.family]  # a family without a native resolution: its reference model's own size
+    native = row.native_resolution or row.profile.image_size
     args.resolution = args.resolution or (32 if args.tiny else native)
     return args
 

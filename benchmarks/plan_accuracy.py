@@ -102,13 +102,13 @@ def materialise(models) -> None:
 def measure(name: str, model_dir: Path) -> dict:
     import torch
 
+    from kubetune_trainer.families import definition_for
     from kubetune_trainer.optim import build_optimizer
-    from kubetune_trainer.planning.estimate import enable_gradient_checkpointing
-    from kubetune_trainer.planning.forwards import RECIPES
     from kubetune_trainer.planning.models import load_models, weight_dtype
 
     torch.manual_seed(0)
     spec = case_spec(name, model_dir)
+    definition = definition_for(spec.model.family)  # its planning forward and gradient checkpointing
     load_models(spec)  # on the meta device: imports every library the models need before the baseline
     sampler = PeakResident()
     sampler.start()
@@ -117,7 +117,7 @@ def measure(name: str, model_dir: Path) -> dict:
     models = load_models(spec)
     materialise(models)
     if spec.training.gradient_checkpointing:
-        enable_gradient_checkpointing(spec, models)
+        definition.enable_gradient_checkpointing(models.components)
     models.trained_module.train()
     built = sampler.now()
     dtype = weight_dtype(spec)
@@ -134,7 +134,7 @@ def measure(name: str, model_dir: Path) -> dict:
 
     started = time.perf_counter()
     for _ in range(2):
-        loss = RECIPES[spec.model.family](models.components, spec, make, autocast, dtype)
+        loss = definition.forward(models.components, spec, make, autocast, dtype)
         loss.backward()
         del loss
         torch.nn.utils.clip_grad_norm_(params, spec.training.max_grad_norm)

@@ -130,6 +130,15 @@ def steady_rate(step_end_times: list[float], cfg: dict) -> float:
 
 # --- every family, with and without the embedding cache ------------------------------------------
 
+def family_adapter(family: str, rank: int) -> dict:
+    """LoRA of `rank` where the family's row honours a LoRA shape (PMG trains parts of its own)."""
+    from kubetune_api.families import FAMILIES, LORA_ALPHA, LORA_RANK
+
+    honours = FAMILIES[family].honours
+    return {"type": "lora", **({"rank": rank} if LORA_RANK in honours else {}),
+            **({"alpha": rank} if LORA_ALPHA in honours else {})}
+
+
 def run_family(args, family: str, layout: str, workdir: Path, cached: bool) -> float:
     """Steady-state samples/s of one family's tiny model; `cached` fills the cache first (--cache-only)."""
     from kubetune_trainer.tiny_data import write_tiny_data
@@ -145,9 +154,9 @@ def run_family(args, family: str, layout: str, workdir: Path, cached: bool) -> f
         "apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "bench"},
         "spec": {
             "model": {"family": family, "pretrained": str(model)},
-            "adapter": {"type": "lora", "rank": args.rank, "alpha": args.rank},
+            "adapter": family_adapter(family, args.rank),
             "data": {"layout": layout, "uri": str(data), "resolution": args.resolution,
-                     "cache": {"enabled": cached, "uri": str(out / "cache")}},
+                     **({"cache": {"enabled": True, "uri": str(out / "cache")}} if cached else {})},
             "training": {"maxSteps": args.warmup_steps + args.steps, "batchSize": args.batch_size,
                          "learningRate": 1e-4, "mixedPrecision": args.mixed_precision},
             "checkpoints": {"uri": str(out), "everySteps": 10_000_000, "keepLast": 1},
@@ -166,19 +175,21 @@ def run_family(args, family: str, layout: str, workdir: Path, cached: bool) -> f
 
 
 def benchmark_families(args, workdir: Path) -> None:
-    from kubetune_api.spec import LAYOUTS_BY_FAMILY
+    from kubetune_api.families import EMBEDDING_CACHE, FAMILIES
 
     print(f"every family, tiny models, LoRA r{args.rank}, batch {args.batch_size}, {args.resolution} px, "
           f"precision {args.mixed_precision}, {args.steps} steps after {args.warmup_steps} warm-up")
     print(f"{'family':16s} {'uncached':>10s} {'cached':>10s}  samples/s")
-    for family, layouts in LAYOUTS_BY_FAMILY.items():
+    for family, row in FAMILIES.items():
+        layout = row.layouts[0]
         try:
-            plain = run_family(args, family, layouts[0], workdir, cached=False)
-            cached = run_family(args, family, layouts[0], workdir, cached=True)
+            plain = run_family(args, family, layout, workdir, cached=False)
+            # A family without frozen encoders (the classifier) has no embedding cache to fill.
+            cached = run_family(args, family, layout, workdir, cached=True) if EMBEDDING_CACHE in row.honours else None
         except ValueError as err:  # no tiny model for the family in this version
             print(f"{family:16s} skipped: {err}")
             continue
-        print(f"{family:16s} {plain:10.2f} {cached:10.2f}")
+        print(f"{family:16s} {plain:10.2f} {f'{cached:10.2f}' if cached is not None else 'n/a':>10s}")
 
 
 # --- baseline: a plain loop in the style of the diffusers LoRA example --------------------------

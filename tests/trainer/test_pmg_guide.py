@@ -22,10 +22,10 @@ def trained_parameters(prefix_projection: bool = False, prefix_hidden_size: int 
     from transformers import LlamaConfig
 
     from kubetune_trainer.families.pmg import PmgAdapter
-    from kubetune_trainer.reference_models import ARCHITECTURES
+    from kubetune_trainer.reference_models import architecture
 
-    llama = LlamaConfig(**ARCHITECTURES["pmg"]["language_model"].config)
-    unet = ARCHITECTURES["pmg"]["unet"].config
+    llama = LlamaConfig(**architecture("pmg")["language_model"].config)
+    unet = architecture("pmg")["unet"].config
     with torch.device("meta"):
         adapter = PmgAdapter(llama, GUIDE_DEFAULTS["num_image_prompt"], GUIDE_DEFAULTS["num_prefix_prompt"],
                              unet["cross_attention_dim"], prefix_projection, prefix_hidden_size)

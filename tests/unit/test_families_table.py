@@ -1,6 +1,8 @@
-"""The families table (kubetune_api.families) is the one list of families: every other list is
-keyed by it, and every option a family ignores is refused, naming the field and the family, by
-the same rule the API server runs (tests/unit/test_rules.py checks the CEL side)."""
+"""A family is one row (kubetune_api.families) and one module (its DEFINITION): every other list of
+families derives from those two, a family added as only a row and a module shows in all of them,
+no other code asks which family it is, and every option a family ignores is refused, naming the
+field and the family, by the same rule the API server runs (tests/unit/test_rules.py checks the
+CEL side)."""
 from __future__ import annotations
 
 import pytest
@@ -11,21 +13,99 @@ from kubetune_api.spec import FAMILY_OPTIONS, TrainingJobSpec
 from tests.family_options import SETTINGS, combinations, set_fields, with_family
 
 
-def test_every_list_of_families_is_keyed_by_the_table():
+def test_every_list_of_families_derives_from_the_table():
     from kubetune_api.spec import LAYOUTS_BY_FAMILY, NATIVE_RESOLUTIONS
     from kubetune_cli.main import FAMILIES as CLI_FAMILIES
-    from kubetune_trainer.families import FAMILIES as REGISTRY
-    from kubetune_trainer.planning.forwards import RECIPES
-    from kubetune_trainer.planning.models import TRAINED
-    from kubetune_trainer.reference_models import ARCHITECTURES
-    from kubetune_trainer.tiny_models import WRITERS
+    from kubetune_trainer.families import definitions
 
     names = set(table.FAMILY_NAMES)
-    profiles = [name for name, family in table.FAMILIES.items() if family.profile]
-    for listing in (REGISTRY, WRITERS, ARCHITECTURES, RECIPES, TRAINED, profiles, CLI_FAMILIES,
-                    LAYOUTS_BY_FAMILY, NATIVE_RESOLUTIONS):
+    for listing in (definitions(), CLI_FAMILIES, LAYOUTS_BY_FAMILY, NATIVE_RESOLUTIONS):
         assert set(listing) == names
     assert set(TrainingJobSpec.model_json_schema()["$defs"]["ModelSpec"]["properties"]["family"]["enum"]) == names
+    assert all(family.profile is not None for family in table.FAMILIES.values())
+
+
+def test_each_family_module_declares_what_the_trainer_derives_from_it():
+    from kubetune_trainer.families import definitions, module_name
+
+    for name, definition in definitions().items():
+        assert definition.family.__module__ == module_name(name), name
+        assert definition.quantized in (None, *definition.architecture), name
+        # The trained module is a component, or what the family builds beside them (PMG's adapter).
+        assert definition.trained in definition.architecture or definition.meta_trainable, name
+        assert not definition.pipeline or definition.scheduler, name  # a config-only pipeline folder needs one
+        assert set(definition.auto_classes) | set(definition.elsewhere) <= set(definition.architecture), name
+
+
+TOY_FAMILY = "toy-family"
+TOY_MODULE = "kubetune_trainer.families.toy_family"
+
+
+@pytest.fixture
+def toy_family(monkeypatch):
+    """A family that exists only as a row and a module (a Stable Diffusion at toy width): every list
+    of families must show it without being told."""
+    import dataclasses
+    import sys
+    import types
+
+    from kubetune_trainer.families import sd15
+    from kubetune_trainer.reference_models import CLIP_L_TEXT, SD_VAE, Component
+
+    unet = dict(sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 64),
+                down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=32, attention_head_dim=8)
+    module = types.ModuleType(TOY_MODULE)
+    module.DEFINITION = dataclasses.replace(sd15.DEFINITION, architecture={
+        "unet": Component("unet", "diffusers", "UNet2DConditionModel", unet),
+        "text_encoder": Component("text_encoder", "transformers", "CLIPTextModel",
+                                  {**CLIP_L_TEXT, "hidden_size": 32, "num_hidden_layers": 1,
+                                   "num_attention_heads": 2, "intermediate_size": 64}),
+        "vae": Component("vae", "diffusers", "AutoencoderKL", {**SD_VAE, "block_out_channels": (32, 32),
+                                                               "down_block_types": ("DownEncoderBlock2D",) * 2,
+                                                               "up_block_types": ("UpDecoderBlock2D",) * 2}),
+    })
+    monkeypatch.setitem(sys.modules, TOY_MODULE, module)
+    monkeypatch.setitem(table.FAMILIES, TOY_FAMILY, dataclasses.replace(table.FAMILIES["sd15"], name=TOY_FAMILY))
+    return module.DEFINITION
+
+
+def test_a_family_added_as_a_row_and_a_module_is_in_every_derived_list(toy_family, tmp_path):
+    from kubetune_api.fit import coarse_estimate
+    from kubetune_trainer.families import definition_for, definitions, family_for
+    from kubetune_trainer.planning.estimate import Planner
+    from kubetune_trainer.reference_models import architecture, write_config_only
+    from kubetune_trainer.tiny_models import write_tiny_model
+
+    assert definition_for(TOY_FAMILY) is toy_family and TOY_FAMILY in definitions()
+    assert family_for(TOY_FAMILY) is toy_family.family
+    assert architecture(TOY_FAMILY) == toy_family.architecture
+    assert (write_tiny_model(TOY_FAMILY, tmp_path / "tiny") / "model_index.json").is_file()
+    configs = write_config_only(TOY_FAMILY, tmp_path / "configs")
+    assert {p.parent.name for p in configs.glob("*/config.json")} == {"unet", "text_encoder", "vae"}
+    sd15 = TrainingJobSpec.model_validate({
+        "model": {"family": "sd15", "pretrained": str(configs)}, "data": {"layout": "captions", "uri": "/data", "resolution": 64},
+        "training": {"maxSteps": 1}, "checkpoints": {"uri": "/ck"}})
+    spec = sd15.model_copy(update={"model": sd15.model.model_copy(update={"family": TOY_FAMILY})})
+    estimate = Planner("cuda").estimate(spec, 1, "ddp")  # the planner builds and runs the toy architecture
+    assert set(estimate.weights_by_model) == {"unet", "text_encoder", "vae"} and estimate.activations > 0
+    assert coarse_estimate(spec).total == coarse_estimate(sd15).total  # the operator reads the row's profile
+
+
+def test_no_code_outside_a_family_module_asks_which_family_it_is():
+    """Per-family facts live in the family's row or module; everything else reads them."""
+    import re
+
+    from tests.conftest import REPO
+
+    asks = re.compile(r"family\s*(?:==|!=)\s*[\"'][\w-]+[\"']|family\s+(?:not\s+)?in\s+[(\[{]\s*[\"']")
+    own = REPO / "trainer_image" / "src" / "kubetune_trainer" / "families"
+    roots = [REPO / "api" / "src", REPO / "operator" / "src", REPO / "cli" / "src", REPO / "trainer_image" / "src",
+             REPO / "devcluster" / "src", REPO / "benchmarks"]
+    found = [f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+             for root in roots for path in sorted(root.rglob("*.py")) if not path.is_relative_to(own)
+             for number, line in enumerate(path.read_text().splitlines(), 1) if asks.search(line)]
+    assert found == []
 
 
 def test_every_layout_the_api_accepts_is_read_by_the_trainer_and_has_tiny_data():
@@ -40,11 +120,12 @@ def test_every_layout_the_api_accepts_is_read_by_the_trainer_and_has_tiny_data()
     assert {layout for family in table.FAMILIES.values() for layout in family.layouts} == accepted
 
 
-def test_the_quantized_denoisers_are_the_families_honouring_quantization():
+def test_the_families_declaring_a_quantized_denoiser_are_those_honouring_quantization():
     from kubetune_api.fixes import QUANTIZABLE
-    from kubetune_trainer.planning.models import QUANTIZED
+    from kubetune_trainer.families import definitions
 
-    assert set(QUANTIZED) == set(QUANTIZABLE) == set(table.honouring(table.QUANTIZATION))
+    quantized = {name for name, definition in definitions().items() if definition.quantized}
+    assert quantized == set(QUANTIZABLE) == set(table.honouring(table.QUANTIZATION))
 
 
 def test_every_option_of_the_table_has_one_rule_shape_and_one_setting():

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kubetune_trainer.reference_models import ARCHITECTURES, build, write_config_only
+from kubetune_trainer.reference_models import architecture, build, write_config_only
 
 # Published parameter counts (model cards and papers).
 PUBLISHED = [
@@ -22,7 +22,7 @@ PUBLISHED = [
 
 def parameters(family: str, component: str) -> int:
     with torch.device("meta"):
-        return sum(p.numel() for p in build(ARCHITECTURES[family][component]).parameters())
+        return sum(p.numel() for p in build(architecture(family)[component]).parameters())
 
 
 @pytest.mark.parametrize("family, component, published", PUBLISHED, ids=lambda v: str(v))
@@ -33,7 +33,7 @@ def test_reference_architecture_has_the_published_size(family, component, publis
 @pytest.mark.parametrize("family", ["sd15", "qwen-image-edit", "pmg", "classifier"])
 def test_a_config_only_folder_has_every_config_and_no_weights(family, tmp_path):
     out = write_config_only(family, tmp_path / family)
-    for component in ARCHITECTURES[family].values():
+    for component in architecture(family).values():
         assert (out / component.subfolder / "config.json").is_file()
     weights = [p for p in out.rglob("*") if p.suffix in (".safetensors", ".bin", ".pt")]
     assert weights == []

@@ -1,7 +1,11 @@
-"""The interface between the generic training loop and a model family."""
+"""The interface between the generic training loop and a model family.
+
+A family's module also declares what the trainer derives from it besides this class (its
+reference architecture, planning forward, tiny model...): families.definition says how.
+"""
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import ABCMeta, abstractmethod
 from typing import Any
 from pathlib import Path
 
@@ -18,13 +22,30 @@ from kubetune_trainer.families.trainable import Trainable, enable_gradient_check
 from kubetune_trainer.randomness import SampleRandom
 
 
-class ModelFamily(ABC):
+class _PlacesFrozenModels(ABCMeta):
+    """Calls place_frozen() once a family's __init__ has returned: no family moves its frozen models itself."""
+
+    def __call__(cls, *args, **kwargs):
+        family = super().__call__(*args, **kwargs)
+        family.place_frozen()
+        return family
+
+
+class ModelFamily(metaclass=_PlacesFrozenModels):
     """Loads a family's models; encodes a batch; computes its loss; samples or scores for validation.
 
-    Shared by every family: data through the layout table (data.layouts) and what trains and how it
-    is saved through self.trainable (families.trainable). The loop owns everything else:
-    accumulation, clipping, precision, logging, checkpoints.
+    Shared by every family: data through the layout table (data.layouts), what trains and how it
+    is saved through self.trainable (families.trainable), and its frozen models (frozen_models()),
+    which the base freezes and places once the family's __init__ has loaded them (place_frozen).
+    The loop owns everything else: accumulation, clipping, precision, logging, checkpoints.
+
+    A family's __init__ loads its models, sets self.trainable (and puts the trained module on the
+    device, in training mode); it leaves its frozen models where they loaded.
     """
+
+    # Names in frozen_models() that the training step runs even when the embedding cache holds every
+    # encoding (PMG's language model, which reads each history through the trained adapter).
+    needed_in_step: tuple[str, ...] = ()
 
     def __init__(self, spec: TrainingJobSpec, device: torch.device, weight_dtype: torch.dtype):
         self.spec = spec
@@ -82,6 +103,23 @@ class ModelFamily(ABC):
     def trainable_module(self) -> torch.nn.Module:
         """The module whose gradients are synchronised across processes (wrapped by Accelerate)."""
         return self.trainable.module
+
+    def frozen_models(self) -> dict[str, torch.nn.Module]:
+        """Every frozen model the family loaded to encode its inputs, by name (its subfolder): text
+        encoders, the VAE, PMG's language model; not the trained module, nor a frozen denoiser the
+        step trains through (PMG's UNet). None by default."""
+        return {}
+
+    def place_frozen(self, device: torch.device | None = None) -> None:
+        """Freeze every frozen model (no gradients, eval mode) and put it on `device` (default: the
+        family's). Called once after the family's __init__; the one place frozen models move."""
+        for model in self.frozen_models().values():
+            model.requires_grad_(False).to(device or self.device).eval()
+
+    def repeated_blocks(self) -> tuple[str, ...]:
+        """Class names of the trained module's repeated blocks (regional torch.compile): diffusers'
+        `_repeated_blocks` where the module has it; a family whose library does not say overrides this."""
+        return tuple(getattr(self.trainable_module, "_repeated_blocks", ()))
 
     def encoders(self) -> dict[str, Encoder]:
         """The frozen encoders whose per-sample outputs the embedding cache may keep; built once (an

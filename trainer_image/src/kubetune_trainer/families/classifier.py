@@ -11,7 +11,9 @@ from kubetune_trainer.data.image_folder import read_image_folder
 from kubetune_trainer.device_copy import to_device
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.families.base import ModelFamily
+from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.trainable import transformers_classifier
+from kubetune_trainer.reference_models import Component
 
 
 def accuracy_and_f1(predictions: torch.Tensor, labels: torch.Tensor, num_classes: int) -> dict[str, float]:
@@ -119,3 +121,53 @@ class ImageClassifier(ModelFamily):
             labels.append(batch["labels"])
         metrics = accuracy_and_f1(torch.cat(predictions), torch.cat(labels), len(self.classes))
         return {"loss": sum(losses) / len(losses), **metrics}
+
+
+# --- declarations: reference architecture, tiny model, planning ------------------------------------
+
+VIT_B16 = dict(
+    image_size=224, patch_size=16, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+    intermediate_size=3072, num_labels=1000,
+)
+ARCHITECTURE = {"model": Component("", "transformers", "ViTForImageClassification", VIT_B16)}
+
+
+def write_tiny_classifier(out_dir: Path, seed: int = 0) -> Path:
+    """A ViT image classifier (2 labels; training replaces the head to fit the data's classes)."""
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+    torch.manual_seed(seed)
+    model = ViTForImageClassification(ViTConfig(
+        image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, num_labels=2,
+    ))
+    model.save_pretrained(out_dir, safe_serialization=True)
+    # Real checkpoints ship their preprocessing: the size and normalisation the model expects.
+    ViTImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(out_dir)
+    return out_dir
+
+
+def meta_classifier(spec, models: dict[str, torch.nn.Module]) -> None:
+    """The planner's classifier trains as ImageClassifier does: whole, or a PEFT LoRA with its head."""
+    models["model"] = transformers_classifier(models["model"], spec.adapter).module
+
+
+def planning_forward(models, spec, make, autocast, dtype: torch.dtype) -> torch.Tensor:
+    """compute_loss's forward at spec.data.resolution, else the model's own size."""
+    model = models["model"]
+    batch, side = spec.training.batch_size, spec.resolution or model.config.image_size
+    with autocast():
+        logits = model(pixel_values=make((batch, 3, side, side), torch.float32)).logits
+    return F.cross_entropy(logits.float(), make((batch,), torch.long))
+
+
+DEFINITION = FamilyDefinition(
+    family=ImageClassifier,
+    architecture=ARCHITECTURE,
+    trained="model",
+    forward=planning_forward,
+    write_tiny=write_tiny_classifier,
+    auto_classes={"model": "AutoModelForImageClassification"},
+    dtype_from_config=True,  # from_pretrained without a dtype, as ImageClassifier loads it
+    meta_trainable=meta_classifier,
+)

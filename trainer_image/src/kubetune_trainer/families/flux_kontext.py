@@ -8,20 +8,27 @@ from __future__ import annotations
 
 import torch
 
-from kubetune_trainer import diffusion, flow_matching
+from pathlib import Path
+
+from kubetune_trainer import diffusion, flow_matching, quantization, tiny_models
 from kubetune_trainer.data.cache import Encoder, model_identity
 from kubetune_trainer.device_copy import to_device
-from kubetune_trainer.families.editing import EditingFamily
+from kubetune_trainer.families import editing
+from kubetune_trainer.families.base import ModelFamily
+from kubetune_trainer.families.definition import FamilyDefinition
+from kubetune_trainer.families.denoiser import load_denoiser, train_denoiser
+from kubetune_trainer.planning.forwards import mse, vae_scale
+from kubetune_trainer.reference_models import CLIP_L_TEXT, T5_XXL_ENCODER, Component
 
+PIPELINE = "FluxKontextPipeline"
 GUIDANCE = 2.5  # the distilled guidance FLUX.1 Kontext [dev] samples with by default
 MAX_TEXT_TOKENS = 512
 
 
-class FluxKontext(EditingFamily):
-    PIPELINE = "FluxKontextPipeline"
-
+class FluxKontext(ModelFamily):
     def __init__(self, spec, device, weight_dtype):
         super().__init__(spec, device, weight_dtype)
+        quantization.check_supported(spec.model.quantization)  # refuse before loading anything
         from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
         from transformers import CLIPTextModel, CLIPTokenizer, T5EncoderModel, T5TokenizerFast
 
@@ -32,10 +39,11 @@ class FluxKontext(EditingFamily):
         self.text_encoder = CLIPTextModel.from_pretrained(root, subfolder="text_encoder", torch_dtype=weight_dtype)
         self.text_encoder_2 = T5EncoderModel.from_pretrained(root, subfolder="text_encoder_2", torch_dtype=weight_dtype)
         self.vae = AutoencoderKL.from_pretrained(root, subfolder="vae", torch_dtype=weight_dtype)
-        self.transformer = self._load_transformer(FluxTransformer2DModel)
-        for frozen in (self.text_encoder, self.text_encoder_2, self.vae):
-            frozen.requires_grad_(False).to(device).eval()
-        self._prepare_transformer()
+        self.transformer = load_denoiser(spec, FluxTransformer2DModel, "transformer", weight_dtype)
+        self.trainable = train_denoiser(self.transformer, spec, "transformer", PIPELINE, device)
+
+    def frozen_models(self):
+        return {"text_encoder": self.text_encoder, "text_encoder_2": self.text_encoder_2, "vae": self.vae}
 
     # --- encoders -----------------------------------------------------------------------------
 
@@ -116,7 +124,7 @@ class FluxKontext(EditingFamily):
     def sample_images(self, model, held_out, generator):
         from kubetune_trainer.data.images import to_pil
 
-        pairs = self.held_out_pairs(held_out)
+        pairs = editing.held_out_pairs(self.spec, held_out)
         if not pairs:
             return []
         pipeline = self.pipeline()
@@ -127,3 +135,102 @@ class FluxKontext(EditingFamily):
                          generator=generator, max_area=size * size, _auto_resize=False,
                          max_sequence_length=min(MAX_TEXT_TOKENS, self.tokenizer_2.model_max_length)).images[0]
                 for control, caption in pairs]
+
+    def image_metrics(self, images, held_out, clip):
+        return editing.clip_directional(images, editing.held_out_pairs(self.spec, held_out), clip)
+
+
+# --- declarations: reference architecture, folders, tiny model, planning ---------------------------
+
+# FLUX.1: 19 double-stream + 38 single-stream blocks, 24 heads x 128, T5 context of width 4096.
+FLUX_TRANSFORMER = dict(
+    patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
+    num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
+    axes_dims_rope=(16, 56, 56),
+)
+FLUX_VAE = dict(
+    in_channels=3, out_channels=3, latent_channels=16, layers_per_block=2,
+    down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+    block_out_channels=(128, 256, 512, 512), sample_size=1024, use_quant_conv=False, use_post_quant_conv=False,
+    shift_factor=0.1159, scaling_factor=0.3611,
+)
+ARCHITECTURE = {
+    "transformer": Component("transformer", "diffusers", "FluxTransformer2DModel", FLUX_TRANSFORMER),
+    "text_encoder": Component("text_encoder", "transformers", "CLIPTextModel", CLIP_L_TEXT),
+    "text_encoder_2": Component("text_encoder_2", "transformers", "T5EncoderModel", T5_XXL_ENCODER),
+    "vae": Component("vae", "diffusers", "AutoencoderKL", FLUX_VAE),
+}
+
+
+def scheduler():
+    """FLUX.1 Kontext [dev]'s flow-matching scheduler, with its resolution-dependent shift."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
+                                           base_image_seq_len=256, max_image_seq_len=4096)
+
+
+def write_tokenizers(out_dir: Path) -> None:
+    tiny_models.tiny_clip_tokenizer().save_pretrained(out_dir / "tokenizer")
+    tiny_models.tiny_t5_tokenizer(max_length=MAX_TEXT_TOKENS).save_pretrained(out_dir / "tokenizer_2")
+
+
+def write_tiny_flux_kontext(out_dir: Path, seed: int = 0) -> Path:
+    """FLUX.1 Kontext's pipeline: a 1+1-block FluxTransformer2DModel, a 2-level 4-channel VAE, CLIP + T5."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxKontextPipeline, FluxTransformer2DModel
+    from transformers import T5Config, T5EncoderModel
+
+    clip_tokenizer, t5_tokenizer = tiny_models.tiny_clip_tokenizer(), tiny_models.tiny_t5_tokenizer()
+    torch.manual_seed(seed)
+    transformer = FluxTransformer2DModel(
+        patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=True,
+        axes_dims_rope=(4, 4, 8),
+    )
+    vae = AutoencoderKL(
+        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(16, 16), layers_per_block=1,
+        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+        norm_num_groups=4, sample_size=32, use_quant_conv=False, use_post_quant_conv=False,
+        shift_factor=0.0609, scaling_factor=1.5035,
+    )
+    t5 = T5EncoderModel(T5Config(vocab_size=len(t5_tokenizer), d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                                 num_heads=4, relative_attention_num_buckets=8, decoder_start_token_id=0))
+    pipeline = FluxKontextPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True), vae=vae,
+        text_encoder=tiny_models.tiny_clip_text_encoder(len(clip_tokenizer), seed=seed), tokenizer=clip_tokenizer,
+        text_encoder_2=t5, tokenizer_2=t5_tokenizer, transformer=transformer,
+    )
+    pipeline.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+def planning_forward(models, spec, make, autocast, dtype: torch.dtype) -> torch.Tensor:
+    """compute_loss's transformer call: the noisy target's tokens then the control's, T5's and CLIP's embeddings."""
+    transformer, vae = models["transformer"], models["vae"]
+    batch, side = spec.training.batch_size, spec.resolution // vae_scale(vae)
+    tokens = (side // 2) ** 2                                   # 2x2 latent patches per token
+    width = vae.config.latent_channels * 4
+    image = make((batch, 2 * tokens, width), dtype)             # noisy target tokens, then the control's
+    text_tokens = MAX_TEXT_TOKENS
+    with autocast():
+        prediction = transformer(
+            hidden_states=image, timestep=make((batch,), dtype),
+            guidance=make((batch,), torch.float32) if transformer.config.guidance_embeds else None,
+            pooled_projections=make((batch, transformer.config.pooled_projection_dim), dtype),
+            encoder_hidden_states=make((batch, text_tokens, transformer.config.joint_attention_dim), dtype),
+            txt_ids=make((text_tokens, 3), dtype), img_ids=make((2 * tokens, 3), dtype), return_dict=False,
+        )[0][:, :tokens]
+    return mse(prediction, make((batch, tokens, width), dtype))
+
+
+DEFINITION = FamilyDefinition(
+    family=FluxKontext,
+    architecture=ARCHITECTURE,
+    trained="transformer",
+    quantized="transformer",
+    forward=planning_forward,
+    write_tiny=write_tiny_flux_kontext,
+    pipeline=PIPELINE,
+    scheduler=scheduler,
+    write_tokenizers=write_tokenizers,
+)

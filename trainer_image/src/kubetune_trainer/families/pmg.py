@@ -11,19 +11,21 @@ defaults (the prefix projection would add about 1.1 billion).
 from __future__ import annotations
 
 import json
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers.cache_utils import DynamicLayer
-from transformers.modeling_layers import GradientCheckpointingLayer
 
 from kubetune_api.spec import PmgSpec
+from kubetune_trainer import tiny_models
 from kubetune_trainer.device_copy import to_device
+from kubetune_trainer.families import stable_diffusion as sd
 from kubetune_trainer.families.base import ModelFamily
-from kubetune_trainer.families.sd15 import UNetDiffusion
+from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.trainable import Trainable
+from kubetune_trainer.planning.forwards import CLIP_TOKENS, mse, vae_scale
+from kubetune_trainer.reference_models import Component
 
 ADAPTER_FILE = "pmg_adapter.safetensors"
 ADAPTER_CONFIG = "pmg_adapter.json"
@@ -69,7 +71,7 @@ class PmgAdapter(torch.nn.Module):
         length = prefix.shape[0]
         prefix = prefix.view(length, self.num_layers, 2, self.num_kv_heads, self.head_dim).to(dtype)
         cache = DynamicCache()
-        cache.layers = [PrefixLayer(*(prefix[:, layer, i].permute(1, 0, 2).unsqueeze(0).expand(batch_size, -1, -1, -1)
+        cache.layers = [prefix_layer_class()(*(prefix[:, layer, i].permute(1, 0, 2).unsqueeze(0).expand(batch_size, -1, -1, -1)
                                        for i in (0, 1)))
                         for layer in range(self.num_layers)]
         return cache
@@ -93,17 +95,24 @@ class PmgAdapter(torch.nn.Module):
         return self.mapping(hidden.float())
 
 
-class PrefixLayer(DynamicLayer):
-    """One LM layer's prefix as a cache layer that attends to prefix + the new keys but stores
-    nothing: a gradient-checkpointed layer runs twice and must see the same prefix both times."""
+@cache
+def prefix_layer_class() -> type:
+    """PrefixLayer, defined on first use (transformers is imported then, not with this module)."""
+    from transformers.cache_utils import DynamicLayer
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
-        super().__init__()
-        self.lazy_initialization(keys, values)
-        self.keys, self.values = keys, values
+    class PrefixLayer(DynamicLayer):
+        """One LM layer's prefix as a cache layer that attends to prefix + the new keys but stores
+        nothing: a gradient-checkpointed layer runs twice and must see the same prefix both times."""
 
-    def update(self, key_states, value_states, *args, **kwargs):
-        return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+            super().__init__()
+            self.lazy_initialization(keys, values)
+            self.keys, self.values = keys, values
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+
+    return PrefixLayer
 
 
 def adapter_for(pmg: PmgSpec, lm_config, cross_attention_dim: int) -> PmgAdapter:
@@ -117,6 +126,8 @@ def checkpoint_language_model(language_model) -> None:
     the LM is put in it, with its dropout layers kept off (frozen means deterministic). Its layers
     keep the prefix cache under checkpointing (transformers drops a cache there unless told it is
     only read, which PrefixLayer guarantees)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
     language_model.gradient_checkpointing_enable()
     language_model.train()
     for module in language_model.modules():
@@ -153,20 +164,30 @@ def save_pmg_adapter(config: dict, out_dir: Path, trained: dict[str, torch.Tenso
     return [out_dir / ADAPTER_FILE, out_dir / ADAPTER_CONFIG]
 
 
+def checkpoint_pmg(models: dict[str, torch.nn.Module]) -> None:
+    """Gradient checkpointing of both frozen networks the loss backpropagates through to the trained
+    parts: the UNet (to the mapped tokens) and the LM (to the prompts and prefix), whose activations
+    dominate. The family and the planner both call it."""
+    models["unet"].enable_gradient_checkpointing()
+    checkpoint_language_model(models["language_model"])
+
+
 class PersonalizedGeneration(ModelFamily):
-    """Stable Diffusion 1.5's parts (sd15.UNetDiffusion), all frozen, plus a frozen LM whose reading
-    of a user's history, through the trained PmgAdapter, follows the caption's tokens into the UNet."""
+    """Stable Diffusion 1.5's parts (stable_diffusion.UNetDiffusion), all frozen, plus a frozen LM whose
+    reading of a user's history, through the trained PmgAdapter, follows the caption's tokens into the UNet."""
+
+    # The LM reads each history through the trained adapter: the step runs it even from a filled cache.
+    needed_in_step = ("language_model",)
 
     def __init__(self, spec, device, weight_dtype):
         # The spec refuses what PMG would ignore (adapter shape, initFrom: kubetune_api.families).
         super().__init__(spec, device, weight_dtype)
         self.pmg = spec.pmg_options
-        self.sd = UNetDiffusion(spec, device, weight_dtype)
+        self.sd = sd.UNetDiffusion(spec, device, weight_dtype, sd.ClipText, sd.SD15_PIPELINE)
         # Frozen, yet in training mode like the UNet the SD1.5 family trains (it has no dropout).
         self.sd.unet.requires_grad_(False).to(device).train()
         lm_path = self.pmg.language_model or f"{spec.model.pretrained}/language_model"
         self.lm_tokenizer, self.language_model = load_language_model(lm_path, weight_dtype)
-        self.language_model.requires_grad_(False).to(device).eval()
         cross_attention_dim = self.sd.unet.config.cross_attention_dim
         adapter = adapter_for(self.pmg, self.language_model.config, cross_attention_dim).to(device)
         self.trainable = Trainable(adapter, partial(save_pmg_adapter, {
@@ -175,14 +196,14 @@ class PersonalizedGeneration(ModelFamily):
             "prefix_projection": self.pmg.prefix_projection, "prefix_hidden_size": self.pmg.prefix_hidden_size,
         }), publishable=True)
 
+    def frozen_models(self):
+        return {**self.sd.frozen_models(), "language_model": self.language_model}
+
     def enable_gradient_checkpointing(self):
-        """Both frozen networks the loss backpropagates through to the trained parts: the UNet (to
-        the mapped tokens) and the LM (to the prompts and prefix), whose activations dominate."""
-        self.sd.unet.enable_gradient_checkpointing()
-        checkpoint_language_model(self.language_model)
+        checkpoint_pmg({"unet": self.sd.unet, "language_model": self.language_model})
 
     def build_encoders(self):
-        return self.sd.encoders(type(self).__name__)
+        return self.sd.encoders("PersonalizedGeneration")  # part of every cached text entry's identity: keep it
 
     def encode_batch(self, batch):
         return self.encode_images_and_captions(batch)
@@ -217,3 +238,77 @@ class PersonalizedGeneration(ModelFamily):
 
     def image_metrics(self, images, held_out, clip):
         return self.sd.clip_metrics(images, held_out, clip)
+
+
+# --- declarations: reference architecture, folders, tiny model, planning ---------------------------
+
+LLAMA2_7B = dict(
+    vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+    num_key_value_heads=32, max_position_embeddings=4096, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
+    pad_token_id=0,
+)
+ARCHITECTURE = {**sd.SD15_ARCHITECTURE,
+                "language_model": Component("language_model", "transformers", "LlamaForCausalLM", LLAMA2_7B)}
+
+
+def write_tokenizers(out_dir: Path) -> None:
+    sd.write_clip_tokenizer(out_dir)
+    tiny_models.tiny_llama_tokenizer().save_pretrained(out_dir / "language_model")
+
+
+def write_tiny_pmg(out_dir: Path, seed: int = 0) -> Path:
+    """PMG's parts: the tiny SD1.5 pipeline plus a 2-layer Llama causal LM in language_model/."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    sd.write_tiny_sd15(out_dir, seed)
+    tokenizer = tiny_models.tiny_llama_tokenizer()
+    torch.manual_seed(seed)
+    language_model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        pad_token_id=0, eos_token_id=1, bos_token_id=1,
+    ))
+    language_model.save_pretrained(out_dir / "language_model", safe_serialization=True)
+    tokenizer.save_pretrained(out_dir / "language_model")
+    return out_dir
+
+
+def meta_adapter(spec, models: dict[str, torch.nn.Module]) -> None:
+    """The planner's PMG trains its adapter, sized from the LM's and the UNet's configs."""
+    models["adapter"] = adapter_for(spec.pmg_options, models["language_model"].config,
+                                    models["unet"].config.cross_attention_dim)
+
+
+def planning_forward(models, spec, make, autocast, dtype: torch.dtype) -> torch.Tensor:
+    """The adapter runs the LM under autocast (it is the prepared module); the frozen UNet runs as loaded,
+    and the gradient flows back through both to the soft prompts."""
+    unet, options = models["unet"], spec.pmg_options
+    batch, side = spec.training.batch_size, spec.resolution // vae_scale(models["vae"])
+    history = options.max_sequence_length  # padded to the longest history: assume a full one
+    with autocast():
+        personal = models["adapter"](models["language_model"], make((batch, history), torch.long),
+                                     make((batch, history), torch.long))
+    text = make((batch, CLIP_TOKENS, unet.config.cross_attention_dim), dtype)
+    noisy = make((batch, unet.config.in_channels, side, side), dtype)
+    prediction = unet(noisy, make((batch,), torch.long),
+                      encoder_hidden_states=torch.cat([text, personal.to(dtype)], 1)).sample
+    return mse(prediction, noisy)
+
+
+DEFINITION = FamilyDefinition(
+    family=PersonalizedGeneration,
+    architecture=ARCHITECTURE,
+    trained="adapter",
+    quantized="unet",  # the frozen SD1.5 UNet
+    forward=planning_forward,
+    write_tiny=write_tiny_pmg,
+    pipeline=sd.SD15_PIPELINE,
+    scheduler=sd.sd15_scheduler,
+    write_tokenizers=write_tokenizers,
+    model_index=sd.SD15_MODEL_INDEX,
+    beside_pipeline=frozenset({"language_model"}),  # the LM sits beside the SD1.5 pipeline, not in it
+    auto_classes={"language_model": "AutoModelForCausalLM"},
+    elsewhere={"language_model": ("spec.pmg.languageModel", lambda spec: spec.pmg and spec.pmg.language_model)},
+    meta_trainable=meta_adapter,
+    checkpointing=checkpoint_pmg,
+)

@@ -14,22 +14,28 @@ from __future__ import annotations
 
 import json
 from functools import cached_property
+from pathlib import Path
 
 import torch
 
-from kubetune_trainer import diffusion, flow_matching
+from kubetune_trainer import diffusion, flow_matching, quantization, tiny_models
 from kubetune_trainer.data.cache import Encoder, model_identity
 from kubetune_trainer.device_copy import to_device
-from kubetune_trainer.families.editing import EditingFamily
+from kubetune_trainer.families import editing
+from kubetune_trainer.families.base import ModelFamily
+from kubetune_trainer.families.definition import FamilyDefinition
+from kubetune_trainer.families.denoiser import load_denoiser, train_denoiser
+from kubetune_trainer.planning.forwards import mse, qwen_text_tokens, vae_scale
+from kubetune_trainer.reference_models import QWEN25_VL_7B, QWEN_IMAGE_TRANSFORMER, QWEN_IMAGE_VAE, Component
 
+PIPELINE = "QwenImageEditPipeline"
 TRUE_CFG_SCALE = 4.0  # what the Qwen-Image-Edit model card samples with (negative prompt " ")
 
 
-class QwenImageEdit(EditingFamily):
-    PIPELINE = "QwenImageEditPipeline"
-
+class QwenImageEdit(ModelFamily):
     def __init__(self, spec, device, weight_dtype):
         super().__init__(spec, device, weight_dtype)
+        quantization.check_supported(spec.model.quantization)  # refuse before loading anything
         from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
         from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2Tokenizer, Qwen2VLProcessor
 
@@ -40,13 +46,14 @@ class QwenImageEdit(EditingFamily):
         self.text_encoder = Qwen2_5_VLForConditionalGeneration.from_pretrained(
             root, subfolder="text_encoder", torch_dtype=weight_dtype)
         self.vae = AutoencoderKLQwenImage.from_pretrained(root, subfolder="vae", torch_dtype=weight_dtype)
-        self.transformer = self._load_transformer(QwenImageTransformer2DModel)
-        for frozen in (self.text_encoder, self.vae):
-            frozen.requires_grad_(False).to(device).eval()
-        self._prepare_transformer()
+        self.transformer = load_denoiser(spec, QwenImageTransformer2DModel, "transformer", weight_dtype)
+        self.trainable = train_denoiser(self.transformer, spec, "transformer", PIPELINE, device)
         config = self.vae.config
         self.latents_mean = torch.tensor(config.latents_mean).view(1, config.z_dim, 1, 1, 1).to(device)
         self.latents_std = torch.tensor(config.latents_std).view(1, config.z_dim, 1, 1, 1).to(device)
+
+    def frozen_models(self):
+        return {"text_encoder": self.text_encoder, "vae": self.vae}
 
     # --- encoders -----------------------------------------------------------------------------
 
@@ -152,7 +159,7 @@ class QwenImageEdit(EditingFamily):
     def sample_images(self, model, held_out, generator):
         from kubetune_trainer.data.images import to_pil
 
-        pairs = self.held_out_pairs(held_out)
+        pairs = editing.held_out_pairs(self.spec, held_out)
         if not pairs:
             return []
         pipeline = self.pipeline()
@@ -162,3 +169,109 @@ class QwenImageEdit(EditingFamily):
                          height=size, width=size, num_inference_steps=self.spec.validation.num_inference_steps,
                          generator=generator).images[0]
                 for control, caption in pairs]
+
+    def image_metrics(self, images, held_out, clip):
+        return editing.clip_directional(images, editing.held_out_pairs(self.spec, held_out), clip)
+
+
+# --- declarations: reference architecture, folders, tiny model, planning ---------------------------
+
+ARCHITECTURE = {
+    "transformer": Component("transformer", "diffusers", "QwenImageTransformer2DModel", QWEN_IMAGE_TRANSFORMER),
+    "text_encoder": Component("text_encoder", "transformers", "Qwen2_5_VLForConditionalGeneration", QWEN25_VL_7B),
+    "vae": Component("vae", "diffusers", "AutoencoderKLQwenImage", QWEN_IMAGE_VAE),
+}
+
+
+def scheduler():
+    """Qwen-Image's flow-matching scheduler (exponential time shift, shift_terminal 0.02)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return FlowMatchEulerDiscreteScheduler(
+        shift=1.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=0.9, base_image_seq_len=256,
+        max_image_seq_len=8192, shift_terminal=0.02, time_shift_type="exponential",
+    )
+
+
+def write_tokenizers(out_dir: Path) -> None:
+    """The Qwen2 tokenizer stand-in and the Qwen2-VL processor (the published preprocessing's defaults)."""
+    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
+
+    tokenizer = tiny_models.tiny_qwen2_tokenizer()
+    tokenizer.save_pretrained(out_dir / "tokenizer")
+    Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(), tokenizer=tokenizer,
+                     video_processor=Qwen2VLVideoProcessor()).save_pretrained(out_dir / "processor")
+
+
+def write_tiny_qwen_image_edit(out_dir: Path, seed: int = 0) -> Path:
+    """Qwen-Image-Edit's pipeline: a 1-block QwenImageTransformer2DModel, an 8x AutoencoderKLQwenImage,
+    a 2-layer Qwen2.5-VL text encoder with a 2-block vision tower, and the Qwen2-VL processor."""
+    from diffusers import AutoencoderKLQwenImage, QwenImageEditPipeline, QwenImageTransformer2DModel
+    from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLImageProcessor,
+                              Qwen2VLProcessor, Qwen2VLVideoProcessor)
+
+    tokenizer = tiny_models.tiny_qwen2_tokenizer()
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in tiny_models.QWEN_SPECIAL_TOKENS}
+    torch.manual_seed(seed)
+    text_encoder = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(
+        text_config={
+            "vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 1, 1]},
+            "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"],
+            "pad_token_id": ids["<|endoftext|>"],
+        },
+        vision_config={
+            "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 4, "patch_size": 14,
+            "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 56, "out_hidden_size": 32,
+            "fullatt_block_indexes": [1],
+        },
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+    ))
+    # The vision tower sees at most 112x112 pixels: 16 patches, 4 tokens after the 2x2 merge.
+    pixels = {"min_pixels": 56 * 56, "max_pixels": 112 * 112}
+    processor = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(**pixels), tokenizer=tokenizer,
+                                 video_processor=Qwen2VLVideoProcessor(**pixels))
+    transformer = QwenImageTransformer2DModel(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=1, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=32, axes_dims_rope=(4, 6, 6),
+    )
+    vae = AutoencoderKLQwenImage(
+        base_dim=8, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True],
+        latents_mean=[0.1, -0.2, 0.3, 0.0], latents_std=[1.5, 0.8, 1.2, 2.0],
+    )
+    pipeline = QwenImageEditPipeline(scheduler=scheduler(), vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                                     processor=processor, transformer=transformer)
+    pipeline.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+def planning_forward(models, spec, make, autocast, dtype: torch.dtype) -> torch.Tensor:
+    """compute_loss's transformer call: target then control tokens, the VL encoder's embeddings and mask."""
+    transformer, vae = models["transformer"], models["vae"]
+    batch, side = spec.training.batch_size, spec.resolution // vae_scale(vae)
+    tokens, width = (side // 2) ** 2, vae.config.z_dim * 4
+    text_tokens = qwen_text_tokens(spec.resolution)
+    with autocast():
+        prediction = transformer(
+            hidden_states=make((batch, 2 * tokens, width), dtype), timestep=make((batch,), dtype),
+            guidance=make((batch,), torch.float32) if transformer.config.guidance_embeds else None,
+            encoder_hidden_states=make((batch, text_tokens, transformer.config.joint_attention_dim), dtype),
+            encoder_hidden_states_mask=make((batch, text_tokens), torch.long),
+            img_shapes=[[(1, side // 2, side // 2), (1, side // 2, side // 2)]] * batch, return_dict=False,
+        )[0][:, :tokens]
+    return mse(prediction, make((batch, tokens, width), dtype))
+
+
+DEFINITION = FamilyDefinition(
+    family=QwenImageEdit,
+    architecture=ARCHITECTURE,
+    trained="transformer",
+    quantized="transformer",
+    forward=planning_forward,
+    write_tiny=write_tiny_qwen_image_edit,
+    pipeline=PIPELINE,
+    scheduler=scheduler,
+    write_tokenizers=write_tokenizers,
+)

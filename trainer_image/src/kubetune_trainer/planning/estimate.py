@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kubetune_api.families import EMBEDDING_CACHE, FAMILIES
 from kubetune_api.memory_rules import (CUDA_OVERHEAD_BYTES, EMA_BYTES, optimizer_state_bytes,
                                        optimizer_step_bytes)
 from kubetune_api.spec import TrainingJobSpec
 from kubetune_trainer.planning.activations import Activations, measure
 from kubetune_trainer.planning.attention import attention_kernel
 from kubetune_trainer.planning.fake_device import autocast_on, fake_mode, move_to_fake
-from kubetune_trainer.planning.forwards import RECIPES
+from kubetune_trainer.families import definition_for
 from kubetune_trainer.planning.models import JobModels, load_models, weight_dtype
 from kubetune_trainer.planning.sharding import largest_unit
 from kubetune_trainer.planning.weights import parameter_bytes
@@ -63,24 +64,12 @@ class MemoryEstimate:
         return self.total <= capacity_bytes
 
 
-def enable_gradient_checkpointing(spec: TrainingJobSpec, models: JobModels) -> None:
-    """As the family does (ModelFamily.enable_gradient_checkpointing; PMG checkpoints its UNet and LM)."""
-    if spec.model.family == "pmg":
-        from kubetune_trainer.families.pmg import checkpoint_language_model
-
-        models.components["unet"].enable_gradient_checkpointing()
-        checkpoint_language_model(models.components["language_model"])
-        return
-    from kubetune_trainer.families.trainable import enable_gradient_checkpointing as checkpoint
-
-    checkpoint(models.trained_module)
-
-
 def measure_activations(spec: TrainingJobSpec, device: str = "cuda", attention: str = "fused") -> Activations:
-    """Run the family's training forward on fake tensors of `device` and meter what it saves."""
+    """Run the family's training forward (DEFINITION.forward) on fake tensors of `device` and meter what it saves."""
+    definition = definition_for(spec.model.family)
     models = load_models(spec)
-    if spec.training.gradient_checkpointing:
-        enable_gradient_checkpointing(spec, models)
+    if spec.training.gradient_checkpointing:  # as the family does (ModelFamily.enable_gradient_checkpointing)
+        definition.enable_gradient_checkpointing(models.components)
     dtype = weight_dtype(spec)
     mode = fake_mode()
     for model in models.components.values():
@@ -92,17 +81,21 @@ def measure_activations(spec: TrainingJobSpec, device: str = "cuda", attention: 
 
     def forward():
         with mode, attention_kernel(attention):
-            return RECIPES[spec.model.family](models.components, spec, make,
-                                              lambda: autocast_on(device, autocast_dtype), dtype)
+            return definition.forward(models.components, spec, make, lambda: autocast_on(device, autocast_dtype),
+                                      dtype)
 
     models.trained_module.train()
     return measure(list(models.components.values()), forward)
 
 
+# The families' own options blocks (spec.pmg): the models and activations depend on them too.
+OWN_OPTIONS = {family.options: True for family in FAMILIES.values() if family.options}
+
+
 def activation_key(spec: TrainingJobSpec, device: str, attention: str) -> str:
     """What the activations depend on: everything but the strategy, the optimizer and the GPU count."""
     relevant = spec.model_dump(mode="json", include={
-        "model": {"family", "pretrained"}, "adapter": True, "data": {"resolution"}, "pmg": True,
+        "model": {"family", "pretrained"}, "adapter": True, "data": {"resolution"}, **OWN_OPTIONS,
         "training": {"batch_size", "mixed_precision", "gradient_checkpointing"},
     })
     return repr((relevant, device, attention))
@@ -125,7 +118,7 @@ class Planner:
 
     def models(self, spec: TrainingJobSpec) -> JobModels:
         key = repr(spec.model_dump(mode="json", include={  # what the models' parameters depend on
-            "model": {"family", "pretrained"}, "adapter": True, "pmg": True, "training": {"mixed_precision"}}))
+            "model": {"family", "pretrained"}, "adapter": True, **OWN_OPTIONS, "training": {"mixed_precision"}}))
         if key not in self._models:
             self._models[key] = load_models(spec)
         return self._models[key]
@@ -170,7 +163,7 @@ def estimate_from_parts(spec: TrainingJobSpec, models: JobModels, activations: A
                          "measured under autocast, as ddp runs, which keeps some in fp32: a little high for fsdp")
     elif world_size > 1:
         gradients *= 2  # DDP all-reduces through buckets: a second copy of the gradients
-    if spec.data.cache.enabled and spec.model.family != "classifier":
+    if spec.data.cache.enabled and EMBEDDING_CACHE in FAMILIES[spec.model.family].honours:
         notes.append("spec.data.cache is on: the frozen encoders are not needed while training from the cache, "
                      "but the trainer loads them, so they are counted")
     if spec.model.quantization:

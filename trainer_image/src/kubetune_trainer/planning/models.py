@@ -1,9 +1,10 @@
 """The job's models on the meta device, built from the config files under spec.model.pretrained.
 
-Only config.json files are read, never weights: each model is constructed from its config with
-`torch.device("meta")`, in the dtype the trainer loads it in, and made trainable the way the
-family does it (families.trainable's functions, PMG's adapter), so parameter counts and dtypes are
-the trainer's.
+Only config.json files are read, never weights: each component of the family's reference
+architecture (its DEFINITION: families.definition) is constructed from its config with
+`torch.device("meta")`, in the dtype the family loads it in, and made trainable the way the
+family does it (DEFINITION.make_trainable: families.trainable's functions, PMG's adapter), so
+parameter counts and dtypes are the trainer's.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import torch
 
 from kubetune_api.spec import TrainingJobSpec
 from kubetune_trainer.errors import ConfigError
-from kubetune_trainer.reference_models import ARCHITECTURES, Component
+from kubetune_trainer.families import definition_for
+from kubetune_trainer.reference_models import Component
 
 DTYPES = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CONFIG_HINT = ("kubetune plan reads the models' config files (no weights); write the standard ones with "
@@ -76,16 +78,6 @@ def build_component(component: Component, folder: Path, config: dict, auto_class
         return getattr(transformers, component.cls)(config_object)
 
 
-# Components the trainer loads through an Auto class rather than a named one.
-AUTO_CLASSES = {("classifier", "model"): "AutoModelForImageClassification",
-                ("pmg", "language_model"): "AutoModelForCausalLM"}
-TRAINED = {"sd15": "unet", "sdxl": "unet", "flux-kontext": "transformer", "qwen-image-edit": "transformer",
-           "pmg": "adapter", "classifier": "model"}
-# The frozen denoiser spec.model.quantization loads quantized (PMG's SD1.5 UNet is frozen too).
-QUANTIZED = {"sd15": "unet", "sdxl": "unet", "flux-kontext": "transformer", "qwen-image-edit": "transformer",
-             "pmg": "unet"}
-
-
 @contextmanager
 def _no_loading_advice():
     """diffusers advises on `.to(dtype)` about modules to keep in fp32 when loading weights; none are loaded here."""
@@ -104,46 +96,21 @@ def load_models(spec: TrainingJobSpec) -> JobModels:
 
 
 def _load_models(spec: TrainingJobSpec) -> JobModels:
-    family = spec.model.family
+    definition = definition_for(spec.model.family)
     root = local_folder(spec, spec.model.pretrained, "spec.model.pretrained")
     dtype = weight_dtype(spec)
     components: dict[str, torch.nn.Module] = {}
-    for name, component in ARCHITECTURES[family].items():
+    for name, component in definition.architecture.items():
         folder, field = root / component.subfolder, "spec.model.pretrained"
-        if name == "language_model" and spec.pmg and spec.pmg.language_model:
-            folder, field = local_folder(spec, spec.pmg.language_model, "spec.pmg.languageModel"), "spec.pmg.languageModel"
+        if name in definition.elsewhere:  # a spec field may name another folder (spec.pmg.languageModel)
+            other_field, value_in = definition.elsewhere[name]
+            if value_in(spec):
+                folder, field = local_folder(spec, value_in(spec), other_field), other_field
         config = read_config(spec, folder, field)
-        model = build_component(component, folder, config, AUTO_CLASSES.get((family, name)))
-        components[name] = model.to(_load_dtype(spec, name, config, dtype)).eval()
-    trained = TRAINED[family]
-    _make_trainable(spec, components, trained)
-    return JobModels(components, trained, QUANTIZED.get(family))
-
-
-def _load_dtype(spec: TrainingJobSpec, name: str, config: dict, dtype: torch.dtype) -> torch.dtype:
-    """The dtype each model loads in, as the families load them."""
-    family = spec.model.family
-    if family == "classifier":  # from_pretrained without a dtype: the config's, else the weights' (fp32)
-        return getattr(torch, config.get("dtype") or config.get("torch_dtype") or "float32")
-    if name == TRAINED[family] and spec.adapter.type == "full":
-        return torch.float32  # a fully trained denoiser stays fp32; autocast computes in low precision
-    return dtype
-
-
-def _make_trainable(spec: TrainingJobSpec, components: dict[str, torch.nn.Module], trained: str) -> None:
-    """Freeze everything, then add what the family trains, with the families' own functions."""
-    from kubetune_trainer.families import trainable
-
-    for model in components.values():
+        model = build_component(component, folder, config, definition.auto_classes.get(name))
+        components[name] = model.to(definition.load_dtype(spec, name, config, dtype)).eval()
+    for model in components.values():  # frozen, then what the family trains is added
         model.requires_grad_(False)
-    family, adapter = spec.model.family, spec.adapter
     with torch.device("meta"):
-        if family == "pmg":
-            from kubetune_trainer.families.pmg import adapter_for
-
-            components["adapter"] = adapter_for(spec.pmg_options, components["language_model"].config,
-                                                components["unet"].config.cross_attention_dim)
-        elif family == "classifier":
-            components[trained] = trainable.transformers_classifier(components[trained], adapter).module
-        else:  # nothing is saved from the meta model: no pipeline to save with, no initFrom to read
-            trainable.diffusers_denoiser(components[trained], adapter, trained, pipeline=None, load_init=False)
+        definition.make_trainable(spec, components)
+    return JobModels(components, definition.trained, definition.quantized)

@@ -11,22 +11,25 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kubetune_api.families import Dynamic, FamilyProfile
+from kubetune_api.families import FAMILIES, Dynamic, FamilyProfile
 from kubetune_api.spec import LAYOUTS_BY_FAMILY, TrainingJobSpec
 from kubetune_trainer.planning.estimate import Planner
-from kubetune_trainer.planning.models import QUANTIZED, TRAINED, load_models
+from kubetune_trainer.planning.models import load_models
 from kubetune_trainer.planning.sharding import shard_units
 from kubetune_trainer.reference_models import write_config_only
 
 LOW, HIGH = 512, 1024          # the resolutions the diffusion families are calibrated at
-CLASSIFIER_RESOLUTION = 224    # ViT-B/16's one resolution: its table scales with pixels through batch
+# A family without a native resolution (the classifier) trains at its model's own size only: its
+# profile is calibrated there at two batch sizes and scales with pixels through the batch.
+OWN_SIZE_BATCHES = (8, 16)
 
 
-def spec_for(family: str, folder: Path, resolution: int, batch: int = 1, adapter: str = "lora",
+def spec_for(family: str, folder: Path, resolution: int | None, batch: int = 1, adapter: str = "lora",
              checkpointing: bool = False) -> TrainingJobSpec:
     return TrainingJobSpec.model_validate({
         "model": {"family": family, "pretrained": str(folder)},
-        "adapter": {"type": adapter, "rank": 8} if family != "pmg" else {},
+        # A family training parts of its own (PMG) refuses a LoRA shape.
+        "adapter": {"type": adapter, "rank": 8} if not FAMILIES[family].own_adapter else {},
         "data": {"layout": LAYOUTS_BY_FAMILY[family][0], "uri": "/data", "resolution": resolution},
         "training": {"maxSteps": 1, "batchSize": batch, "mixedPrecision": "bf16",
                      "gradientCheckpointing": checkpointing},
@@ -39,15 +42,17 @@ def dynamic_bytes(planner: Planner, spec: TrainingJobSpec) -> int:
     return activations.saved + 2 * activations.largest + activations.recompute
 
 
-def solve(planner: Planner, family: str, folder: Path, adapter: str, checkpointing: bool) -> Dynamic:
+def solve(planner: Planner, family: str, folder: Path, adapter: str, checkpointing: bool,
+          own_size: int | None = None) -> Dynamic:
+    """own_size: the model's own image size, where the family trains at nothing else."""
     def measured(resolution: int, batch: int) -> int:
         return dynamic_bytes(planner, spec_for(family, folder, resolution, batch, adapter, checkpointing))
 
-    if family == "classifier":
-        one, two = measured(CLASSIFIER_RESOLUTION, 8), measured(CLASSIFIER_RESOLUTION, 16)
-        per_sample = (two - one) / 8
-        return Dynamic(per_step=one - 8 * per_sample, per_sample=0.0,
-                       per_pixel=per_sample / CLASSIFIER_RESOLUTION**2)
+    if own_size:
+        few, many = OWN_SIZE_BATCHES
+        one, two = measured(own_size, few), measured(own_size, many)
+        per_sample = (two - one) / (many - few)
+        return Dynamic(per_step=one - few * per_sample, per_sample=0.0, per_pixel=per_sample / own_size**2)
     low, high, two = measured(LOW, 1), measured(HIGH, 1), measured(LOW, 2)
     per_pixel = (high - low) / (HIGH**2 - LOW**2)
     per_sample = two - low - per_pixel * LOW**2
@@ -59,33 +64,33 @@ def parameters(module, trained_only: bool = False) -> int:
 
 
 def profile(family: str, folder: Path, planner: Planner) -> FamilyProfile:
-    # PMG trains its own adapter and refuses adapter.type full: its "full" is its LoRA-shaped load.
-    full = load_models(spec_for(family, folder, LOW, adapter="lora" if family == "pmg" else "full"))
+    own_adapter = FAMILIES[family].own_adapter
+    # A family training its own parts refuses adapter.type full: its "full" is its LoRA-shaped load.
+    full = load_models(spec_for(family, folder, LOW, adapter="lora" if own_adapter else "full"))
     lora = load_models(spec_for(family, folder, LOW))
-    base_name = QUANTIZED.get(family, TRAINED[family])
+    base_name = full.quantized or full.trained
     base = full.components[base_name]
     import torch
 
     linear = sum(m.weight.numel() for m in base.modules() if type(m) is torch.nn.Linear)
-    frozen = sum(parameters(m) for name, m in full.components.items() if name not in (base_name, "adapter"))
-    if family == "pmg":
-        adapter, lora_per_rank = parameters(lora.components["adapter"]), 0
-    elif family == "classifier":
-        head = sum(p.numel() for n, p in base.named_parameters() if n.startswith("classifier."))
-        adapter = head  # PEFT trains a copy of the new head beside the LoRA
-        lora_per_rank = (parameters(lora.trained_module, trained_only=True) - head) // 8
-    else:
-        adapter, lora_per_rank = 0, parameters(lora.trained_module, trained_only=True) // 8
+    frozen = sum(parameters(m) for name, m in full.components.items() if name not in (base_name, lora.trained))
+    # What a LoRA job trains: LoRA weights (per unit of rank: the specs' rank is 8) and the rest, whole
+    # (PMG's own adapter; the classifier's new head, which PEFT trains beside its LoRA).
+    trained = {name: p.numel() for name, p in lora.trained_module.named_parameters() if p.requires_grad}
+    lora_per_rank = sum(n for name, n in trained.items() if "lora_" in name) // 8
+    adapter = sum(n for name, n in trained.items() if "lora_" not in name)
     units = shard_units(full.trained_module) or [full.trained_module]
-    adapters = ("lora",) if family == "pmg" else ("lora", "full")
-    dynamic = {(kind, checkpointing): solve(planner, family, folder, kind, checkpointing)
+    own_size = None if FAMILIES[family].native_resolution else base.config.image_size
+    adapters = ("lora",) if own_adapter else ("lora", "full")
+    dynamic = {(kind, checkpointing): solve(planner, family, folder, kind, checkpointing, own_size)
                for kind in adapters for checkpointing in (False, True)}
-    if family == "pmg":  # PMG trains its adapter whatever spec.adapter says
+    if own_adapter:  # it trains its own parts whatever spec.adapter says
         dynamic.update({("full", c): dynamic[("lora", c)] for c in (False, True)})
     return FamilyProfile(
         trained_module=parameters(base), linear_weights=linear, frozen=frozen, lora_per_rank=lora_per_rank,
         adapter=adapter, largest_unit=max(parameters(unit) for unit in units),
-        loads_fp32=family == "classifier", dynamic=dynamic,
+        loads_fp32=next(lora.components[base_name].parameters()).dtype == torch.float32, dynamic=dynamic,
+        image_size=own_size,
     )
 
 
