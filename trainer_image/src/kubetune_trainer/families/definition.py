@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 if TYPE_CHECKING:
     import torch
@@ -43,7 +43,7 @@ Models = dict[str, "torch.nn.Module"]
 # spec; make(shape, dtype) -> an input tensor; autocast() -> the context the trained module runs in;
 # the weight dtype) -> the loss. It mirrors the family's compute_loss on inputs of the shapes the
 # encoders would give (they are not run): see planning.forwards.
-Forward = Callable[["Models", "TrainingJobSpec", Callable[[tuple, Any], Any], Callable[[], ContextManager], Any], Any]
+Forward = Callable[..., "torch.Tensor"]
 ModelWriter = Callable[..., Path]  # (out_dir, seed=0) -> out_dir, the folder from_pretrained reads
 
 
@@ -61,7 +61,7 @@ class FamilyDefinition:
     write_tiny: ModelWriter                  # a tiny random-weight model in the family's folder layout
     write_full_size: ModelWriter | None = None  # the real architecture, random weights (`--full-size`)
     quantized: str | None = None             # the frozen denoiser spec.model.quantization applies to
-    # A diffusers pipeline: the class name (model_index.json, the LoRA file's loader), the scheduler and
+    # A diffusers pipeline: its class name (model_index.json; the family saves its LoRA for it), the scheduler and
     # tokenizers/processors a config-only folder ships, extra model_index.json entries, and components
     # that sit beside the pipeline rather than in it (PMG's language model). None: a transformers model.
     pipeline: str | None = None
