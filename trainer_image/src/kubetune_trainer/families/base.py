@@ -116,11 +116,6 @@ class ModelFamily(metaclass=_PlacesFrozenModels):
         for model in self.frozen_models().values():
             model.requires_grad_(False).to(device or self.device).eval()
 
-    def repeated_blocks(self) -> tuple[str, ...]:
-        """Class names of the trained module's repeated blocks (regional torch.compile): diffusers'
-        `_repeated_blocks` where the module has it; a family whose library does not say overrides this."""
-        return tuple(getattr(self.trainable_module, "_repeated_blocks", ()))
-
     def encoders(self) -> dict[str, Encoder]:
         """The frozen encoders whose per-sample outputs the embedding cache may keep; built once (an
         encoder's identity reads its model's files)."""
