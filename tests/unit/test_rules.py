@@ -65,6 +65,12 @@ VARIATIONS = [
     {"spec.resources.gpusPerNode": 0, "spec.training.mixedPrecision": "fp16"},
     {"spec.resources.gpusPerNode": 0, "spec.distributed.cpuOffload": True, "spec.distributed.strategy": "fsdp"},
     {"spec.resources.gpusPerNode": 2, "spec.training.mixedPrecision": "fp16", "spec.training.optimizer": "adamw8bit"},
+    {"spec.training.compileMode": "max-autotune-no-cudagraphs"},
+    {"spec.training.compileMode": "reduce-overhead", "spec.training.compile": True},
+    {"spec.resources.gpusPerNode": 0, "spec.training.compileMode": "reduce-overhead", "spec.training.compile": True},
+    {"spec.resources.gpusPerNode": 0, "spec.training.compile": True},
+    {"spec.training.attention": "flash3"},
+    {"spec.resources.gpusPerNode": 0, "spec.training.attention": "flash3"},
 ] + [
     # Every family with every option of the families table: the option rules kept and broken.
     {**with_family(family), **SETTINGS[option]} for family in FAMILY_NAMES for option in OPTIONS
