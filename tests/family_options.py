@@ -18,6 +18,7 @@ SETTINGS: dict[str, dict] = {
     table.CAPTION_DROPOUT: {"spec.data.captionDropout": 1.0},
     table.CONTROL_DROPOUT: {"spec.data.controlDropout": 1.0},
     table.EMBEDDING_CACHE: {"spec.data.cache.enabled": True},
+    table.ENCODER_DEVICE: {"spec.model.encoderDevice": "cpu", "spec.data.cache.enabled": True},
     table.SNR_GAMMA: {"spec.training.snrGamma": 0.05},  # below most noise levels: it weights
     table.NOISE_OFFSET: {"spec.training.noiseOffset": 0.5},
     table.VALIDATION_PROMPTS: {"spec.validation.prompts": ["a red circle"]},

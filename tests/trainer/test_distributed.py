@@ -230,11 +230,14 @@ def test_a_run_resumes_on_3_then_2_then_1_processes_training_each_sample_of_each
 
     data = write_tiny_data("captions", tmp_path / "data12", count=12, size=32, seed=0)
     manifest = family_job("sd15", "captions", tiny_sd15, data, tmp_path / "out",
-                          training={"maxSteps": 8, "batchSize": 2, "logEverySteps": 1},  # 6 samples per step
+                          training={"maxSteps": 12, "batchSize": 2, "logEverySteps": 1},  # 6 samples per step
                           checkpoints={"everySteps": 100})
     sample_log = tmp_path / "samples.jsonl"
     pod = {"KUBETUNE_RUN_ID": "uid-3", "KUBETUNE_SAMPLE_LOG": str(sample_log)}
-    for nproc, stop_at in ((3, "step 2/"), (2, "step 5/")):
+    # A step's line is logged after the next step is queued, and a SIGTERM stops every process at the
+    # end of the step after the one it arrived in (the host reads each step one step late): a stop
+    # lands up to three steps after the line that triggered it.
+    for nproc, stop_at in ((3, "step 2/"), (2, "step 6/")):
         process = kubetune_train(manifest, tmp_path, nproc, pod, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         log = stop_after(process, stop_at)
         assert process.returncode == 143, log[-3000:]
@@ -246,7 +249,7 @@ def test_a_run_resumes_on_3_then_2_then_1_processes_training_each_sample_of_each
         record = json.loads(line)
         trained.update(tuple(key) for key in record["keys"])
     epochs = {epoch for epoch, _ in trained}
-    assert epochs == {0, 1, 2, 3}, "8 steps of 6 samples: 4 epochs of 12"
+    assert epochs == {0, 1, 2, 3, 4, 5}, "12 steps of 6 samples: 6 epochs of 12"
     assert trained == Counter({(epoch, index): 1 for epoch in epochs for index in range(12)}), \
         "no sample of any epoch skipped or repeated across the three resumes"
 
@@ -254,8 +257,8 @@ def test_a_run_resumes_on_3_then_2_then_1_processes_training_each_sample_of_each
     reference["spec"]["checkpoints"]["uri"] = str(tmp_path / "reference")
     reference["spec"]["training"]["gradientAccumulationSteps"] = 3
     train(reference, tmp_path, 1)
-    assert max_difference(trained_weights(run_dir(tmp_path / "out") / "checkpoint-8"),
-                          trained_weights(run_dir(tmp_path / "reference") / "checkpoint-8")) < TOLERANCE
+    assert max_difference(trained_weights(run_dir(tmp_path / "out") / "checkpoint-12"),
+                          trained_weights(run_dir(tmp_path / "reference") / "checkpoint-12")) < TOLERANCE
 
 
 def test_a_world_too_large_for_the_checkpoints_global_batch_is_refused_and_writes_nothing(tiny_job, tmp_path):

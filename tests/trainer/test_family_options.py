@@ -97,14 +97,14 @@ def with_option(manifest: dict, family: str, option: str, tmp_path) -> dict:
         changes["spec.adapter.initFrom"] = lora_to_start_from(manifest, tmp_path / "start")
     if option == table.LORA_TARGETS:
         changes["spec.adapter.targetModules"] = ONE_TARGET.get(family, ["to_q"])
-    if option == table.EMBEDDING_CACHE:
+    if option in (table.EMBEDDING_CACHE, table.ENCODER_DEVICE):
         changes["spec.data.cache.uri"] = str(tmp_path / "cache")
     return set_fields(copy.deepcopy(manifest), changes)
 
 
 ACTING_ON_THE_LOSS = [(family, option) for family, option in combinations(honoured=True)
-                      if option not in (table.QUANTIZATION, table.EMBEDDING_CACHE, table.VALIDATION_PROMPTS,
-                                        table.CLIP_MODEL)]
+                      if option not in (table.QUANTIZATION, table.EMBEDDING_CACHE, table.ENCODER_DEVICE,
+                                        table.VALIDATION_PROMPTS, table.CLIP_MODEL)]
 
 
 @pytest.mark.parametrize("family", table.FAMILY_NAMES)
@@ -129,6 +129,18 @@ def test_the_embedding_cache_stores_what_the_family_encodes(family, base_job, tm
     family_model.compute_loss(family_model.trainable_module, batch,
                               SampleRandom.for_keys(0, BATCH_KEYS, 0))
     assert family_model.cache.misses > 0 and any((tmp_path / "cache").rglob("*")), "entries were stored"
+
+
+@pytest.mark.parametrize("family", table.honouring(table.ENCODER_DEVICE))
+def test_encoder_device_moves_every_frozen_encoder_the_family_declares(family, base_job, tmp_path):
+    # On a GPU run the declared models leave the GPU (tests/unit/test_encoder_placement.py shows the
+    # moves); here: the family declares its encoders, so the option has something to move.
+    family_model, _ = build(with_option(base_job(family), family, table.ENCODER_DEVICE, tmp_path))
+    assert family_model.encoder_device == torch.device("cpu")
+    frozen = family_model.frozen_models()
+    assert frozen and all(name not in family_model.needed_in_step for name in frozen), frozen
+    trained = {id(p) for p in family_model.trainable_module.parameters()}
+    assert not any(id(p) in trained for model in frozen.values() for p in model.parameters())
 
 
 @pytest.mark.parametrize("family", table.honouring(table.VALIDATION_PROMPTS))

@@ -71,6 +71,9 @@ VARIATIONS = [
     {"spec.resources.gpusPerNode": 0, "spec.training.compile": True},
     {"spec.training.attention": "flash3"},
     {"spec.resources.gpusPerNode": 0, "spec.training.attention": "flash3"},
+    {"spec.model.encoderDevice": "cpu"},
+    {"spec.model.encoderDevice": "gpu"},
+    {"spec.resources.gpusPerNode": 0, "spec.model.encoderDevice": "gpu"},
 ] + [
     # Every family with every option of the families table: the option rules kept and broken.
     {**with_family(family), **SETTINGS[option]} for family in FAMILY_NAMES for option in OPTIONS

@@ -123,7 +123,11 @@ BAD_INPUTS = [
         "spec.training.compileMode reduce-overhead needs a CUDA GPU", "use compileMode default"]),
     ("spec.training.attention", OnCpu("flash3"), ["spec.training.attention flash3 needs a CUDA GPU",
                                                   "use attention auto or sdpa"]),
-    # Speed options.
+    ("spec.model.encoderDevice", OnCpu("gpu"), ["spec.model.encoderDevice gpu needs a CUDA GPU",
+                                               "use encoderDevice auto"]),
+    # Speed and memory options.
+    ("spec.model.encoderDevice", "cpu", ["spec.model.encoderDevice cpu needs spec.data.cache.enabled: true",
+                                         "enable the cache, or use encoderDevice auto or gpu"]),
     ("spec.training", {"maxSteps": 10, "compileMode": "max-autotune-no-cudagraphs"}, [
         "spec.training.compileMode applies with spec.training.compile: true"]),
     ("spec.training.attention", "flash2", ["spec.training.attention", "'auto'", "'sdpa'", "'flash3'"]),

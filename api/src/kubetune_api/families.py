@@ -27,6 +27,7 @@ BUCKETING = "spec.data.bucketing"
 CAPTION_DROPOUT = "spec.data.captionDropout"
 CONTROL_DROPOUT = "spec.data.controlDropout"
 EMBEDDING_CACHE = "spec.data.cache.enabled"
+ENCODER_DEVICE = "spec.model.encoderDevice"  # where the frozen encoders live while the cache feeds the step
 SNR_GAMMA = "spec.training.snrGamma"
 NOISE_OFFSET = "spec.training.noiseOffset"
 VALIDATION_PROMPTS = "spec.validation.prompts"
@@ -34,7 +35,8 @@ CLIP_MODEL = "spec.validation.clipModel"       # scores validation images: clip_
 
 LORA_SHAPE = frozenset({LORA_RANK, LORA_ALPHA, LORA_DROPOUT, LORA_TARGETS, INIT_FROM})
 DENOISING = frozenset({SNR_GAMMA, NOISE_OFFSET})       # a DDPM noise-prediction loss's knobs
-IMAGE_DIFFUSION = frozenset({QUANTIZATION, FULL_FINE_TUNE, BUCKETING, CAPTION_DROPOUT, EMBEDDING_CACHE})
+IMAGE_DIFFUSION = frozenset({QUANTIZATION, FULL_FINE_TUNE, BUCKETING, CAPTION_DROPOUT, EMBEDDING_CACHE,
+                             ENCODER_DEVICE})
 # What a CLIP model (CLIP_MODEL) measures on the images validation samples: how well a text-to-image
 # family's image matches its prompt; how well an editing family's edit follows its instruction.
 TEXT_TO_IMAGE_METRICS = ("loss", "clip_score")
@@ -153,7 +155,7 @@ FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
 
 FAMILY_NAMES = tuple(FAMILIES)
 OPTIONS = (QUANTIZATION, INIT_FROM, FULL_FINE_TUNE, LORA_RANK, LORA_ALPHA, LORA_DROPOUT, LORA_TARGETS, BUCKETING,
-           CAPTION_DROPOUT, CONTROL_DROPOUT, EMBEDDING_CACHE, SNR_GAMMA, NOISE_OFFSET, VALIDATION_PROMPTS,
+           CAPTION_DROPOUT, CONTROL_DROPOUT, EMBEDDING_CACHE, ENCODER_DEVICE, SNR_GAMMA, NOISE_OFFSET, VALIDATION_PROMPTS,
            CLIP_MODEL)
 
 

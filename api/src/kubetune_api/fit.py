@@ -19,7 +19,7 @@ from kubetune_api.fixes import suggest, world_size
 from kubetune_api.memory_rules import (CUDA_OVERHEAD_BYTES, EMA_BYTES, GIB, PRECISION_BYTES, QUANTIZED_LINEAR_BYTES,
                                        TRAINED_WEIGHT_BYTES, optimizer_state_bytes, optimizer_step_bytes)
 from kubetune_api.quantity import parse_quantity
-from kubetune_api.spec import TrainingJobSpec
+from kubetune_api.spec import TrainingJobSpec, encoders_on_gpu
 
 # Activations in fp32 ("no" mixed precision) against the bf16 calibration: every saved tensor doubles.
 FP32_ACTIVATION_FACTOR = 2.0
@@ -85,7 +85,8 @@ class CoarseEstimator:
                 module, gradients, state, ema = 0, 0, 0, 0
         elif world > 1:
             gradients *= 2  # DDP's gradient buckets
-        return CoarseEstimate(weights=int(module + profile.frozen * precision), gradients=int(gradients),
+        frozen = profile.frozen * precision if encoders_on_gpu(spec) else 0  # else in CPU memory while training
+        return CoarseEstimate(weights=int(module + frozen), gradients=int(gradients),
                               optimizer=int(state), ema=int(ema), dynamic=int(dynamic), step_working=int(step),
                               overhead=CUDA_OVERHEAD_BYTES)
 

@@ -134,6 +134,13 @@ class ModelSpec(_Model):
         description="Load the frozen base weights quantized to save GPU memory: fp8 (a CUDA GPU of "
         "compute capability 8.9+) or nf4 (a CUDA GPU with bitsandbytes). Unset = the training precision.",
     )
+    encoder_device: Literal["auto", "gpu", "cpu"] = Field(
+        default="auto",
+        description="Where the frozen text encoders and VAE live during training on a GPU: auto (on the CPU when "
+        "spec.data.cache is enabled, since training steps then read their outputs from the cache, else on the "
+        "GPU); gpu; cpu (needs the cache). They come to the GPU for filling the cache and for validation "
+        "samples, and leave it after.",
+    )
 
 
 
@@ -814,6 +821,9 @@ CUDA_ONLY_OPTIONS = [
                    "has(self.training.compileMode) && self.training.compileMode == 'reduce-overhead'",
                    lambda spec: spec.training.compile_mode == "reduce-overhead",
                    "use compileMode default (CUDA graphs replay GPU work only)"),
+    CudaOnlyOption("spec.model.encoderDevice", "gpu",
+                   "has(self.model.encoderDevice) && self.model.encoderDevice == 'gpu'",
+                   lambda spec: spec.model.encoder_device == "gpu", "use encoderDevice auto"),
     CudaOnlyOption("spec.training.attention", "flash3",
                    "has(self.training.attention) && self.training.attention == 'flash3'",
                    lambda spec: spec.training.attention == "flash3", "use attention auto or sdpa"),
@@ -861,6 +871,8 @@ FAMILY_OPTIONS = [
                  lambda spec: spec.data.control_dropout != 0),
     FamilyOption(table.EMBEDDING_CACHE, "has(self.data.cache) && has(self.data.cache.enabled) && self.data.cache.enabled",
                  lambda spec: spec.data.cache.enabled),
+    FamilyOption(table.ENCODER_DEVICE, "has(self.model.encoderDevice) && self.model.encoderDevice != 'auto'",
+                 lambda spec: spec.model.encoder_device != "auto"),
     FamilyOption(table.SNR_GAMMA, "has(self.training.snrGamma)", lambda spec: spec.training.snr_gamma is not None),
     FamilyOption(table.NOISE_OFFSET, "has(self.training.noiseOffset) && self.training.noiseOffset != 0.0",
                  lambda spec: spec.training.noise_offset != 0),
@@ -870,6 +882,21 @@ FAMILY_OPTIONS = [
     FamilyOption(table.CLIP_MODEL, "has(self.validation) && has(self.validation.clipModel)",
                  lambda spec: spec.validation.clip_model is not None),
 ]
+
+def encoders_on_gpu(spec: "TrainingJobSpec") -> bool:
+    """Whether a GPU job's frozen encoders (text encoders, VAE) stay on the GPU through the training
+    steps (spec.model.encoderDevice). auto moves them off when the embedding cache feeds the steps.
+    The one rule the trainer, `kubetune plan` and the operator's fit check read."""
+    if table.ENCODER_DEVICE not in FAMILIES[spec.model.family].honours:
+        return True
+    choice = spec.model.encoder_device
+    return choice == "gpu" or (choice == "auto" and not spec.data.cache.enabled)
+
+
+ENCODERS_ON_CPU_NEED_THE_CACHE = (
+    "spec.model.encoderDevice cpu needs spec.data.cache.enabled: true (without the cache every training step "
+    "would run the text encoders and VAE on the CPU, minutes a step for a large model); enable the cache, or use "
+    "encoderDevice auto or gpu")
 
 # One rule per (family, option it ignores): a job never sets an option that silently does nothing.
 OPTION_RULES = [option.rule(family) for option in FAMILY_OPTIONS for family in FAMILY_NAMES
@@ -925,6 +952,9 @@ JOB_RULES = [
          lambda spec: (spec.distributed.processes_per_node is None or not spec.resources.gpus_per_node
                        or spec.distributed.processes_per_node == spec.resources.gpus_per_node),
          PROCESSES_PER_GPU_MESSAGE),
+    Rule("!has(self.model.encoderDevice) || self.model.encoderDevice != 'cpu' "
+         "|| (has(self.data.cache) && has(self.data.cache.enabled) && self.data.cache.enabled)",
+         lambda spec: spec.model.encoder_device != "cpu" or spec.data.cache.enabled, ENCODERS_ON_CPU_NEED_THE_CACHE),
     Rule("!has(self.model.quantization) || !has(self.adapter) || !has(self.adapter.type) || self.adapter.type == 'lora'",
          lambda spec: spec.model.quantization is None or spec.adapter.type == "lora", QUANTIZED_FULL_MESSAGE),
     *MONITOR_RULES,

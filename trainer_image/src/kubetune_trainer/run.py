@@ -185,6 +185,10 @@ class Run:
         log.info("loading %s from %s (%d process(es), %d CPU thread(s) each)", self.spec.model.family,
                  self.spec.model.pretrained, self.world_size, torch.get_num_threads())
         self.family = family_for(self.spec.model.family)(self.spec, self.accelerator.device, dtype)
+        if self.family.encoder_device != self.accelerator.device:
+            log.info("frozen encoders (%s) on the CPU between validations: spec.model.encoderDevice %s%s",
+                     ", ".join(self.family.frozen_models()), self.spec.model.encoder_device,
+                     " (the embedding cache feeds the training steps)" if self.spec.data.cache.enabled else "")
         self.family.cache = open_cache(self.spec)
         samples = self.family.read_samples()
         self.prefetcher = None
@@ -206,6 +210,7 @@ class Run:
 
         if self.family.cache is None:
             raise ConfigError("--cache-only needs spec.data.cache.enabled: true")
+        self.family.place_frozen(self.accelerator.device)  # filling the cache is what the encoders are for
         try:
             for dataset in (d for d in (self.dataset, self.held_out) if d is not None):
                 batches = shard_for_encoding(len(dataset), self.spec.training.batch_size, self.world_size, self.rank)

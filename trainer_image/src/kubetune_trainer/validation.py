@@ -97,8 +97,10 @@ class Validator:
                     metrics = self.family.evaluate(model, batches)
                 samples = self.is_main or self.sharded
                 held_out = [batch for batch, _ in batches]
-                images = self.family.sample_images(model, held_out,
-                                                   torch.Generator().manual_seed(self.seed)) if samples else []
+                images = []
+                if samples:
+                    with self.family.frozen_on_device():  # the pipeline's encoders, back off after
+                        images = self.family.sample_images(model, held_out, torch.Generator().manual_seed(self.seed))
             finally:
                 model.train(was_training)
             if self.spec.clip_model:

@@ -5,13 +5,15 @@ reference architecture, planning forward, tiny model...): families.definition sa
 """
 from __future__ import annotations
 
+import logging
 from abc import ABCMeta, abstractmethod
+from contextlib import contextmanager
 from typing import Any
 from pathlib import Path
 
 import torch
 
-from kubetune_api.spec import TrainingJobSpec
+from kubetune_api.spec import TrainingJobSpec, encoders_on_gpu
 from kubetune_trainer.data.cache import EmbeddingCache, Encoded, Encoder
 from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.data.layouts import LAYOUTS, Layout
@@ -20,6 +22,8 @@ from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.device_copy import to_device
 from kubetune_trainer.families.trainable import Trainable, enable_gradient_checkpointing
 from kubetune_trainer.randomness import SampleRandom
+
+log = logging.getLogger("kubetune.trainer")
 
 
 class _PlacesFrozenModels(ABCMeta):
@@ -52,6 +56,7 @@ class ModelFamily(metaclass=_PlacesFrozenModels):
         self.device = device
         self.weight_dtype = weight_dtype
         self.cache: EmbeddingCache | None = None  # set by the run when spec.data.cache is enabled
+        self._warned_cpu_encoding = False
         self._encoders: dict[str, Encoder] | None = None
         self.screen = Screen(spec.data.skip_bad)  # the readers report bad samples to it
         self.resolution = spec.resolution  # of the training images (the classifier may take its model's)
@@ -110,11 +115,34 @@ class ModelFamily(metaclass=_PlacesFrozenModels):
         step trains through (PMG's UNet). None by default."""
         return {}
 
+    @property
+    def encoder_device(self) -> torch.device:
+        """Where the frozen encoders live through the training steps: the family's device, or the
+        CPU when spec.model.encoderDevice says so (kubetune_api.spec.encoders_on_gpu: with a filled
+        embedding cache the steps read their outputs and never run them)."""
+        return self.device if encoders_on_gpu(self.spec) else torch.device("cpu")
+
     def place_frozen(self, device: torch.device | None = None) -> None:
         """Freeze every frozen model (no gradients, eval mode) and put it on `device` (default: the
-        family's). Called once after the family's __init__; the one place frozen models move."""
-        for model in self.frozen_models().values():
-            model.requires_grad_(False).to(device or self.device).eval()
+        encoder device; the models the step runs, needed_in_step, stay on the family's device).
+        Called once after the family's __init__; the one place frozen models move."""
+        for name, model in self.frozen_models().items():
+            where = self.device if name in self.needed_in_step else device or self.encoder_device
+            model.requires_grad_(False).to(where).eval()
+
+    @contextmanager
+    def frozen_on_device(self):
+        """The frozen models on the family's device for a while (validation samples through the
+        pipeline), then back where the training steps keep them (their GPU memory released)."""
+        if self.encoder_device == self.device:
+            yield
+            return
+        self.place_frozen(self.device)
+        try:
+            yield
+        finally:
+            self.place_frozen()
+            torch.cuda.empty_cache()
 
     def encoders(self) -> dict[str, Encoder]:
         """The frozen encoders whose per-sample outputs the embedding cache may keep; built once (an
@@ -131,7 +159,15 @@ class ModelFamily(metaclass=_PlacesFrozenModels):
         """Run one frozen encoder on per-sample inputs, through the cache when there is one (which
         also stores each new input's `variants[i]`, the other forms augmentation may draw)."""
         encoder = self.encoders()[name]
-        encoded = self.cache.encode(encoder, inputs, variants) if self.cache is not None else encoder.encode(inputs)
+        if self.cache is None:
+            encoded = encoder.encode(inputs)
+        else:
+            misses = self.cache.misses
+            encoded = self.cache.encode(encoder, inputs, variants)
+            if self.cache.misses > misses and self.encoder_device != self.device and not self._warned_cpu_encoding:
+                self._warned_cpu_encoding = True
+                log.warning("embedding cache miss while the encoders are on the CPU (spec.model.encoderDevice): "
+                            "it is encoded there, slowly; fill the cache before training (kubetune train --cache-only)")
         return {key: to_device(value, self.device) for key, value in encoded.items()}
 
     def image_transform(self, training: bool) -> ImageTransform:

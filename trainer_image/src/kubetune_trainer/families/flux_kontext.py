@@ -57,7 +57,7 @@ class FluxKontext(ModelFamily):
 
     @torch.no_grad()
     def _vae_moments(self, pixels):
-        stacked = to_device(torch.stack(pixels), self.device, self.weight_dtype)
+        stacked = to_device(torch.stack(pixels), self.vae.device, self.weight_dtype)
         return {"moments": self.vae.encode(stacked).latent_dist.parameters}
 
     @torch.no_grad()
@@ -65,11 +65,12 @@ class FluxKontext(ModelFamily):
         """T5 token embeddings (the sequence) and CLIP's pooled embedding (the global vector)."""
         clip = self.tokenizer(captions, padding="max_length", truncation=True,
                               max_length=self.tokenizer.model_max_length, return_tensors="pt")
-        pooled = self.text_encoder(to_device(clip.input_ids, self.device)).pooler_output
+        pooled = self.text_encoder(to_device(clip.input_ids, self.text_encoder.device)).pooler_output
         max_length = min(MAX_TEXT_TOKENS, self.tokenizer_2.model_max_length)
         t5 = self.tokenizer_2(captions, padding="max_length", truncation=True, max_length=max_length,
                               return_tensors="pt")
-        return {"prompt_embeds": self.text_encoder_2(to_device(t5.input_ids, self.device))[0], "pooled": pooled}
+        return {"prompt_embeds": self.text_encoder_2(to_device(t5.input_ids, self.text_encoder_2.device))[0],
+                "pooled": pooled}
 
     def encode_batch(self, batch):
         targets, controls = list(batch["pixel_values"]), list(batch["control_values"])

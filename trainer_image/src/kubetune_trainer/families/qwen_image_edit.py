@@ -74,7 +74,7 @@ class QwenImageEdit(ModelFamily):
 
     @torch.no_grad()
     def _vae_moments(self, pixels):
-        stacked = to_device(torch.stack(pixels).unsqueeze(2), self.device, self.weight_dtype)  # one video frame
+        stacked = to_device(torch.stack(pixels).unsqueeze(2), self.vae.device, self.weight_dtype)  # one video frame
         return {"moments": self.vae.encode(stacked).latent_dist.parameters}
 
     @torch.no_grad()
@@ -87,7 +87,8 @@ class QwenImageEdit(ModelFamily):
 
         captions = [caption for caption, _ in pairs]
         images = [to_pil(pixels) for _, pixels in pairs]
-        embeds, mask = self._prompt_pipeline._get_qwen_prompt_embeds(captions, images, self.device, self.weight_dtype)
+        embeds, mask = self._prompt_pipeline._get_qwen_prompt_embeds(captions, images, self.text_encoder.device,
+                                                                       self.weight_dtype)
         return {"prompt_embeds": embeds, "mask": mask}
 
     def encode_batch(self, batch):

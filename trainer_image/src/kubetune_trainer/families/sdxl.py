@@ -52,7 +52,7 @@ class XLText:
         for tokenizer, encoder in zip(self.tokenizers, self.text_encoders):
             tokens = tokenizer(captions, padding="max_length", truncation=True,
                                max_length=tokenizer.model_max_length, return_tensors="pt")
-            output = encoder(to_device(tokens.input_ids, self.device), output_hidden_states=True)
+            output = encoder(to_device(tokens.input_ids, encoder.device), output_hidden_states=True)
             hidden.append(output.hidden_states[-2])
         return {"prompt_embeds": torch.cat(hidden, dim=-1), "pooled": output[0]}
 

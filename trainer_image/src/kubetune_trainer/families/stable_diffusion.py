@@ -115,7 +115,7 @@ class ClipText:
             captions, padding="max_length", truncation=True,
             max_length=self.tokenizer.model_max_length, return_tensors="pt",
         )
-        return {"prompt_embeds": self.text_encoder(to_device(tokens.input_ids, self.device))[0]}
+        return {"prompt_embeds": self.text_encoder(to_device(tokens.input_ids, self.text_encoder.device))[0]}
 
     def conditioning(self, batch: dict, text: dict[str, torch.Tensor]) -> dict:
         """Keyword arguments of the UNet besides the noisy latents and timesteps."""
@@ -160,7 +160,7 @@ class UNetDiffusion:
     @torch.no_grad()
     def vae_moments(self, pixels: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         """Mean and log-variance of each latent, not a sample: the noise is drawn at training time."""
-        stacked = to_device(torch.stack(pixels), self.device, self.weight_dtype)
+        stacked = to_device(torch.stack(pixels), self.vae.device, self.weight_dtype)
         return {"moments": self.vae.encode(stacked).latent_dist.parameters}
 
     def encode_prompts(self, captions: list[str]) -> dict[str, torch.Tensor]:

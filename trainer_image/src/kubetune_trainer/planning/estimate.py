@@ -20,7 +20,7 @@ import torch
 from kubetune_api.families import EMBEDDING_CACHE, FAMILIES
 from kubetune_api.memory_rules import (CUDA_OVERHEAD_BYTES, EMA_BYTES, optimizer_state_bytes,
                                        optimizer_step_bytes)
-from kubetune_api.spec import TrainingJobSpec
+from kubetune_api.spec import TrainingJobSpec, encoders_on_gpu
 from kubetune_trainer.planning.activations import Activations, measure
 from kubetune_trainer.planning.attention import attention_kernel
 from kubetune_trainer.planning.fake_device import autocast_on, fake_mode, move_to_fake
@@ -163,9 +163,16 @@ def estimate_from_parts(spec: TrainingJobSpec, models: JobModels, activations: A
                          "measured under autocast, as ddp runs, which keeps some in fp32: a little high for fsdp")
     elif world_size > 1:
         gradients *= 2  # DDP all-reduces through buckets: a second copy of the gradients
-    if spec.data.cache.enabled and EMBEDDING_CACHE in FAMILIES[spec.model.family].honours:
-        notes.append("spec.data.cache is on: the frozen encoders are not needed while training from the cache, "
-                     "but the trainer loads them, so they are counted")
+    if on_gpu and not encoders_on_gpu(spec):
+        frozen = [name for name in weights_by_model if name not in (models.trained, models.quantized)]
+        host += sum(weights_by_model[name] for name in frozen)
+        notes.append(f"spec.model.encoderDevice {spec.model.encoder_device}: the frozen encoders ({', '.join(frozen)}) "
+                     "are in CPU memory while training (validation samples bring them to the GPU for a moment, "
+                     "when no gradients are held)")
+        weights_by_model.update({name: 0 for name in frozen})
+    elif spec.data.cache.enabled and EMBEDDING_CACHE in FAMILIES[spec.model.family].honours:
+        notes.append("spec.data.cache is on but the frozen encoders stay on the GPU (spec.model.encoderDevice "
+                     "gpu, or a family whose step runs them): they are counted")
     if spec.model.quantization:
         notes.append(f"{spec.model.quantization}: the activations are measured at the unquantized layers' precision")
     return MemoryEstimate(
