@@ -42,12 +42,17 @@ class CompiledRegions:
 
 def repeated_block_names(module: torch.nn.Module) -> list[str]:
     """The class names of the model's repeated blocks: what diffusers models declare as
-    `_repeated_blocks` (for regional compilation) and the blocks models declare unsplittable
-    (`_no_split_modules`, transformers and diffusers alike). A UNet declares only its transformer
-    blocks repeated, but its ResNet blocks launch as many small kernels: both are compiled."""
-    names = [name for attribute in ("_repeated_blocks", "_no_split_modules")
-             for sub in module.modules() for name in (getattr(sub, attribute, None) or ())]
-    return list(dict.fromkeys(names))
+    `_repeated_blocks` (for regional compilation), else the blocks a model declares unsplittable
+    (`_no_split_modules`, transformers and diffusers alike), else none.
+
+    Measured on an H200 (benchmarks/RESULTS.md): SD1.5's 16 transformer blocks compile in 33 s and
+    make a batch-1 step 22% faster; adding its ResNet and up blocks (their _no_split_modules) took
+    over 170 s to compile, unmeasured beyond that, so a UNet's ResNet blocks stay eager."""
+    for attribute in ("_repeated_blocks", "_no_split_modules"):
+        names = [name for sub in module.modules() for name in (getattr(sub, attribute, None) or ())]
+        if names:
+            return list(dict.fromkeys(names))
+    return []
 
 
 def compile_regions(module: torch.nn.Module, mode: str, shapes: int = 1) -> CompiledRegions:
