@@ -6,7 +6,8 @@
 #
 # NAME, in order: speed-sd15-cached, speed-sd15-compiled, throughput-full-size, speed-sdxl-cached,
 # speed-sdxl-compiled (about 10 minutes on an H200: the speed targets); quantization, lora-sd15,
-# lora-sdxl, lora-flux-kontext, lora-flux-kontext-gc (the first figures, about 11 minutes);
+# lora-sdxl, lora-flux-kontext, lora-flux-kontext-gc, memory-flux-kontext-gc, memory-flux-kontext (the
+# first figures and the memory targets, about 14 minutes);
 # metrics-overhead, clip-scorer, lora-classifier, lora-pmg (about 8 minutes). Default: all.
 # Qwen-Image-Edit is not in the suite: its random-weight checkpoint (20B transformer + 8B text
 # encoder, ~58 GB in bf16) does not fit the lent machines' 64 GiB disks beside the rest;
@@ -66,6 +67,10 @@ flux_dir=$(mktemp -d)
 run lora-flux-kontext-gc 150 benchmarks/gpu_lora_step.py --family flux-kontext --gradient-checkpointing \
     --workdir "$flux_dir"
 run lora-flux-kontext 90 benchmarks/gpu_lora_step.py --family flux-kontext --workdir "$flux_dir"
+# The memory targets: a filled cache, so T5-XXL, CLIP and the VAE stay in CPU memory (encoderDevice auto).
+run memory-flux-kontext-gc 120 benchmarks/gpu_lora_step.py --family flux-kontext --cache --gradient-checkpointing \
+    --workdir "$flux_dir"
+run memory-flux-kontext 100 benchmarks/gpu_lora_step.py --family flux-kontext --cache --workdir "$flux_dir"
 rm -rf "$flux_dir"
 
 # Figures first measured on 2026-11-26's second lease.
