@@ -200,10 +200,21 @@ def test_fp16_on_a_cpu_job_is_refused_naming_the_option(tiny_job, tmp_path):
             in result.stderr), result.stderr
 
 
-def test_bf16_mixed_precision_trains_on_cpu(tiny_job, tmp_path):
+def test_bf16_mixed_precision_trains_on_cpu_and_writes_its_lora_in_bf16_unless_told(tiny_job, tmp_path):
+    from safetensors.torch import load_file
+
     run_trainer(tiny_job(maxSteps=1, mixedPrecision="bf16"), tmp_path)
     weights = trained_weights(run_dir(tmp_path / "out") / "checkpoint-1")
     assert weights and all(t.dtype == torch.float32 for t in weights.values()), "trained weights stay in fp32"
+    lora = load_file(run_dir(tmp_path / "out") / "pytorch_lora_weights.safetensors")
+    assert {t.dtype for t in lora.values()} == {torch.bfloat16}, "the file in the training precision (saveDtype unset)"
+
+    manifest = tiny_job(maxSteps=1, mixedPrecision="bf16")
+    manifest["spec"]["adapter"]["saveDtype"] = "fp32"
+    manifest["spec"]["checkpoints"]["uri"] = str(tmp_path / "fp32")
+    run_trainer(manifest, tmp_path)
+    lora32 = load_file(run_dir(tmp_path / "fp32") / "pytorch_lora_weights.safetensors")
+    assert lora32.keys() == lora.keys() and {t.dtype for t in lora32.values()} == {torch.float32}
 
 
 def test_sigterm_takes_a_last_checkpoint_and_exits_retryably(tiny_job, tmp_path):

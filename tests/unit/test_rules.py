@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from kubetune_api.rules import SKIP_RULES
-from kubetune_api.spec import (DISTRIBUTED_RULES, JOB_RULES, PMG_RULES, SCHEDULING_RULES, TRAINING_RULES,
+from kubetune_api.spec import (DATA_RULES, DISTRIBUTED_RULES, JOB_RULES, PMG_RULES, SCHEDULING_RULES, TRAINING_RULES,
                                TrainingJobSpec)
 from kubetune_api.families import FAMILY_NAMES, OPTIONS
 from tests.conftest import REPO
@@ -19,7 +19,7 @@ from tests.family_options import SETTINGS, with_family
 
 # Where each list of rules sits in the spec (its CEL's `self`).
 LEVELS = [(JOB_RULES, None), (TRAINING_RULES, "training"), (DISTRIBUTED_RULES, "distributed"),
-          (SCHEDULING_RULES, "scheduling"), (PMG_RULES, "pmg")]
+          (SCHEDULING_RULES, "scheduling"), (PMG_RULES, "pmg"), (DATA_RULES, "data")]
 
 VARIATIONS = [
     {},
@@ -74,6 +74,8 @@ VARIATIONS = [
     {"spec.model.encoderDevice": "cpu"},
     {"spec.model.encoderDevice": "gpu"},
     {"spec.resources.gpusPerNode": 0, "spec.model.encoderDevice": "gpu"},
+    {"spec.data.imageColumn": "image", "spec.data.captionColumn": "prompt"},
+    {"spec.model.family": "flux-kontext", "spec.data.layout": "edit-pairs", "spec.data.captionColumn": "prompt"},
 ] + [
     # Every family with every option of the families table: the option rules kept and broken.
     {**with_family(family), **SETTINGS[option]} for family in FAMILY_NAMES for option in OPTIONS

@@ -165,6 +165,12 @@ class AdapterSpec(_Model):
         description="Start the LoRA from existing weights: a directory holding "
         "pytorch_lora_weights.safetensors, or the file. Its rank and target modules must match.",
     )
+    save_dtype: Optional[Literal["fp32", "bf16", "fp16"]] = Field(
+        default=None,
+        description="Precision of the weights files written (final and per checkpoint): fp32, bf16 or fp16. "
+        "Unset = the training precision (spec.training.mixedPrecision; fp32 for \"no\"). Training and "
+        "resuming always keep fp32 weights.",
+    )
 
 
 
@@ -208,8 +214,21 @@ class StreamingSpec(_Model):
     )
 
 
+DEFAULT_IMAGE_COLUMN, DEFAULT_CAPTION_COLUMN = "file_name", "text"
+DATA_RULES = [
+    Rule(f"self.layout == 'captions' || (self.imageColumn == '{DEFAULT_IMAGE_COLUMN}' "
+         f"&& self.captionColumn == '{DEFAULT_CAPTION_COLUMN}')",
+         lambda data: data.layout == "captions" or (data.image_column, data.caption_column)
+         == (DEFAULT_IMAGE_COLUMN, DEFAULT_CAPTION_COLUMN),
+         "spec.data.imageColumn and captionColumn name metadata.jsonl's keys in the captions layout only: "
+         "remove them for this layout"),
+]
+
+
 class DataSpec(_Model):
     """Where the training data is and how it is laid out."""
+
+    model_config = ConfigDict(json_schema_extra=entries(DATA_RULES))
 
     layout: Layout = Field(
         description="captions: images + metadata.jsonl of {file_name, text}; edit-pairs: "
@@ -217,6 +236,15 @@ class DataSpec(_Model):
         "image-folder: CLASS/NAME.png."
     )
     uri: StorageUri = Field(description="The data directory: a local path or s3://bucket/prefix.")
+    image_column: str = Field(
+        default=DEFAULT_IMAGE_COLUMN, min_length=1, max_length=253,
+        description="captions layout: the metadata.jsonl key naming each image's file, relative to "
+        "metadata.jsonl's folder or to its images/ subfolder.",
+    )
+    caption_column: str = Field(
+        default=DEFAULT_CAPTION_COLUMN, min_length=1, max_length=253,
+        description="captions layout: the metadata.jsonl key holding each image's caption.",
+    )
     resolution: Optional[int] = Field(
         default=None, ge=8, le=4096, multiple_of=8,
         description="Training resolution in pixels (a multiple of 8). Unset: the family's native size: sd15 and "
@@ -250,6 +278,10 @@ class DataSpec(_Model):
     streaming: StreamingSpec = Field(
         default_factory=StreamingSpec, description="How an s3:// data set is read (streamed by default).",
     )
+
+    @model_validator(mode="after")
+    def _rules(self, info: ValidationInfo) -> "DataSpec":
+        return enforce(DATA_RULES, self, info)
 
 
 
@@ -1004,6 +1036,11 @@ class TrainingJobSpec(_Model):
     def resolution(self) -> int | None:
         """spec.data.resolution, else the family's native size (None: the classifier's model decides)."""
         return self.data.resolution or NATIVE_RESOLUTIONS[self.model.family]
+
+    @property
+    def save_dtype(self) -> str:
+        """What the weights files are written in: spec.adapter.saveDtype, else the training precision."""
+        return self.adapter.save_dtype or {"no": "fp32", "bf16": "bf16", "fp16": "fp16"}[self.training.mixed_precision]
 
     @property
     def pmg_options(self) -> PmgSpec:

@@ -197,7 +197,11 @@ class Run:
             self.prefetcher = Prefetcher(int(parse_quantity(streaming.cache_size, "spec.data.streaming.cacheSize")),
                                          streaming.prefetch_steps)
         else:  # every image is checked before the first step; the processes share the work
-            samples = self.family.screen.images(samples, self.rank, self.world_size, self._gather_objects)
+            size = (self.family.resolution,) * 2 if self.family.resolution else None
+            samples = self.family.screen.images(samples, self.rank, self.world_size, self._gather_objects, size,
+                                                by_area=self.spec.data.bucketing)
+            if self.family.screen.small is not None:
+                log.warning("%s", self.family.screen.small.warning(size))
         for problem in self.family.screen.skipped[:20]:
             log.warning("skipped %s", problem)
         self.dataset, self.held_out = self.family.build_datasets(samples)

@@ -1,4 +1,9 @@
-"""The captions layout: images plus metadata.jsonl lines of {"file_name": ..., "text": ...}."""
+"""The captions layout: images plus metadata.jsonl lines of {"file_name": ..., "text": ...}.
+
+The keys are spec.data.imageColumn and captionColumn (file_name and text by default, the Hugging
+Face image-folder convention). An image's name is relative to metadata.jsonl's folder, or to an
+images/ folder beside it (the layout of the SDXL LoRA guide's data sets).
+"""
 from __future__ import annotations
 
 import json
@@ -20,13 +25,18 @@ class CaptionedImage:
     caption: str
 
 
-def read_captions(root: Path, screen: Screen) -> list[CaptionedImage]:
+IMAGES_FOLDER = "images"
+
+
+def read_captions(root: Path, screen: Screen, image_column: str = "file_name",
+                  caption_column: str = "text") -> list[CaptionedImage]:
     """Read metadata.jsonl; name the file and line of anything wrong (or skip it: screen)."""
     metadata = root / "metadata.jsonl"
+    keys = f'{{"{image_column}": ..., "{caption_column}": ...}}'
     if not metadata.is_file():
         raise FileNotFoundError(
             f"spec.data.uri: {root} has no metadata.jsonl; the captions layout needs images plus "
-            'metadata.jsonl lines of {"file_name": ..., "text": ...}'
+            f"metadata.jsonl lines of {keys}"
         )
     samples = []
     for number, line in enumerate(metadata.read_bytes().splitlines(), start=1):
@@ -40,26 +50,39 @@ def read_captions(root: Path, screen: Screen) -> list[CaptionedImage]:
             continue
         try:
             record = json.loads(text)
-            file_name, caption = record["file_name"], record["text"]
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
-            screen.reject(where, f'expected {{"file_name": ..., "text": ...}} ({err})')
+            file_name, caption = record[image_column], record[caption_column]
+        except KeyError as err:
+            screen.reject(where, f"no key {err} (expected {keys}; spec.data.imageColumn and captionColumn "
+                                 f"name other keys: this line has {', '.join(map(repr, record)) or 'none'})")
+            continue
+        except (json.JSONDecodeError, TypeError) as err:
+            screen.reject(where, f"expected {keys} ({err})")
             continue
         if not isinstance(file_name, str) or not isinstance(caption, str):
-            screen.reject(where, f"file_name and text must be strings (got {type(file_name).__name__}, "
-                                 f"{type(caption).__name__})")
+            screen.reject(where, f"{image_column} and {caption_column} must be strings (got "
+                                 f"{type(file_name).__name__}, {type(caption).__name__})")
             continue
         try:
-            path = confined(root, file_name, "file_name")
+            path = _image_path(root, file_name, image_column)
         except UnsafePath as err:
             screen.reject(where, str(err))
             continue
-        if not path.is_file():
-            screen.reject(where, f"{file_name} does not exist in {root}")
+        if path is None:
+            screen.reject(where, f"{file_name} does not exist in {root} nor in {root / IMAGES_FOLDER}")
             continue
         samples.append(CaptionedImage(path, caption))
     if not samples:
         raise ConfigError(f"{metadata} lists no usable images")
     return samples
+
+
+def _image_path(root: Path, file_name: str, field: str) -> Path | None:
+    """The image `file_name` names: beside metadata.jsonl, else in its images/ folder (None: neither)."""
+    path = confined(root, file_name, field)
+    if path.is_file():
+        return path
+    beside = confined(root, f"{IMAGES_FOLDER}/{file_name}", field)  # confined to root: images/ may be a link
+    return beside if beside.is_file() else None
 
 
 class CaptionsDataset(KeyedDataset):

@@ -27,7 +27,7 @@ class Layout:
 
 
 def _read_captions(spec: TrainingJobSpec, screen: Screen) -> list:
-    return captions.read_captions(Path(spec.data.uri), screen)
+    return captions.read_captions(Path(spec.data.uri), screen, spec.data.image_column, spec.data.caption_column)
 
 
 def _captions_dataset(samples: list, transform: ImageTransform, spec: TrainingJobSpec, training: bool) -> KeyedDataset:

@@ -24,6 +24,11 @@ CHECK_THREADS = 4  # decoding releases the GIL: a few threads keep the disk and 
 
 def image_problem(path: Path) -> str | None:
     """Why an image cannot be trained on, or None when it can."""
+    return _checked(path)[0]
+
+
+def _checked(path: Path) -> tuple[str | None, tuple[int, int] | None]:
+    """(why the image cannot be trained on or None, its (width, height) when it can)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -31,11 +36,27 @@ def image_problem(path: Path) -> str | None:
                 image.verify()  # the container: chunks, checksums
             with Image.open(path) as image:
                 image.load()  # the pixels: a truncated file fails here
+                return None, image.size
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        return f"is larger than {Image.MAX_IMAGE_PIXELS} pixels (a decompression bomb?)"
+        return f"is larger than {Image.MAX_IMAGE_PIXELS} pixels (a decompression bomb?)", None
     except (OSError, SyntaxError, ValueError, Image.UnidentifiedImageError) as err:
-        return f"cannot be read as an image ({type(err).__name__}: {err})"
-    return None
+        return f"cannot be read as an image ({type(err).__name__}: {err})", None
+
+
+@dataclasses.dataclass(frozen=True)
+class SmallImages:
+    """Images smaller than the training size on either side (they are upscaled: blurrier than their peers)."""
+
+    count: int
+    checked: int
+    smallest: tuple[int, int]   # (width, height) of the one with the fewest pixels
+    path: Path
+
+    def warning(self, size: tuple[int, int]) -> str:
+        width, height = self.smallest
+        return (f"{self.count} of {self.checked} images are smaller than the training size {size[0]}x{size[1]} "
+                f"and will be upscaled; the smallest is {width}x{height} ({self.path}); lower "
+                "spec.data.resolution or replace them for sharper results")
 
 
 def image_paths(sample) -> list[Path]:
@@ -48,6 +69,7 @@ class Screen:
     def __init__(self, skip_bad: bool):
         self.skip_bad = skip_bad
         self.skipped: list[str] = []
+        self.small: SmallImages | None = None  # set by images() when a training size is given
 
     def reject(self, where: str, why: str) -> None:
         """A bad sample: refused (ConfigError naming it) unless bad samples are skipped."""
@@ -57,13 +79,20 @@ class Screen:
         self.skipped.append(problem)
 
     def images(self, samples: Sequence, rank: int = 0, world_size: int = 1,
-               gather: Callable[[list], list[list]] = lambda mine: [mine]) -> list:
+               gather: Callable[[list], list[list]] = lambda mine: [mine],
+               size: tuple[int, int] | None = None, by_area: bool = False) -> list:
         """The samples whose images are all readable. Each process checks every world_size-th
-        sample; `gather` (a collective under several processes) shares the findings."""
+        sample; `gather` (a collective under several processes) shares the findings. With the
+        training `size` (width, height), self.small counts the images smaller than it on a side, or
+        in pixels `by_area` (aspect-ratio buckets resize each image to about that many pixels)."""
         mine = list(range(rank, len(samples), world_size))
         with ThreadPoolExecutor(CHECK_THREADS) as pool:
-            found = list(pool.map(lambda i: (i, self._first_problem(samples[i])), mine))
-        bad = sorted((i, problem) for share in gather([(i, p) for i, p in found if p]) for i, problem in share)
+            found = list(pool.map(lambda i: (i, *self._check(samples[i])), mine))
+        shares = gather([(i, problem, sizes) for i, problem, sizes in found])
+        bad = sorted((i, problem) for share in shares for i, problem, _ in share if problem)
+        if size is not None:
+            self.small = _small_images([entry for share in shares for _, _, sizes in share for entry in sizes], size,
+                                       by_area)
         for _, problem in bad:
             where, _, why = problem.partition("\0")
             self.reject(where, why)
@@ -74,9 +103,24 @@ class Screen:
         return kept
 
     @staticmethod
-    def _first_problem(sample) -> str | None:
+    def _check(sample) -> tuple[str | None, list[tuple[Path, tuple[int, int]]]]:
+        """(the sample's first problem as "path\0why" or None, each readable image's size)."""
+        sizes = []
         for path in image_paths(sample):
-            problem = image_problem(path)
+            problem, image_size = _checked(path)
             if problem:
-                return f"{path}\0{problem}"
+                return f"{path}\0{problem}", sizes
+            sizes.append((path, image_size))
+        return None, sizes
+
+
+def _small_images(sizes: list[tuple[Path, tuple[int, int]]], size: tuple[int, int],
+                  by_area: bool) -> SmallImages | None:
+    def smaller(w: int, h: int) -> bool:
+        return w * h < size[0] * size[1] if by_area else (w < size[0] or h < size[1])
+
+    small = [(path, (w, h)) for path, (w, h) in sizes if smaller(w, h)]
+    if not small:
         return None
+    path, smallest = min(small, key=lambda entry: (entry[1][0] * entry[1][1], str(entry[0])))
+    return SmallImages(len(small), len(sizes), smallest, path)

@@ -24,6 +24,7 @@ from kubetune_trainer.families.trainable import Trainable, enable_gradient_check
 from kubetune_trainer.randomness import SampleRandom
 
 log = logging.getLogger("kubetune.trainer")
+SAVE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class _PlacesFrozenModels(ABCMeta):
@@ -212,8 +213,11 @@ class ModelFamily(metaclass=_PlacesFrozenModels):
         """Write the trained weights in the family's standard format; return the files written.
 
         `trained`: every trained parameter whole, on the CPU, by its name in trainable_module
-        (checkpointing.full_trained_state gathers them, from shards under FSDP)."""
-        return self.trainable.save(out_dir, trained)
+        (checkpointing.full_trained_state gathers them, from shards under FSDP); written in
+        spec.adapter.saveDtype (the training precision by default)."""
+        dtype = SAVE_DTYPES[self.spec.save_dtype]
+        return self.trainable.save(out_dir, {name: value.to(dtype) if value.is_floating_point() else value
+                                             for name, value in trained.items()})
 
     def enable_gradient_checkpointing(self) -> None:
         """Checkpoint what the backward pass runs through: by default the trained module."""
