@@ -22,6 +22,7 @@ SETTINGS: dict[str, dict] = {
     table.SNR_GAMMA: {"spec.training.snrGamma": 0.05},  # below most noise levels: it weights
     table.NOISE_OFFSET: {"spec.training.noiseOffset": 0.5},
     table.VALIDATION_PROMPTS: {"spec.validation.prompts": ["a red circle"]},
+    table.GUIDANCE: {"spec.validation.guidanceScale": 9.0},
     table.CLIP_MODEL: {"spec.validation.clipModel": "openai/clip-vit-base-patch32"},
 }
 

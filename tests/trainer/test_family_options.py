@@ -104,7 +104,7 @@ def with_option(manifest: dict, family: str, option: str, tmp_path) -> dict:
 
 ACTING_ON_THE_LOSS = [(family, option) for family, option in combinations(honoured=True)
                       if option not in (table.QUANTIZATION, table.EMBEDDING_CACHE, table.ENCODER_DEVICE,
-                                        table.VALIDATION_PROMPTS, table.CLIP_MODEL)]
+                                        table.VALIDATION_PROMPTS, table.GUIDANCE, table.CLIP_MODEL)]
 
 
 @pytest.mark.parametrize("family", table.FAMILY_NAMES)
@@ -164,6 +164,23 @@ def test_a_clip_model_scores_the_validation_images_with_the_familys_clip_metric(
     metrics = family_model.image_metrics(images, held_out, ClipScorer(str(tiny_clip), torch.device("cpu")))
     [clip_metric] = [m for m in table.FAMILIES[family].metrics if m.startswith("clip_")]
     assert set(metrics) == {clip_metric} and torch.isfinite(torch.tensor(metrics[clip_metric])), metrics
+
+
+@pytest.mark.parametrize("family", table.honouring(table.GUIDANCE))
+def test_the_guidance_scale_changes_the_sample_images(family, base_job, tiny_clip, tmp_path):
+    import numpy as np
+
+    def sample(**validation) -> list:
+        manifest = set_fields(base_job(family), {"spec.validation.clipModel": str(tiny_clip),
+                                                 "spec.validation.numInferenceSteps": 2,
+                                                 **{f"spec.validation.{k}": v for k, v in validation.items()}})
+        family_model, batch = build(manifest)
+        return family_model.sample_images(family_model.trainable_module, [batch], torch.Generator().manual_seed(0))
+
+    default, guided = sample(), sample(guidanceScale=SETTINGS[table.GUIDANCE]["spec.validation.guidanceScale"])
+    assert len(default) == len(guided) == 2
+    assert any(not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(default, guided)), \
+        f"{family}: guidance {SETTINGS[table.GUIDANCE]} draws what its default ({table.FAMILIES[family].guidance}) draws"
 
 
 @pytest.mark.parametrize("family", table.honouring(table.QUANTIZATION))

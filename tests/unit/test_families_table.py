@@ -121,11 +121,10 @@ def test_every_layout_the_api_accepts_is_read_by_the_trainer_and_has_tiny_data()
 
 
 def test_the_families_declaring_a_quantized_denoiser_are_those_honouring_quantization():
-    from kubetune_api.fixes import QUANTIZABLE
     from kubetune_trainer.families import definitions
 
     quantized = {name for name, definition in definitions().items() if definition.quantized}
-    assert quantized == set(QUANTIZABLE) == set(table.honouring(table.QUANTIZATION))
+    assert quantized == set(table.honouring(table.QUANTIZATION))
 
 
 def test_every_option_of_the_table_has_one_rule_shape_and_one_setting():

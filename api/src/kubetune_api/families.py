@@ -31,12 +31,13 @@ ENCODER_DEVICE = "spec.model.encoderDevice"  # where the frozen encoders live wh
 SNR_GAMMA = "spec.training.snrGamma"
 NOISE_OFFSET = "spec.training.noiseOffset"
 VALIDATION_PROMPTS = "spec.validation.prompts"
+GUIDANCE = "spec.validation.guidanceScale"     # the sample images' guidance (the family's default: its row)
 CLIP_MODEL = "spec.validation.clipModel"       # scores validation images: clip_score / clip_directional
 
 LORA_SHAPE = frozenset({LORA_RANK, LORA_ALPHA, LORA_DROPOUT, LORA_TARGETS, INIT_FROM})
 DENOISING = frozenset({SNR_GAMMA, NOISE_OFFSET})       # a DDPM noise-prediction loss's knobs
 IMAGE_DIFFUSION = frozenset({QUANTIZATION, FULL_FINE_TUNE, BUCKETING, CAPTION_DROPOUT, EMBEDDING_CACHE,
-                             ENCODER_DEVICE})
+                             ENCODER_DEVICE, GUIDANCE})
 # What a CLIP model (CLIP_MODEL) measures on the images validation samples: how well a text-to-image
 # family's image matches its prompt; how well an editing family's edit follows its instruction.
 TEXT_TO_IMAGE_METRICS = ("loss", "clip_score")
@@ -88,6 +89,8 @@ class FamilyInfo:
     own_adapter: bool = False        # trains parts of its own whatever spec.adapter says (PMG's soft
                                      # prompts): no LoRA shape, no full fine-tune
     options: str | None = None       # the spec block of its own options (spec.pmg), refused for other families
+    guidance: float | None = None    # sample images' guidance without spec.validation.guidanceScale (None:
+                                     # its diffusers pipeline's default)
 
 
 FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
@@ -113,7 +116,7 @@ FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
                             ("full", True): Dynamic(2.608e+08, -2.662e+07, 891)})),
     FamilyInfo("flux-kontext", "trains a FLUX.1 Kontext editing transformer by flow matching",
                ("edit-pairs",), 1024, EDITING_METRICS,
-               IMAGE_DIFFUSION | LORA_SHAPE | {CONTROL_DROPOUT, CLIP_MODEL},
+               IMAGE_DIFFUSION | LORA_SHAPE | {CONTROL_DROPOUT, CLIP_MODEL}, guidance=2.5,  # distilled guidance
                profile=FamilyProfile(
                    trained_module=11_901_408_320, linear_weights=11_898_322_944, frozen=4_969_190_819,
                    lora_per_rank=1_167_360, adapter=0, largest_unit=339_831_296, loads_fp32=False,
@@ -123,7 +126,7 @@ FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
                             ("full", True): Dynamic(7.769e+08, 3.107e+08, 4957)})),
     FamilyInfo("qwen-image-edit", "trains a Qwen-Image-Edit transformer by flow matching",
                ("edit-pairs",), 1024, EDITING_METRICS,
-               IMAGE_DIFFUSION | LORA_SHAPE | {CONTROL_DROPOUT, CLIP_MODEL},
+               IMAGE_DIFFUSION | LORA_SHAPE | {CONTROL_DROPOUT, CLIP_MODEL}, guidance=4.0,  # true CFG, model card
                profile=FamilyProfile(
                    trained_module=20_430_401_088, linear_weights=20_424_818_688, frozen=8_419_059_187,
                    lora_per_rank=1_474_560, adapter=0, largest_unit=339_831_296, loads_fp32=False,
@@ -133,7 +136,8 @@ FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
                             ("full", True): Dynamic(7.617e+08, 5.943e+07, 5997)})),
     FamilyInfo("pmg", "trains soft prompts, a prefix and a mapping layer for a frozen Stable Diffusion 1.5",
                ("pmg",), 512, TEXT_TO_IMAGE_METRICS,
-               frozenset({QUANTIZATION, EMBEDDING_CACHE, CLIP_MODEL}) | DENOISING, own_adapter=True, options="pmg",
+               frozenset({QUANTIZATION, EMBEDDING_CACHE, CLIP_MODEL, GUIDANCE}) | DENOISING, own_adapter=True,
+               options="pmg",
                profile=FamilyProfile(
                    trained_module=859_520_964, linear_weights=270_049_280, frozen=6_945_129_959,
                    lora_per_rank=0, adapter=3_680_512, largest_unit=3_680_512, loads_fp32=False,
@@ -156,7 +160,7 @@ FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
 FAMILY_NAMES = tuple(FAMILIES)
 OPTIONS = (QUANTIZATION, INIT_FROM, FULL_FINE_TUNE, LORA_RANK, LORA_ALPHA, LORA_DROPOUT, LORA_TARGETS, BUCKETING,
            CAPTION_DROPOUT, CONTROL_DROPOUT, EMBEDDING_CACHE, ENCODER_DEVICE, SNR_GAMMA, NOISE_OFFSET, VALIDATION_PROMPTS,
-           CLIP_MODEL)
+           GUIDANCE, CLIP_MODEL)
 
 
 def label(option: str) -> str:
@@ -176,11 +180,13 @@ def markdown() -> str:
              "An option a family does not honour is refused by `kubectl apply`, the webhook and",
              "`kubetune validate`, naming the field and the family (it would otherwise do nothing).",
              "clip_score and clip_directional are measured when `spec.validation.clipModel` names a CLIP model.", "",
-             "| family | trains | layout | native size | validation metrics |", "|---|---|---|---|---|"]
+             "| family | trains | layout | native size | validation metrics | sample guidance |",
+             "|---|---|---|---|---|---|"]
     for family in FAMILIES.values():
         size = family.native_resolution or "the model's own"
+        guidance = family.guidance or ("the pipeline's default" if GUIDANCE in family.honours else "-")
         lines.append(f"| {family.name} | {family.summary.removeprefix('trains ')} | {', '.join(family.layouts)} "
-                     f"| {size} | {', '.join(family.metrics)} |")
+                     f"| {size} | {', '.join(family.metrics)} | {guidance} |")
     lines += ["", "| option | " + " | ".join(FAMILY_NAMES) + " |", "|---|" + "---|" * len(FAMILY_NAMES)]
     for option in OPTIONS:
         marks = " | ".join("yes" if option in FAMILIES[name].honours else "refused" for name in FAMILY_NAMES)

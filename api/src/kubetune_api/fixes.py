@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from kubetune_api.families import QUANTIZATION, honouring
+from kubetune_api.families import FAMILIES, QUANTIZATION
 from kubetune_api.manifest import apply_overrides
 from kubetune_api.spec import TrainingJobSpec
 
@@ -21,7 +21,6 @@ class Estimator(Protocol):
 
 MAX_GPUS = 64          # the largest FSDP world a suggestion proposes
 GPUS_PER_NODE = 8      # a node's GPUs when the job asks for one per node: the common server size
-QUANTIZABLE = tuple(honouring(QUANTIZATION))
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,7 @@ def suggest(planner: Estimator, spec: TrainingJobSpec, capacity: int, strategy: 
     single: list[tuple[str, tuple[str, ...]]] = []
     if not training.gradient_checkpointing:
         single.append(("gradient checkpointing", ("spec.training.gradientCheckpointing=true",)))
-    can_quantize = (spec.model.family in QUANTIZABLE and spec.model.quantization != "nf4"
+    can_quantize = (QUANTIZATION in FAMILIES[spec.model.family].honours and spec.model.quantization != "nf4"
                     and spec.adapter.type == "lora" and strategy == "ddp" and spec.resources.gpus_per_node > 0)
     if can_quantize:
         single.append(("nf4 quantized base", ("spec.model.quantization=nf4",)))

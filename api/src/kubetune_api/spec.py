@@ -424,6 +424,11 @@ class ValidationSpec(_Model):
         "not (0 = none).",
     )
     num_inference_steps: int = Field(default=20, ge=1, le=1000, description="Denoising steps of sample images.")
+    guidance_scale: Optional[float] = Field(
+        default=None, ge=0, le=100,
+        description="Guidance of the sample images: the classifier-free guidance scale, or the distilled guidance "
+        "of the FLUX families. Unset: the family's default (docs/families.md).",
+    )
     clip_model: Optional[StorageUri] = Field(
         default=None,
         description="A CLIP model that scores the images sampled at each validation (same seed every time): "
@@ -911,6 +916,8 @@ FAMILY_OPTIONS = [
     FamilyOption(table.VALIDATION_PROMPTS,
                  "has(self.validation) && has(self.validation.prompts) && size(self.validation.prompts) > 0",
                  lambda spec: bool(spec.validation.prompts)),
+    FamilyOption(table.GUIDANCE, "has(self.validation) && has(self.validation.guidanceScale)",
+                 lambda spec: spec.validation.guidance_scale is not None),
     FamilyOption(table.CLIP_MODEL, "has(self.validation) && has(self.validation.clipModel)",
                  lambda spec: spec.validation.clip_model is not None),
 ]
@@ -1036,6 +1043,12 @@ class TrainingJobSpec(_Model):
     def resolution(self) -> int | None:
         """spec.data.resolution, else the family's native size (None: the classifier's model decides)."""
         return self.data.resolution or NATIVE_RESOLUTIONS[self.model.family]
+
+    @property
+    def sample_guidance(self) -> float | None:
+        """The sample images' guidance: spec.validation.guidanceScale, else the family's (None: its pipeline's)."""
+        chosen = self.validation.guidance_scale
+        return chosen if chosen is not None else FAMILIES[self.model.family].guidance
 
     @property
     def save_dtype(self) -> str:

@@ -21,7 +21,7 @@ from kubetune_trainer.planning.forwards import mse, vae_scale
 from kubetune_trainer.reference_models import CLIP_L_TEXT, T5_XXL_ENCODER, Component
 
 PIPELINE = "FluxKontextPipeline"
-GUIDANCE = 2.5  # the distilled guidance FLUX.1 Kontext [dev] samples with by default
+GUIDANCE = 2.5  # the distilled guidance trained with: what FLUX.1 Kontext [dev] samples with by default
 MAX_TEXT_TOKENS = 512
 
 
@@ -132,7 +132,8 @@ class FluxKontext(ModelFamily):
         pipeline.set_progress_bar_config(disable=True)
         size = self.spec.resolution
         return [pipeline(image=to_pil(control), prompt=caption, height=size, width=size,
-                         num_inference_steps=self.spec.validation.num_inference_steps, guidance_scale=GUIDANCE,
+                         num_inference_steps=self.spec.validation.num_inference_steps,
+                         guidance_scale=self.spec.sample_guidance,
                          generator=generator, max_area=size * size, _auto_resize=False,
                          max_sequence_length=min(MAX_TEXT_TOKENS, self.tokenizer_2.model_max_length)).images[0]
                 for control, caption in pairs]

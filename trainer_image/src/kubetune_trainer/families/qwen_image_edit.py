@@ -29,7 +29,6 @@ from kubetune_trainer.planning.forwards import mse, qwen_text_tokens, vae_scale
 from kubetune_trainer.reference_models import QWEN25_VL_7B, QWEN_IMAGE_TRANSFORMER, QWEN_IMAGE_VAE, Component
 
 PIPELINE = "QwenImageEditPipeline"
-TRUE_CFG_SCALE = 4.0  # what the Qwen-Image-Edit model card samples with (negative prompt " ")
 
 
 class QwenImageEdit(ModelFamily):
@@ -166,7 +165,7 @@ class QwenImageEdit(ModelFamily):
         pipeline = self.pipeline()
         pipeline.set_progress_bar_config(disable=True)
         size = self.spec.resolution
-        return [pipeline(image=to_pil(control), prompt=caption, negative_prompt=" ", true_cfg_scale=TRUE_CFG_SCALE,
+        return [pipeline(image=to_pil(control), prompt=caption, negative_prompt=" ", true_cfg_scale=self.spec.sample_guidance,
                          height=size, width=size, num_inference_steps=self.spec.validation.num_inference_steps,
                          generator=generator).images[0]
                 for control, caption in pairs]

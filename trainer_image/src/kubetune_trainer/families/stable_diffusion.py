@@ -216,9 +216,10 @@ class UNetDiffusion:
         return pipeline
 
     def sampling_options(self, generator: torch.Generator) -> dict:
-        size = self.spec.resolution
+        size, guidance = self.spec.resolution, self.spec.sample_guidance
         return {"num_inference_steps": self.spec.validation.num_inference_steps, "height": size, "width": size,
-                "generator": generator, "output_type": "pil"}
+                "generator": generator, "output_type": "pil",
+                **({"guidance_scale": guidance} if guidance is not None else {})}
 
     def validation_prompts(self, held_out: list[dict]) -> list[str]:
         """What validation draws: spec.validation.prompts, else, when a CLIP model will score them,
