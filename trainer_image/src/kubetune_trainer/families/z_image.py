@@ -1,0 +1,277 @@
+"""Z-Image (Turbo and base): a text-to-image LoRA (or full fine-tune) on the transformer, by flow matching.
+
+As in diffusers' ZImagePipeline: each caption goes through Qwen3's chat template into a Qwen3-4B
+base model (`Qwen3Model`, no LM head), whose second-to-last hidden states, padding dropped, are
+the caption's tokens (a list of [L_i, 2560] tensors, one length per sample); the FLUX.1-style
+VAE's latents are normalised by its shift and scaling factors. The transformer takes lists of
+per-sample latents [C, 1, h, w] and caption tokens, patchifies and pads them itself, and builds
+its own attention mask, so it would take samples of different sizes in one batch; the trainer
+still batches equal sizes (one aspect-ratio bucket per batch), and stacks the outputs.
+
+Two conventions differ from the other flow-matching families (see compute_loss): the transformer's
+timestep is 1 - sigma (1 = clean), and it predicts x0 - noise, the negated velocity.
+"""
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from pathlib import Path
+
+import torch
+
+from kubetune_trainer import diffusion, flow_matching, quantization, tiny_models
+from kubetune_trainer.data.cache import Encoder, model_identity
+from kubetune_trainer.device_copy import to_device
+from kubetune_trainer.errors import ConfigError
+from kubetune_trainer.families.base import ModelFamily
+from kubetune_trainer.families.definition import FamilyDefinition
+from kubetune_trainer.families.denoiser import load_denoiser, train_denoiser
+from kubetune_trainer.planning.forwards import mse, vae_scale
+from kubetune_trainer.reference_models import Component
+
+PIPELINE = "ZImagePipeline"
+MAX_TEXT_TOKENS = 512  # the pipeline's max_sequence_length: longer captions are truncated
+# Z-Image Turbo (the published diffusers checkpoint) is step-distilled and samples without
+# classifier-free guidance (one transformer pass a step); the base model samples at 3-5.
+GUIDANCE_SCALE = 0.0
+
+
+def check_resolution(spec, vae_config: dict, transformer_config: dict) -> None:
+    """Refuse a training size whose latents the transformer cannot cut into whole patches (the
+    pipeline refuses such sizes too): sides must be multiples of the VAE's factor times the patch."""
+    scale, patch = 2 ** (len(vae_config["block_out_channels"]) - 1), max(transformer_config["all_patch_size"])
+    factor = scale * patch
+    if spec.resolution % factor:
+        lower = spec.resolution // factor * factor
+        raise ConfigError(f"spec.data.resolution: {spec.resolution} is not a multiple of {factor}, which this z-image "
+                          f"model needs (VAE {scale}x, {patch}x{patch} patches); use {lower} or {lower + factor}")
+
+
+class ZImage(ModelFamily):
+    def __init__(self, spec, device, weight_dtype):
+        super().__init__(spec, device, weight_dtype)
+        quantization.check_supported(spec.model.quantization)  # refuse before loading anything
+        from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, ZImageTransformer2DModel
+        from transformers import Qwen2Tokenizer, Qwen3Model
+
+        root = spec.model.pretrained
+        check_resolution(spec, AutoencoderKL.load_config(root, subfolder="vae"),
+                         ZImageTransformer2DModel.load_config(root, subfolder="transformer"))
+        self.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(root, subfolder="scheduler")
+        self.tokenizer = Qwen2Tokenizer.from_pretrained(root, subfolder="tokenizer")
+        self.text_encoder = Qwen3Model.from_pretrained(root, subfolder="text_encoder", torch_dtype=weight_dtype)
+        self.vae = AutoencoderKL.from_pretrained(root, subfolder="vae", torch_dtype=weight_dtype)
+        self.transformer = load_denoiser(spec, ZImageTransformer2DModel, "transformer", weight_dtype)
+        self.trainable = train_denoiser(self.transformer, spec, "transformer", PIPELINE, device)
+
+    def frozen_models(self):
+        return {"text_encoder": self.text_encoder, "vae": self.vae}
+
+    # --- encoders -----------------------------------------------------------------------------
+
+    def build_encoders(self):
+        root, dtype = self.spec.model.pretrained, self.weight_dtype
+        vae = model_identity(self.vae, f"{root}/vae", dtype)
+        # The chat template and the token limit shape the embedding as much as the weights do.
+        text = model_identity(self.text_encoder, f"{root}/text_encoder", dtype,
+                              extra=json.dumps([self.tokenizer.chat_template, MAX_TEXT_TOKENS]))
+        return {"latents": Encoder("latents", vae, self._vae_moments),
+                "text": Encoder("text", text + "z-image", self.encode_prompts)}
+
+    @cached_property
+    def _prompt_pipeline(self):
+        """The pipeline whose own prompt encoding (chat template, hidden_states[-2], padding dropped) we call."""
+        return self.pipeline()
+
+    @torch.no_grad()
+    def _vae_moments(self, pixels):
+        stacked = to_device(torch.stack(pixels), self.vae.device, self.weight_dtype)
+        return {"moments": self.vae.encode(stacked).latent_dist.parameters}
+
+    @torch.no_grad()
+    def encode_prompts(self, captions: list[str]) -> dict[str, torch.Tensor]:
+        """Each caption's tokens as the pipeline encodes them, zero-padded to the batch's longest;
+        `mask` marks the real ones (the cache stores rows, the transformer takes a list)."""
+        embeds, _ = self._prompt_pipeline.encode_prompt(
+            list(captions),  # a copy: the pipeline writes the templated prompts into the list it is given
+            device=self.text_encoder.device, do_classifier_free_guidance=False, max_sequence_length=MAX_TEXT_TOKENS)
+        lengths = torch.tensor([len(e) for e in embeds])
+        mask = torch.arange(int(lengths.max()))[None, :] < lengths[:, None]
+        return {"prompt_embeds": torch.nn.utils.rnn.pad_sequence(embeds, batch_first=True), "mask": mask}
+
+    def encode_batch(self, batch):
+        return self.encode_images_and_captions(batch)
+
+    def _normalised(self, latents: torch.Tensor) -> torch.Tensor:
+        """VAE latents as the transformer sees them (the pipeline's decode undoes exactly this)."""
+        return (latents - self.vae.config.shift_factor) * self.vae.config.scaling_factor
+
+    # --- loss ---------------------------------------------------------------------------------
+
+    def compute_loss(self, model, batch, random):
+        encoded = self.encode_batch(batch)
+        latents = self._normalised(diffusion.sample_latents(encoded["latents"]["moments"], random))
+        noise, sigmas, noisy = flow_matching.noisy_latents(latents, random)
+        text = encoded["text"]
+        captions = [embeds[mask.bool()] for embeds, mask in zip(text["prompt_embeds"], text["mask"])]
+        # ZImagePipeline's loop: the transformer gets (1000 - t) / 1000 for the scheduler's t = 1000
+        # sigma, i.e. 1 - sigma, and its output is negated before the Euler step, which moves along
+        # v = noise - x0. So the transformer predicts x0 - noise, and the loss is MSE(-output, noise - x0).
+        output = model(list(noisy.unsqueeze(2).unbind(0)), (1 - sigmas).to(latents.dtype), captions,
+                       return_dict=False)[0]
+        prediction = -torch.stack(output).squeeze(2)
+        return flow_matching.loss(prediction, noise - latents)
+
+    # --- output -------------------------------------------------------------------------------
+
+    def pipeline(self):
+        from diffusers import ZImagePipeline
+
+        return ZImagePipeline(scheduler=self.scheduler, vae=self.vae, text_encoder=self.text_encoder,
+                              tokenizer=self.tokenizer, transformer=self.transformer)
+
+    def validation_prompts(self, held_out: list[dict]) -> list[str]:
+        """spec.validation.prompts, else, when a CLIP model will score them, the first
+        spec.validation.numSamples held-out captions (the same ones at every validation)."""
+        validation = self.spec.validation
+        if validation.prompts:
+            return list(validation.prompts)
+        if not validation.clip_model:
+            return []
+        return [caption for batch in held_out for caption in batch["captions"]][:validation.num_samples]
+
+    @torch.no_grad()
+    def sample_images(self, model, held_out, generator):
+        prompts = self.validation_prompts(held_out)
+        if not prompts:
+            return []
+        pipeline = self.pipeline()
+        pipeline.set_progress_bar_config(disable=True)
+        size = self.spec.resolution
+        return pipeline(prompts, height=size, width=size, num_inference_steps=self.spec.validation.num_inference_steps,
+                        guidance_scale=GUIDANCE_SCALE, generator=generator, max_sequence_length=MAX_TEXT_TOKENS).images
+
+    def image_metrics(self, images, held_out, clip):
+        return {"clip_score": clip.clip_score(images, self.validation_prompts(held_out))} if images else {}
+
+
+# --- declarations: reference architecture, folders, tiny model, planning ---------------------------
+
+# Tongyi-MAI/Z-Image-Turbo (Z-Image base has the same architecture): 2 noise-refiner, 2 context-refiner
+# and 30 main single-stream blocks of width 3840 (30 heads x 128); 6.16B parameters.
+Z_IMAGE_TRANSFORMER = dict(
+    all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=3840, n_layers=30, n_refiner_layers=2,
+    n_heads=30, n_kv_heads=30, norm_eps=1e-5, qk_norm=True, cap_feat_dim=2560, rope_theta=256.0, t_scale=1000.0,
+    axes_dims=(32, 48, 48), axes_lens=(1536, 512, 512),  # the published axes_lens[0]; the class default is 1024
+)
+# Qwen3-4B as the base model (no LM head): 36 layers of width 2560, 32 query and 8 key/value heads of 128.
+QWEN3_4B = dict(
+    vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+    num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
+    rope_parameters={"rope_type": "default", "rope_theta": 1e6}, tie_word_embeddings=True,
+    bos_token_id=151643, eos_token_id=151645,
+)
+# The FLUX.1 autoencoder (16 latent channels, 8x) with Z-Image's published factors.
+Z_IMAGE_VAE = dict(
+    in_channels=3, out_channels=3, latent_channels=16, layers_per_block=2,
+    down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+    block_out_channels=(128, 256, 512, 512), norm_num_groups=32, sample_size=1024, force_upcast=True,
+    use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.1159, scaling_factor=0.3611,
+)
+ARCHITECTURE = {
+    "transformer": Component("transformer", "diffusers", "ZImageTransformer2DModel", Z_IMAGE_TRANSFORMER),
+    "text_encoder": Component("text_encoder", "transformers", "Qwen3Model", QWEN3_4B),
+    "vae": Component("vae", "diffusers", "AutoencoderKL", Z_IMAGE_VAE),
+}
+
+
+def scheduler():
+    """Z-Image's flow-matching scheduler: a static shift of 3 (the pipeline's sigmas are linear before it)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=False)
+
+
+# Enough of Qwen3's chat template for the pipeline's one user turn: the user message, the assistant's
+# header, and an empty think block only when enable_thinking is false (ZImagePipeline passes true).
+QWEN3_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+
+
+def tiny_qwen3_tokenizer():
+    """The byte-level Qwen2 tokenizer stand-in with Qwen3's think tokens and chat template."""
+    tokenizer = tiny_models.tiny_qwen2_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": [*tiny_models.QWEN_SPECIAL_TOKENS, "<think>",
+                                                                "</think>"]})
+    tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
+    return tokenizer
+
+
+def write_tokenizers(out_dir: Path) -> None:
+    tiny_qwen3_tokenizer().save_pretrained(out_dir / "tokenizer")
+
+
+def write_tiny_z_image(out_dir: Path, seed: int = 0) -> Path:
+    """Z-Image's pipeline: a 1+1+1-block ZImageTransformer2DModel of width 32, a 2-layer Qwen3Model
+    of width 16 (hidden_states[-2] needs two), a 2-level 16-channel VAE."""
+    from diffusers import AutoencoderKL, ZImagePipeline, ZImageTransformer2DModel
+    from transformers import Qwen3Config, Qwen3Model
+
+    tokenizer = tiny_qwen3_tokenizer()
+    torch.manual_seed(seed)
+    text_encoder = Qwen3Model(Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=8, max_position_embeddings=1024, tie_word_embeddings=True,
+        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+    ))
+    transformer = ZImageTransformer2DModel(  # head dim 16 = sum(axes_dims); cap_feat_dim = the text width
+        all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=32, n_layers=1, n_refiner_layers=1,
+        n_heads=2, n_kv_heads=2, norm_eps=1e-5, qk_norm=True, cap_feat_dim=16, rope_theta=256.0, t_scale=1000.0,
+        axes_dims=[8, 4, 4], axes_lens=[1536, 512, 512],
+    )
+    with torch.no_grad():  # learned padding tokens: give them values a trained model would not have as zero
+        transformer.x_pad_token.fill_(1.0)
+        transformer.cap_pad_token.fill_(1.0)
+    vae = AutoencoderKL(
+        in_channels=3, out_channels=3, latent_channels=16, block_out_channels=(16, 16), layers_per_block=1,
+        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+        norm_num_groups=8, sample_size=32, use_quant_conv=False, use_post_quant_conv=False,
+        shift_factor=0.1159, scaling_factor=0.3611,
+    )
+    pipeline = ZImagePipeline(scheduler=scheduler(), vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                              transformer=transformer)
+    pipeline.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+def planning_forward(models, spec, make, autocast, dtype: torch.dtype) -> torch.Tensor:
+    """compute_loss's transformer call: per-sample latents [C, 1, h, w] and caption tokens, at the
+    longest caption the pipeline keeps (MAX_TEXT_TOKENS: an upper bound on memory)."""
+    transformer, vae = models["transformer"], models["vae"]
+    batch, side = spec.training.batch_size, spec.resolution // vae_scale(vae)
+    channels = transformer.config.in_channels
+    latents = [make((channels, 1, side, side), dtype) for _ in range(batch)]
+    captions = [make((MAX_TEXT_TOKENS, transformer.config.cap_feat_dim), dtype) for _ in range(batch)]
+    with autocast():
+        output = transformer(latents, make((batch,), dtype), captions, return_dict=False)[0]
+    return mse(-torch.stack(output).squeeze(2), make((batch, channels, side, side), dtype))
+
+
+DEFINITION = FamilyDefinition(
+    family=ZImage,
+    architecture=ARCHITECTURE,
+    trained="transformer",
+    quantized="transformer",
+    forward=planning_forward,
+    write_tiny=write_tiny_z_image,
+    pipeline=PIPELINE,
+    scheduler=scheduler,
+    write_tokenizers=write_tokenizers,
+)
