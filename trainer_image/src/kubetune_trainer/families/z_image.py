@@ -114,11 +114,10 @@ class ZImage(ModelFamily):
         noise, sigmas, noisy = flow_matching.noisy_latents(latents, random)
         text = encoded["text"]
         captions = [embeds[mask.bool()] for embeds, mask in zip(text["prompt_embeds"], text["mask"])]
-        # ZImagePipeline's loop: the transformer gets (1000 - t) / 1000 for the scheduler's t = 1000
-        # sigma, i.e. 1 - sigma, and its output is negated before the Euler step, which moves along
-        # v = noise - x0. So the transformer predicts x0 - noise, and the loss is MSE(-output, noise - x0).
-        output = model(list(noisy.unsqueeze(2).unbind(0)), (1 - sigmas).to(latents.dtype), captions,
-                       return_dict=False)[0]
+        # ZImagePipeline's loop: the transformer gets (1000 - t) / 1000 in fp32 for the scheduler's
+        # t = 1000 sigma, i.e. 1 - sigma, and its output is negated before the Euler step, which moves
+        # along v = noise - x0. So the transformer predicts x0 - noise: the loss is MSE(-output, noise - x0).
+        output = model(list(noisy.unsqueeze(2).unbind(0)), 1 - sigmas, captions, return_dict=False)[0]
         prediction = -torch.stack(output).squeeze(2)
         return flow_matching.loss(prediction, noise - latents)
 
@@ -260,7 +259,7 @@ def planning_forward(models, spec, make, autocast, dtype: torch.dtype) -> torch.
     latents = [make((channels, 1, side, side), dtype) for _ in range(batch)]
     captions = [make((MAX_TEXT_TOKENS, transformer.config.cap_feat_dim), dtype) for _ in range(batch)]
     with autocast():
-        output = transformer(latents, make((batch,), dtype), captions, return_dict=False)[0]
+        output = transformer(latents, make((batch,), torch.float32), captions, return_dict=False)[0]
     return mse(-torch.stack(output).squeeze(2), make((batch, channels, side, side), dtype))
 
 
