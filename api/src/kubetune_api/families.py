@@ -137,6 +137,7 @@ FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
     FamilyInfo("z-image", "trains a Z-Image (Turbo or base) transformer by flow matching",
                ("captions",), 1024, TEXT_TO_IMAGE_METRICS,
                IMAGE_DIFFUSION | LORA_SHAPE | {VALIDATION_PROMPTS, CLIP_MODEL},
+               guidance=0.0,  # Turbo is step-distilled: no classifier-free guidance; the base model samples at 3-5
                profile=FamilyProfile(
                    trained_module=6_154_908_736, linear_weights=6_153_863_168, frozen=4_106_287_779,
                    lora_per_rank=1_044_480, adapter=0, largest_unit=180_910_336, loads_fp32=False,
@@ -194,7 +195,8 @@ def markdown() -> str:
              "|---|---|---|---|---|---|"]
     for family in FAMILIES.values():
         size = family.native_resolution or "the model's own"
-        guidance = family.guidance or ("the pipeline's default" if GUIDANCE in family.honours else "-")
+        guidance = (family.guidance if family.guidance is not None
+                    else "the pipeline's default" if GUIDANCE in family.honours else "-")
         lines.append(f"| {family.name} | {family.summary.removeprefix('trains ')} | {', '.join(family.layouts)} "
                      f"| {size} | {', '.join(family.metrics)} | {guidance} |")
     lines += ["", "| option | " + " | ".join(FAMILY_NAMES) + " |", "|---|" + "---|" * len(FAMILY_NAMES)]

@@ -31,9 +31,6 @@ from kubetune_trainer.reference_models import Component
 
 PIPELINE = "ZImagePipeline"
 MAX_TEXT_TOKENS = 512  # the pipeline's max_sequence_length: longer captions are truncated
-# Z-Image Turbo (the published diffusers checkpoint) is step-distilled and samples without
-# classifier-free guidance (one transformer pass a step); the base model samples at 3-5.
-GUIDANCE_SCALE = 0.0
 
 
 def check_resolution(spec, vae_config: dict, transformer_config: dict) -> None:
@@ -148,7 +145,7 @@ class ZImage(ModelFamily):
         pipeline.set_progress_bar_config(disable=True)
         size = self.spec.resolution
         return pipeline(prompts, height=size, width=size, num_inference_steps=self.spec.validation.num_inference_steps,
-                        guidance_scale=GUIDANCE_SCALE, generator=generator, max_sequence_length=MAX_TEXT_TOKENS).images
+                        guidance_scale=self.spec.sample_guidance, generator=generator, max_sequence_length=MAX_TEXT_TOKENS).images
 
     def image_metrics(self, images, held_out, clip):
         return {"clip_score": clip.clip_score(images, self.validation_prompts(held_out))} if images else {}
