@@ -8,6 +8,7 @@ from kubetune_api import families as table
 # Dotted manifest fields -> values; each entry sets its option to something other than "off".
 SETTINGS: dict[str, dict] = {
     table.QUANTIZATION: {"spec.model.quantization": "nf4"},
+    table.VAE: {"spec.model.vae": "/models/other-vae"},
     table.INIT_FROM: {"spec.adapter.initFrom": "/loras/start"},
     table.FULL_FINE_TUNE: {"spec.adapter.type": "full"},
     table.LORA_RANK: {"spec.adapter.rank": 16},

@@ -103,7 +103,7 @@ def with_option(manifest: dict, family: str, option: str, tmp_path) -> dict:
 
 
 ACTING_ON_THE_LOSS = [(family, option) for family, option in combinations(honoured=True)
-                      if option not in (table.QUANTIZATION, table.EMBEDDING_CACHE, table.ENCODER_DEVICE,
+                      if option not in (table.QUANTIZATION, table.VAE, table.EMBEDDING_CACHE, table.ENCODER_DEVICE,
                                         table.VALIDATION_PROMPTS, table.GUIDANCE, table.CLIP_MODEL)]
 
 
@@ -129,6 +129,17 @@ def test_the_embedding_cache_stores_what_the_family_encodes(family, base_job, tm
     family_model.compute_loss(family_model.trainable_module, batch,
                               SampleRandom.for_keys(0, BATCH_KEYS, 0))
     assert family_model.cache.misses > 0 and any((tmp_path / "cache").rglob("*")), "entries were stored"
+
+
+@pytest.mark.parametrize("family", table.honouring(table.VAE))
+def test_a_named_vae_is_the_one_the_family_encodes_with(family, base_job, tmp_path):
+    import shutil
+
+    manifest = base_job(family)
+    other = shutil.copytree(f"{manifest['spec']['model']['pretrained']}/vae", tmp_path / "other-vae")
+    family_model, _ = build(set_fields(manifest, {"spec.model.vae": str(other)}))
+    [vae] = [model for name, model in family_model.frozen_models().items() if name == "vae"]
+    assert vae.config._name_or_path == str(other)
 
 
 @pytest.mark.parametrize("family", table.honouring(table.ENCODER_DEVICE))

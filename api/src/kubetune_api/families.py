@@ -17,6 +17,7 @@ from dataclasses import dataclass
 # The options whose effect depends on the family, by manifest path. What "set" means for each
 # (its CEL and Python test) is in kubetune_api.spec.FAMILY_OPTIONS.
 QUANTIZATION = "spec.model.quantization"
+VAE = "spec.model.vae"                         # another VAE than the model's own
 INIT_FROM = "spec.adapter.initFrom"
 FULL_FINE_TUNE = "spec.adapter.type"          # full; every family trains a LoRA-style adapter
 LORA_RANK = "spec.adapter.rank"
@@ -36,7 +37,7 @@ CLIP_MODEL = "spec.validation.clipModel"       # scores validation images: clip_
 
 LORA_SHAPE = frozenset({LORA_RANK, LORA_ALPHA, LORA_DROPOUT, LORA_TARGETS, INIT_FROM})
 DENOISING = frozenset({SNR_GAMMA, NOISE_OFFSET})       # a DDPM noise-prediction loss's knobs
-IMAGE_DIFFUSION = frozenset({QUANTIZATION, FULL_FINE_TUNE, BUCKETING, CAPTION_DROPOUT, EMBEDDING_CACHE,
+IMAGE_DIFFUSION = frozenset({QUANTIZATION, VAE, FULL_FINE_TUNE, BUCKETING, CAPTION_DROPOUT, EMBEDDING_CACHE,
                              ENCODER_DEVICE, GUIDANCE})
 # What a CLIP model (CLIP_MODEL) measures on the images validation samples: how well a text-to-image
 # family's image matches its prompt; how well an editing family's edit follows its instruction.
@@ -147,7 +148,7 @@ FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
                             ("full", True): Dynamic(3.844e+08, 5.159e+08, 3878)})),
     FamilyInfo("pmg", "trains soft prompts, a prefix and a mapping layer for a frozen Stable Diffusion 1.5",
                ("pmg",), 512, TEXT_TO_IMAGE_METRICS,
-               frozenset({QUANTIZATION, EMBEDDING_CACHE, CLIP_MODEL, GUIDANCE}) | DENOISING, own_adapter=True,
+               frozenset({QUANTIZATION, VAE, EMBEDDING_CACHE, CLIP_MODEL, GUIDANCE}) | DENOISING, own_adapter=True,
                options="pmg",
                profile=FamilyProfile(
                    trained_module=859_520_964, linear_weights=270_049_280, frozen=6_945_129_959,
@@ -169,7 +170,7 @@ FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
 )}
 
 FAMILY_NAMES = tuple(FAMILIES)
-OPTIONS = (QUANTIZATION, INIT_FROM, FULL_FINE_TUNE, LORA_RANK, LORA_ALPHA, LORA_DROPOUT, LORA_TARGETS, BUCKETING,
+OPTIONS = (QUANTIZATION, VAE, INIT_FROM, FULL_FINE_TUNE, LORA_RANK, LORA_ALPHA, LORA_DROPOUT, LORA_TARGETS, BUCKETING,
            CAPTION_DROPOUT, CONTROL_DROPOUT, EMBEDDING_CACHE, ENCODER_DEVICE, SNR_GAMMA, NOISE_OFFSET, VALIDATION_PROMPTS,
            GUIDANCE, CLIP_MODEL)
 

@@ -134,6 +134,12 @@ class ModelSpec(_Model):
         description="Load the frozen base weights quantized to save GPU memory: fp8 (a CUDA GPU of "
         "compute capability 8.9+) or nf4 (a CUDA GPU with bitsandbytes). Unset = the training precision.",
     )
+    vae: Optional[StorageUri] = Field(
+        default=None,
+        description="A VAE to encode and decode with instead of the model's own: a local path, an s3:// URI or a "
+        "hub id of a VAE folder (or of a model folder holding vae/), e.g. SDXL's fp16-fix VAE. Its latent "
+        "channels must be the model's own VAE's. Unset: <pretrained>/vae.",
+    )
     encoder_device: Literal["auto", "gpu", "cpu"] = Field(
         default="auto",
         description="Where the frozen text encoders and VAE live during training on a GPU: auto (on the CPU when "
@@ -888,6 +894,7 @@ _DEFAULT_RANK = AdapterSpec.model_fields["rank"].default
 
 FAMILY_OPTIONS = [
     FamilyOption(table.QUANTIZATION, "has(self.model.quantization)", lambda spec: spec.model.quantization is not None),
+    FamilyOption(table.VAE, "has(self.model.vae)", lambda spec: spec.model.vae is not None),
     FamilyOption(table.INIT_FROM, "has(self.adapter) && has(self.adapter.initFrom)",
                  lambda spec: spec.adapter.init_from is not None),
     FamilyOption(table.FULL_FINE_TUNE, "has(self.adapter) && has(self.adapter.type) && self.adapter.type == 'full'",

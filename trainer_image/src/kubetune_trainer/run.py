@@ -96,7 +96,8 @@ def with_local_inputs(spec: TrainingJobSpec) -> TrainingJobSpec:
     data = spec.data.uri
     data = open_stream(data) if is_s3(data) and spec.data.streaming.enabled else local_copy(data)
     return spec.model_copy(update={
-        "model": spec.model.model_copy(update={"pretrained": local_copy(spec.model.pretrained)}),
+        "model": spec.model.model_copy(update={"pretrained": local_copy(spec.model.pretrained),
+                                               "vae": spec.model.vae and local_copy(spec.model.vae)}),
         "data": spec.data.model_copy(update={"uri": data}),
         "adapter": spec.adapter.model_copy(update={
             "init_from": spec.adapter.init_from and local_copy(spec.adapter.init_from)}),
@@ -115,7 +116,8 @@ def looks_local(uri: str) -> bool:
 def check_local_inputs(spec: TrainingJobSpec) -> None:
     """A local model path that is not there is named as such (from_pretrained would try the hub
     and report a network or repository-id error instead)."""
-    named = {"spec.model.pretrained": spec.model.pretrained, "spec.adapter.initFrom": spec.adapter.init_from,
+    named = {"spec.model.pretrained": spec.model.pretrained, "spec.model.vae": spec.model.vae,
+             "spec.adapter.initFrom": spec.adapter.init_from,
              "spec.pmg.languageModel": spec.pmg and spec.pmg.language_model,
              "spec.validation.clipModel": spec.validation.clip_model}
     for field, uri in named.items():

@@ -13,6 +13,7 @@ from pathlib import Path
 from kubetune_trainer import diffusion, flow_matching, quantization, tiny_models
 from kubetune_trainer.data.cache import Encoder, model_identity
 from kubetune_trainer.device_copy import to_device
+from kubetune_trainer.families.vae import load_vae, vae_name
 from kubetune_trainer.families import editing
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
@@ -38,7 +39,7 @@ class FluxKontext(ModelFamily):
         self.tokenizer_2 = T5TokenizerFast.from_pretrained(root, subfolder="tokenizer_2")
         self.text_encoder = CLIPTextModel.from_pretrained(root, subfolder="text_encoder", torch_dtype=weight_dtype)
         self.text_encoder_2 = T5EncoderModel.from_pretrained(root, subfolder="text_encoder_2", torch_dtype=weight_dtype)
-        self.vae = AutoencoderKL.from_pretrained(root, subfolder="vae", torch_dtype=weight_dtype)
+        self.vae = load_vae(spec, AutoencoderKL, weight_dtype)
         self.transformer = load_denoiser(spec, FluxTransformer2DModel, "transformer", weight_dtype)
         self.trainable = train_denoiser(self.transformer, spec, "transformer", PIPELINE, device)
 
@@ -49,7 +50,7 @@ class FluxKontext(ModelFamily):
 
     def build_encoders(self):
         root, dtype = self.spec.model.pretrained, self.weight_dtype
-        vae = model_identity(self.vae, f"{root}/vae", dtype)
+        vae = model_identity(self.vae, vae_name(self.spec), self.vae.dtype)
         text = model_identity(self.text_encoder, f"{root}/text_encoder", dtype) + model_identity(
             self.text_encoder_2, f"{root}/text_encoder_2", dtype)
         return {"latents": Encoder("latents", vae, self._vae_moments),
@@ -57,7 +58,7 @@ class FluxKontext(ModelFamily):
 
     @torch.no_grad()
     def _vae_moments(self, pixels):
-        stacked = to_device(torch.stack(pixels), self.vae.device, self.weight_dtype)
+        stacked = to_device(torch.stack(pixels), self.vae.device, self.vae.dtype)
         return {"moments": self.vae.encode(stacked).latent_dist.parameters}
 
     @torch.no_grad()

@@ -21,6 +21,7 @@ import torch
 from kubetune_trainer import diffusion, flow_matching, quantization, tiny_models
 from kubetune_trainer.data.cache import Encoder, model_identity
 from kubetune_trainer.device_copy import to_device
+from kubetune_trainer.families.vae import load_vae, vae_name
 from kubetune_trainer.families import editing
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
@@ -44,7 +45,7 @@ class QwenImageEdit(ModelFamily):
         self.processor = Qwen2VLProcessor.from_pretrained(root, subfolder="processor")
         self.text_encoder = Qwen2_5_VLForConditionalGeneration.from_pretrained(
             root, subfolder="text_encoder", torch_dtype=weight_dtype)
-        self.vae = AutoencoderKLQwenImage.from_pretrained(root, subfolder="vae", torch_dtype=weight_dtype)
+        self.vae = load_vae(spec, AutoencoderKLQwenImage, weight_dtype)
         self.transformer = load_denoiser(spec, QwenImageTransformer2DModel, "transformer", weight_dtype)
         self.trainable = train_denoiser(self.transformer, spec, "transformer", PIPELINE, device)
         config = self.vae.config
@@ -58,7 +59,7 @@ class QwenImageEdit(ModelFamily):
 
     def build_encoders(self):
         root, dtype = self.spec.model.pretrained, self.weight_dtype
-        vae = model_identity(self.vae, f"{root}/vae", dtype)
+        vae = model_identity(self.vae, vae_name(self.spec), self.vae.dtype)
         prompts = self._prompt_pipeline  # the template, its dropped prefix and the image preprocessing
         text = model_identity(self.text_encoder, f"{root}/text_encoder", dtype, extra=json.dumps(
             [prompts.prompt_template_encode, prompts.prompt_template_encode_start_idx,
@@ -73,7 +74,7 @@ class QwenImageEdit(ModelFamily):
 
     @torch.no_grad()
     def _vae_moments(self, pixels):
-        stacked = to_device(torch.stack(pixels).unsqueeze(2), self.vae.device, self.weight_dtype)  # one video frame
+        stacked = to_device(torch.stack(pixels).unsqueeze(2), self.vae.device, self.vae.dtype)  # one video frame
         return {"moments": self.vae.encode(stacked).latent_dist.parameters}
 
     @torch.no_grad()

@@ -19,6 +19,7 @@ import torch
 from kubetune_trainer import diffusion, quantization, tiny_models
 from kubetune_trainer.data.cache import Encoder, model_identity
 from kubetune_trainer.device_copy import to_device
+from kubetune_trainer.families.vae import load_vae, vae_name
 from kubetune_trainer.families.denoiser import load_denoiser
 from kubetune_trainer.randomness import SampleRandom
 from kubetune_trainer.reference_models import CLIP_L_TEXT, SD_VAE, Component
@@ -137,7 +138,7 @@ class UNetDiffusion:
         quantization.check_supported(spec.model.quantization)  # refuse before loading anything
         self.noise_scheduler = DDPMScheduler.from_pretrained(root, subfolder="scheduler")
         self.text = text(root, device, weight_dtype)
-        self.vae = AutoencoderKL.from_pretrained(root, subfolder="vae", torch_dtype=weight_dtype)
+        self.vae = load_vae(spec, AutoencoderKL, weight_dtype)
         self.unet = load_denoiser(spec, UNet2DConditionModel, "unet", weight_dtype)
 
     def frozen_models(self) -> dict[str, torch.nn.Module]:
@@ -149,18 +150,17 @@ class UNetDiffusion:
         """The VAE and the text encoder(s) as cacheable encoders; `owner` (the family's name) ends
         the text encoder's identity, so families that read the same captions differently never
         share cache entries."""
-        root = self.spec.model.pretrained
         text_identity = "".join(model_identity(m, m.name_or_path, self.weight_dtype)
                                 for m in self.text.models().values())
         return {
-            "latents": Encoder("latents", model_identity(self.vae, f"{root}/vae", self.weight_dtype), self.vae_moments),
+            "latents": Encoder("latents", model_identity(self.vae, vae_name(self.spec), self.vae.dtype), self.vae_moments),
             "text": Encoder("text", text_identity + owner, self.encode_prompts),
         }
 
     @torch.no_grad()
     def vae_moments(self, pixels: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         """Mean and log-variance of each latent, not a sample: the noise is drawn at training time."""
-        stacked = to_device(torch.stack(pixels), self.vae.device, self.weight_dtype)
+        stacked = to_device(torch.stack(pixels), self.vae.device, self.vae.dtype)
         return {"moments": self.vae.encode(stacked).latent_dist.parameters}
 
     def encode_prompts(self, captions: list[str]) -> dict[str, torch.Tensor]:

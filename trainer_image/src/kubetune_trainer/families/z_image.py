@@ -23,6 +23,7 @@ from kubetune_trainer import diffusion, flow_matching, quantization, tiny_models
 from kubetune_trainer.data.cache import Encoder, model_identity
 from kubetune_trainer.device_copy import to_device
 from kubetune_trainer.errors import ConfigError
+from kubetune_trainer.families.vae import load_vae, vae_name
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.denoiser import load_denoiser, train_denoiser
@@ -57,7 +58,7 @@ class ZImage(ModelFamily):
         self.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(root, subfolder="scheduler")
         self.tokenizer = Qwen2Tokenizer.from_pretrained(root, subfolder="tokenizer")
         self.text_encoder = Qwen3Model.from_pretrained(root, subfolder="text_encoder", torch_dtype=weight_dtype)
-        self.vae = AutoencoderKL.from_pretrained(root, subfolder="vae", torch_dtype=weight_dtype)
+        self.vae = load_vae(spec, AutoencoderKL, weight_dtype)
         self.transformer = load_denoiser(spec, ZImageTransformer2DModel, "transformer", weight_dtype)
         self.trainable = train_denoiser(self.transformer, spec, "transformer", PIPELINE, device)
 
@@ -68,7 +69,7 @@ class ZImage(ModelFamily):
 
     def build_encoders(self):
         root, dtype = self.spec.model.pretrained, self.weight_dtype
-        vae = model_identity(self.vae, f"{root}/vae", dtype)
+        vae = model_identity(self.vae, vae_name(self.spec), self.vae.dtype)
         # The chat template and the token limit shape the embedding as much as the weights do.
         text = model_identity(self.text_encoder, f"{root}/text_encoder", dtype,
                               extra=json.dumps([self.tokenizer.chat_template, MAX_TEXT_TOKENS]))
@@ -82,7 +83,7 @@ class ZImage(ModelFamily):
 
     @torch.no_grad()
     def _vae_moments(self, pixels):
-        stacked = to_device(torch.stack(pixels), self.vae.device, self.weight_dtype)
+        stacked = to_device(torch.stack(pixels), self.vae.device, self.vae.dtype)
         return {"moments": self.vae.encode(stacked).latent_dist.parameters}
 
     @torch.no_grad()
