@@ -13,7 +13,7 @@ import yaml
 from kubetune_api.rules import SKIP_RULES
 from kubetune_api.spec import (DATA_RULES, DISTRIBUTED_RULES, JOB_RULES, PMG_RULES, SCHEDULING_RULES, TRAINING_RULES,
                                TrainingJobSpec)
-from kubetune_api.families import FAMILY_NAMES, OPTIONS
+from kubetune_api.families import FAMILIES, FAMILY_NAMES, OPTIONS
 from tests.conftest import REPO
 from tests.family_options import SETTINGS, with_family
 
@@ -76,6 +76,10 @@ VARIATIONS = [
     {"spec.resources.gpusPerNode": 0, "spec.model.encoderDevice": "gpu"},
     {"spec.data.imageColumn": "image", "spec.data.captionColumn": "prompt"},
     {"spec.model.family": "flux-kontext", "spec.data.layout": "edit-pairs", "spec.data.captionColumn": "prompt"},
+] + [
+    # Every family whose patches need a coarser resolution: one it refuses, one it takes.
+    {**with_family(family), "spec.data.resolution": FAMILIES[family].resolution_multiple * k + 8 * (k % 2)}
+    for family in FAMILY_NAMES if FAMILIES[family].resolution_multiple > 8 for k in (63, 64)
 ] + [
     # Every family with every option of the families table: the option rules kept and broken.
     {**with_family(family), **SETTINGS[option]} for family in FAMILY_NAMES for option in OPTIONS

@@ -238,3 +238,18 @@ def test_an_unquoted_no_gets_a_quoting_hint(example_manifest):
         parse_manifest(changed)
     quoted = apply_overrides(example_manifest, ['spec.training.mixedPrecision="no"'])
     assert parse_manifest(quoted).spec.training.mixed_precision == "no"
+
+
+def test_a_resolution_the_familys_patches_do_not_divide_is_refused_naming_the_field(example_manifest):
+    from kubetune_api.families import FAMILIES
+
+    patched = [name for name, family in FAMILIES.items() if family.resolution_multiple > 8]
+    assert patched, "the DiT families cut latents into 2x2 patches"
+    for family in patched:
+        manifest = with_change(with_change(example_manifest, "spec.model.family", family), "spec.data.layout",
+                               FAMILIES[family].layouts[0])
+        manifest["spec"]["training"].pop("snrGamma", None)  # a DDPM option the flow-matching families refuse
+        parse_manifest(with_change(manifest, "spec.data.resolution", 1024))
+        with pytest.raises(ManifestError, match=f"spec.data.resolution must be a multiple of "
+                                                f"{FAMILIES[family].resolution_multiple} for family {family}"):
+            parse_manifest(with_change(manifest, "spec.data.resolution", 1000))

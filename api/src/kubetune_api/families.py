@@ -92,6 +92,8 @@ class FamilyInfo:
     options: str | None = None       # the spec block of its own options (spec.pmg), refused for other families
     guidance: float | None = None    # sample images' guidance without spec.validation.guidanceScale (None:
                                      # its diffusers pipeline's default)
+    resolution_multiple: int = 8     # spec.data.resolution must be a multiple of it: the VAE's downscale
+                                     # times the transformer's patch size (8 x 2 for the packed DiTs)
 
 
 FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
@@ -118,6 +120,7 @@ FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
     FamilyInfo("flux-kontext", "trains a FLUX.1 Kontext editing transformer by flow matching",
                ("edit-pairs",), 1024, EDITING_METRICS,
                IMAGE_DIFFUSION | LORA_SHAPE | {CONTROL_DROPOUT, CLIP_MODEL}, guidance=2.5,  # distilled guidance
+               resolution_multiple=16,
                profile=FamilyProfile(
                    trained_module=11_901_408_320, linear_weights=11_898_322_944, frozen=4_969_190_819,
                    lora_per_rank=1_167_360, adapter=0, largest_unit=339_831_296, loads_fp32=False,
@@ -128,6 +131,7 @@ FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
     FamilyInfo("qwen-image-edit", "trains a Qwen-Image-Edit transformer by flow matching",
                ("edit-pairs",), 1024, EDITING_METRICS,
                IMAGE_DIFFUSION | LORA_SHAPE | {CONTROL_DROPOUT, CLIP_MODEL}, guidance=4.0,  # true CFG, model card
+               resolution_multiple=16,
                profile=FamilyProfile(
                    trained_module=20_430_401_088, linear_weights=20_424_818_688, frozen=8_419_059_187,
                    lora_per_rank=1_474_560, adapter=0, largest_unit=339_831_296, loads_fp32=False,
@@ -139,6 +143,7 @@ FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
                ("captions",), 1024, TEXT_TO_IMAGE_METRICS,
                IMAGE_DIFFUSION | LORA_SHAPE | {VALIDATION_PROMPTS, CLIP_MODEL},
                guidance=0.0,  # Turbo is step-distilled: no classifier-free guidance; the base model samples at 3-5
+               resolution_multiple=16,
                profile=FamilyProfile(
                    trained_module=6_154_908_736, linear_weights=6_153_863_168, frozen=4_106_287_779,
                    lora_per_rank=1_044_480, adapter=0, largest_unit=180_910_336, loads_fp32=False,

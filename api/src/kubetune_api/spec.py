@@ -973,6 +973,18 @@ MONITOR_RULES = [_monitor_rule(metric) for metric in dict.fromkeys(m for f in FA
 MONITOR_RULES += [_clip_monitor_rule(metric) for metric in CLIP_METRICS]
 
 
+def _resolution_rule(family: str, multiple: int) -> Rule:
+    return Rule(f"self.model.family != '{family}' || !has(self.data.resolution) || self.data.resolution % {multiple} == 0",
+                lambda spec: spec.model.family != family or spec.data.resolution is None
+                or spec.data.resolution % multiple == 0,
+                f"spec.data.resolution must be a multiple of {multiple} for family {family} (its VAE's downscale "
+                "times its transformer's patch size): round it to one")
+
+
+# A family whose latents are cut into patches needs a resolution those patches divide.
+RESOLUTION_RULES = [_resolution_rule(name, family.resolution_multiple) for name, family in FAMILIES.items()
+                    if family.resolution_multiple > 8]  # 8: spec.data.resolution's own multiple_of
+
 LAYOUT_MESSAGE = ("spec.data.layout does not fit spec.model.family; each family reads its own layout: "
                   + ", ".join(f"{family} reads {' or '.join(layouts)}" for family, layouts in LAYOUTS_BY_FAMILY.items()))
 
@@ -1004,6 +1016,7 @@ JOB_RULES = [
     Rule("!has(self.model.quantization) || !has(self.adapter) || !has(self.adapter.type) || self.adapter.type == 'lora'",
          lambda spec: spec.model.quantization is None or spec.adapter.type == "lora", QUANTIZED_FULL_MESSAGE),
     *MONITOR_RULES,
+    *RESOLUTION_RULES,
     *OPTION_RULES,
     *[conflict.rule for conflict in FSDP_CONFLICTS],
     *[option.rule for option in CUDA_ONLY_OPTIONS],
