@@ -61,3 +61,17 @@ def test_images_smaller_than_the_training_size_are_counted_with_the_smallest_nam
     assert (screen.small.count, screen.small.smallest) == (1, (16, 16)), "buckets keep the pixel count, not the sides"
     screen.images(read_captions(root, screen), size=(16, 16))
     assert screen.small is None
+
+
+def test_a_width_by_height_training_size_crops_and_samples_at_that_size(tiny_job, tmp_path):
+    from PIL import Image as PILImage
+
+    from tests.trainer.conftest import run_dir, run_trainer
+
+    manifest = tiny_job(maxSteps=2)
+    manifest["spec"]["data"]["resolution"] = [48, 32]  # [width, height], as the Qwen/Kontext guide writes it
+    manifest["spec"]["validation"] = {"everySteps": 2, "prompts": ["a red circle"], "numInferenceSteps": 1}
+    result = run_trainer(manifest, tmp_path)
+    assert "8 of 8 images are smaller than the training size 48x32" in result.stderr, "32x32 data: narrower"
+    [sample] = (run_dir(tmp_path / "out") / "samples" / "step-0000002").glob("0.png")
+    assert PILImage.open(sample).size == (48, 32)

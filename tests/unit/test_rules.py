@@ -81,6 +81,12 @@ VARIATIONS = [
     {**with_family(family), "spec.data.resolution": FAMILIES[family].resolution_multiple * k + 8 * (k % 2)}
     for family in FAMILY_NAMES if FAMILIES[family].resolution_multiple > 8 for k in (63, 64)
 ] + [
+    {"spec.data.resolution": [832, 576]},
+    {"spec.data.resolution": [832]},
+    {"spec.data.resolution": [832, 570]},
+    {"spec.data.resolution": 1004},
+    {**with_family("z-image"), "spec.data.resolution": [832, 584]},
+] + [
     # Every family with every option of the families table: the option rules kept and broken.
     {**with_family(family), **SETTINGS[option]} for family in FAMILY_NAMES for option in OPTIONS
 ]

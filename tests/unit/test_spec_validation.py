@@ -68,7 +68,10 @@ BAD_INPUTS = [
     ("spec.data.uri", "s3://bucket/da\nta", ["spec.data.uri", "contains '\\n'"]),
     ("spec.resources.gpusPerNode", -1, ["spec.resources.gpusPerNode", "greater than or equal to 0"]),
     ("spec.resources.nodes", 0, ["spec.resources.nodes", "greater than or equal to 1"]),
-    ("spec.data.resolution", 513, ["spec.data.resolution", "multiple of 8"]),
+    ("spec.data.resolution", 513, ["spec.data.resolution", "multiples of 8"]),
+    ("spec.data.resolution", [832], ["spec.data.resolution: give one side for a square", "or [width, height]"]),
+    ("spec.data.resolution", [832, 570], ["spec.data.resolution", "each 8 to 4096 pixels in multiples of 8"]),
+    ("spec.data.resolution", "big", ["spec.data.resolution"]),
     ("spec.training.gradientAccumulationSteps", 0, ["spec.training.gradientAccumulationSteps", "greater than or equal to 1"]),
     ("spec.model", "DELETE", ["spec.model", "Field required"]),
     ("spec.training.mixedPrecision", "fp8", ["spec.training.mixedPrecision", "'bf16'"]),
@@ -250,6 +253,8 @@ def test_a_resolution_the_familys_patches_do_not_divide_is_refused_naming_the_fi
                                FAMILIES[family].layouts[0])
         manifest["spec"]["training"].pop("snrGamma", None)  # a DDPM option the flow-matching families refuse
         parse_manifest(with_change(manifest, "spec.data.resolution", 1024))
-        with pytest.raises(ManifestError, match=f"spec.data.resolution must be a multiple of "
-                                                f"{FAMILIES[family].resolution_multiple} for family {family}"):
-            parse_manifest(with_change(manifest, "spec.data.resolution", 1000))
+        parse_manifest(with_change(manifest, "spec.data.resolution", [832, 576]))
+        for bad in (1000, [832, 584]):
+            with pytest.raises(ManifestError, match=f"spec.data.resolution must be a multiple of "
+                                                    f"{FAMILIES[family].resolution_multiple} for family {family}"):
+                parse_manifest(with_change(manifest, "spec.data.resolution", bad))

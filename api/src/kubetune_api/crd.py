@@ -99,13 +99,15 @@ def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
 
 def _one_kind(kinds: list[dict[str, Any]]) -> dict[str, Any]:
     """The single schema a structural schema allows for a union: int | float is a number; a union of
-    other scalars (a sweep's choice of values) is any value, checked by the model, not the schema."""
+    other scalars (a sweep's choice of values), or of a number and a list of numbers (a square's side
+    or [width, height]), is any value, checked by the model's CEL rules, not the schema."""
     if len(kinds) == 1:
         return kinds[0]
     types = {kind.get("type") for kind in kinds}
     if types == {"integer", "number"}:
         return {"type": "number"}
-    if types <= SCALAR_TYPES:
+    if types <= SCALAR_TYPES or (types == {"integer", "array"} and all(
+            kind.get("items", {}).get("type") == "integer" for kind in kinds if kind.get("type") == "array")):
         return {"x-kubernetes-preserve-unknown-fields": True}
     raise ValueError(f"cannot express a union of {kinds} structurally")
 

@@ -7,9 +7,10 @@ Every field carries a description (it becomes `kubectl explain` text) and its bo
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Literal, Optional
+from typing import Annotated, Any, Callable, Literal, Optional, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 from pydantic.alias_generators import to_camel
@@ -220,8 +221,28 @@ class StreamingSpec(_Model):
     )
 
 
+# One int (a square) or [width, height]. The CRD cannot type a number-or-list field (a structural
+# schema has one type per field): the API server keeps it as given and DATA_RULES checks its form.
+Resolution = Union[int, list[int]]
+
+
+def _side_cel(side: str) -> str:
+    return f"{side} >= 8 && {side} <= 4096 && {side} % 8 == 0"
+
+
+def _resolution_ok(value: int | list[int]) -> bool:
+    sides = [value] if isinstance(value, int) else value
+    return (isinstance(value, int) or len(value) == 2) and all(8 <= side <= 4096 and side % 8 == 0 for side in sides)
+
+
 DEFAULT_IMAGE_COLUMN, DEFAULT_CAPTION_COLUMN = "file_name", "text"
 DATA_RULES = [
+    Rule("!has(self.resolution) || (type(self.resolution) == int ? " + _side_cel("self.resolution") + " : "
+         "(size(self.resolution) == 2 && " + _side_cel("self.resolution[0]") + " && "
+         + _side_cel("self.resolution[1]") + "))",
+         lambda data: data.resolution is None or _resolution_ok(data.resolution),
+         "spec.data.resolution: give one side for a square (512, 1024) or [width, height] (e.g. [832, 576]), "
+         "each 8 to 4096 pixels in multiples of 8"),
     Rule(f"self.layout == 'captions' || (self.imageColumn == '{DEFAULT_IMAGE_COLUMN}' "
          f"&& self.captionColumn == '{DEFAULT_CAPTION_COLUMN}')",
          lambda data: data.layout == "captions" or (data.image_column, data.caption_column)
@@ -251,10 +272,11 @@ class DataSpec(_Model):
         default=DEFAULT_CAPTION_COLUMN, min_length=1, max_length=253,
         description="captions layout: the metadata.jsonl key holding each image's caption.",
     )
-    resolution: Optional[int] = Field(
-        default=None, ge=8, le=4096, multiple_of=8,
-        description="Training resolution in pixels (a multiple of 8). Unset: the family's native size: sd15 and "
-        "pmg 512, sdxl, flux-kontext and qwen-image-edit 1024, classifier its model's image size.",
+    resolution: Optional[Resolution] = Field(
+        default=None,
+        description="Training size in pixels: a number for a square (512, 1024) or [width, height] (e.g. [832, "
+        "576]), each side a multiple of 8 from 8 to 4096 (the DiT families: of 16). Unset: the family's native "
+        "size (docs/families.md; the classifier: its model's image size).",
     )
     center_crop: bool = Field(default=True, description="Center-crop to the resolution (else random crop).")
     random_flip: bool = Field(default=False, description="Randomly flip images horizontally.")
@@ -974,11 +996,14 @@ MONITOR_RULES += [_clip_monitor_rule(metric) for metric in CLIP_METRICS]
 
 
 def _resolution_rule(family: str, multiple: int) -> Rule:
-    return Rule(f"self.model.family != '{family}' || !has(self.data.resolution) || self.data.resolution % {multiple} == 0",
-                lambda spec: spec.model.family != family or spec.data.resolution is None
-                or spec.data.resolution % multiple == 0,
+    """Each side of the training size a multiple of MULTIPLE for FAMILY (a malformed size is DATA_RULES')."""
+    sides = [f"self.data.resolution[{i}] % {multiple} == 0" for i in (0, 1)]
+    cel = (f"self.model.family != '{family}' || !has(self.data.resolution) || (type(self.data.resolution) == int ? "
+           f"self.data.resolution % {multiple} == 0 : size(self.data.resolution) != 2 || ({' && '.join(sides)}))")
+    return Rule(cel, lambda spec: spec.model.family != family or spec.data.resolution is None
+                or not _resolution_ok(spec.data.resolution) or all(side % multiple == 0 for side in spec.size),
                 f"spec.data.resolution must be a multiple of {multiple} for family {family} (its VAE's downscale "
-                "times its transformer's patch size): round it to one")
+                "times its transformer's patch size), on each side: round it to one")
 
 
 # A family whose latents are cut into patches needs a resolution those patches divide.
@@ -1060,9 +1085,20 @@ class TrainingJobSpec(_Model):
     )
 
     @property
+    def size(self) -> tuple[int, int] | None:
+        """(width, height) of the training images: spec.data.resolution, else the family's native square
+        (None: the classifier's model decides)."""
+        chosen = self.data.resolution
+        if chosen is None:
+            native = NATIVE_RESOLUTIONS[self.model.family]
+            return (native, native) if native else None
+        return (chosen, chosen) if isinstance(chosen, int) else (chosen[0], chosen[1])
+
+    @property
     def resolution(self) -> int | None:
         """spec.data.resolution, else the family's native size (None: the classifier's model decides)."""
-        return self.data.resolution or NATIVE_RESOLUTIONS[self.model.family]
+        size = self.size
+        return size and round(math.sqrt(size[0] * size[1]))
 
     @property
     def sample_guidance(self) -> float | None:

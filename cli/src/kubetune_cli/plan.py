@@ -38,7 +38,7 @@ def render_text(name: str, spec, plan) -> str:
     lines = [
         f"{name}: {spec.model.family} {spec.adapter.type}"
         + (f" rank {spec.adapter.rank}" if spec.adapter.type == "lora" else "")
-        + f", {f'{spec.resolution}px' if spec.resolution else 'the model image size'}, batch {spec.training.batch_size}, {spec.training.mixed_precision} precision, "
+        + f", {f'{spec.size[0]}x{spec.size[1]} px' if spec.size else 'the model image size'}, batch {spec.training.batch_size}, {spec.training.mixed_precision} precision, "
         f"{spec.training.optimizer}, {e.strategy} over {e.world_size} process(es)",
         f"per {unit}:",
         f"  parameters        {millions(e.parameters)} ({millions(e.trainable_parameters)} trained)",

@@ -199,7 +199,7 @@ class Run:
             self.prefetcher = Prefetcher(int(parse_quantity(streaming.cache_size, "spec.data.streaming.cacheSize")),
                                          streaming.prefetch_steps)
         else:  # every image is checked before the first step; the processes share the work
-            size = (self.family.resolution,) * 2 if self.family.resolution else None
+            size = self.family.size
             samples = self.family.screen.images(samples, self.rank, self.world_size, self._gather_objects, size,
                                                 by_area=self.spec.data.bucketing)
             if self.family.screen.small is not None:

@@ -19,24 +19,34 @@ class Crop:
 
 @dataclass(frozen=True)
 class ImageTransform:
-    resolution: int
+    size: int | tuple[int, int]  # the training size: a square's side, or (width, height)
     center_crop: bool = True
     random_flip: bool = False
     # A random crop chosen once per image rather than per epoch: with the embedding cache on, the
     # crop's latents are then reused every epoch (flips are cached both ways, see EmbeddingCache).
     crop_per_sample: bool = False
 
+    @property
+    def width_height(self) -> tuple[int, int]:
+        return (self.size, self.size) if isinstance(self.size, int) else tuple(self.size)
+
+    @property
+    def resolution(self) -> int:
+        """The side of a square of the training size's area (what aspect-ratio buckets keep)."""
+        width, height = self.width_height
+        return round((width * height) ** 0.5)
+
     def __call__(self, image: Image.Image, rng: random.Random) -> torch.Tensor:
         return self.apply(image, rng)[0]
 
     def apply(self, image: Image.Image, rng: random.Random, size: tuple[int, int] | None = None,
               flip: bool | None = None, crop_rng: random.Random | None = None) -> tuple[torch.Tensor, Crop]:
-        """Resize to cover `size` (width, height; default a square of the resolution), crop, maybe flip.
+        """Resize to cover `size` (width, height; default the training size), crop, maybe flip.
 
         `flip` forces the decision, so an edit pair's control and target images flip together;
         `crop_rng` draws the crop instead of `rng` (a per-image generator for crop_per_sample).
         """
-        width, height = size or (self.resolution, self.resolution)
+        width, height = size or self.width_height
         original = (image.height, image.width)
         image = resize_to_cover(image, width, height)
         left, top = crop_origin(image.size, (width, height), self.center_crop, crop_rng or rng)

@@ -60,7 +60,9 @@ class ModelFamily(metaclass=_PlacesFrozenModels):
         self._warned_cpu_encoding = False
         self._encoders: dict[str, Encoder] | None = None
         self.screen = Screen(spec.data.skip_bad)  # the readers report bad samples to it
-        self.resolution = spec.resolution  # of the training images (the classifier may take its model's)
+        # Of the training images (the classifier may take its model's): (width, height), and the side of
+        # a square of that area (what sizes planning-like arithmetic and buckets).
+        self.size, self.resolution = spec.size, spec.resolution
         self.trainable: Trainable  # what trains and how it is saved: set by each family's __init__
 
     # --- data: through the layout of spec.data.layout (data.layouts) ---------------------------
@@ -172,12 +174,12 @@ class ModelFamily(metaclass=_PlacesFrozenModels):
         return {key: to_device(value, self.device) for key, value in encoded.items()}
 
     def image_transform(self, training: bool) -> ImageTransform:
-        """Resize to self.resolution, crop and flip as spec.data says (held-out data: centre crop,
+        """Resize to self.size, crop and flip as spec.data says (held-out data: centre crop,
         no flip). With the embedding cache on, a random crop is chosen once per image, so its
         latents are reusable."""
         data = self.spec.data
         random_crop = training and not data.center_crop
-        return ImageTransform(self.resolution, not random_crop, data.random_flip and training,
+        return ImageTransform(self.size, not random_crop, data.random_flip and training,
                               crop_per_sample=random_crop and data.cache.enabled)
 
     def mirror_variants(self, images: torch.Tensor) -> list[list[torch.Tensor]]:

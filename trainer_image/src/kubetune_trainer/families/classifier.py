@@ -74,10 +74,13 @@ class ImageClassifier(ModelFamily):
         self.mean = torch.tensor(mean).view(1, 3, 1, 1)
         self.std = torch.tensor(std).view(1, 3, 1, 1)
         self.native_size = native_size(processor, model.config)
+        if not isinstance(spec.data.resolution, (int, type(None))):
+            raise ConfigError("spec.data.resolution: the classifier trains on square images; give one side")
         self.resolution = spec.data.resolution or self.native_size
         if self.resolution is None:
             raise ConfigError(f"spec.data.resolution: {spec.model.pretrained} says nothing of its image size "
                               "(no image processor, no config.image_size); set the resolution")
+        self.size = (self.resolution, self.resolution)
         # A size the model was not built for: ViT-style models interpolate their position embeddings.
         self.forward_options = ({"interpolate_pos_encoding": True} if self.resolution != self.native_size
                                 and "interpolate_pos_encoding" in inspect.signature(model.forward).parameters else {})

@@ -131,11 +131,11 @@ class FluxKontext(ModelFamily):
             return []
         pipeline = self.pipeline()
         pipeline.set_progress_bar_config(disable=True)
-        size = self.spec.resolution
-        return [pipeline(image=to_pil(control), prompt=caption, height=size, width=size,
+        width, height = self.spec.size
+        return [pipeline(image=to_pil(control), prompt=caption, height=height, width=width,
                          num_inference_steps=self.spec.validation.num_inference_steps,
                          guidance_scale=self.spec.sample_guidance,
-                         generator=generator, max_area=size * size, _auto_resize=False,
+                         generator=generator, max_area=width * height, _auto_resize=False,
                          max_sequence_length=min(MAX_TEXT_TOKENS, self.tokenizer_2.model_max_length)).images[0]
                 for control, caption in pairs]
 

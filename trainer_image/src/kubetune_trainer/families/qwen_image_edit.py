@@ -165,9 +165,9 @@ class QwenImageEdit(ModelFamily):
             return []
         pipeline = self.pipeline()
         pipeline.set_progress_bar_config(disable=True)
-        size = self.spec.resolution
+        width, height = self.spec.size
         return [pipeline(image=to_pil(control), prompt=caption, negative_prompt=" ", true_cfg_scale=self.spec.sample_guidance,
-                         height=size, width=size, num_inference_steps=self.spec.validation.num_inference_steps,
+                         height=height, width=width, num_inference_steps=self.spec.validation.num_inference_steps,
                          generator=generator).images[0]
                 for control, caption in pairs]
 

@@ -216,8 +216,8 @@ class UNetDiffusion:
         return pipeline
 
     def sampling_options(self, generator: torch.Generator) -> dict:
-        size, guidance = self.spec.resolution, self.spec.sample_guidance
-        return {"num_inference_steps": self.spec.validation.num_inference_steps, "height": size, "width": size,
+        (width, height), guidance = self.spec.size, self.spec.sample_guidance
+        return {"num_inference_steps": self.spec.validation.num_inference_steps, "height": height, "width": width,
                 "generator": generator, "output_type": "pil",
                 **({"guidance_scale": guidance} if guidance is not None else {})}
 

@@ -39,10 +39,11 @@ def check_resolution(spec, vae_config: dict, transformer_config: dict) -> None:
     pipeline refuses such sizes too): sides must be multiples of the VAE's factor times the patch."""
     scale, patch = 2 ** (len(vae_config["block_out_channels"]) - 1), max(transformer_config["all_patch_size"])
     factor = scale * patch
-    if spec.resolution % factor:
-        lower = spec.resolution // factor * factor
-        raise ConfigError(f"spec.data.resolution: {spec.resolution} is not a multiple of {factor}, which this z-image "
-                          f"model needs (VAE {scale}x, {patch}x{patch} patches); use {lower} or {lower + factor}")
+    for side in spec.size:
+        if side % factor:
+            lower = side // factor * factor
+            raise ConfigError(f"spec.data.resolution: {side} is not a multiple of {factor}, which this z-image "
+                              f"model needs (VAE {scale}x, {patch}x{patch} patches); use {lower} or {lower + factor}")
 
 
 class ZImage(ModelFamily):
@@ -144,8 +145,8 @@ class ZImage(ModelFamily):
             return []
         pipeline = self.pipeline()
         pipeline.set_progress_bar_config(disable=True)
-        size = self.spec.resolution
-        return pipeline(prompts, height=size, width=size, num_inference_steps=self.spec.validation.num_inference_steps,
+        width, height = self.spec.size
+        return pipeline(prompts, height=height, width=width, num_inference_steps=self.spec.validation.num_inference_steps,
                         guidance_scale=self.spec.sample_guidance, generator=generator, max_sequence_length=MAX_TEXT_TOKENS).images
 
     def image_metrics(self, images, held_out, clip):

@@ -1,10 +1,11 @@
 """What the families' planning forwards share (each family's own is its DEFINITION.forward).
 
 A planning forward runs a family's training forward on inputs of the shapes and dtypes its
-compute_loss feeds: the latents the VAE would give at spec.resolution, the conditioning the frozen
-encoders would give, the trained module called under autocast as Accelerate wraps it. Encoders are
-not run: they work under no_grad before the denoiser, and what they give is only a shape here. It
-lives beside compute_loss in the family's module: keep the two in step.
+compute_loss feeds: the latents the VAE would give at spec.resolution (a [width, height] size counts
+as the square of its area: activations grow with pixels), the conditioning the frozen encoders would
+give, the trained module called under autocast as Accelerate wraps it. Encoders are not run: they
+work under no_grad before the denoiser, and what they give is only a shape here. It lives beside
+compute_loss in the family's module: keep the two in step.
 
 A forward takes `make(shape, dtype)`, which creates an input tensor (fake on the estimated device,
 or real for the benchmark), and `autocast()`, the context the trained module's forward runs in.
