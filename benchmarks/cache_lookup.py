@@ -5,7 +5,8 @@ all in the cache (the work the training process does instead of running the VAE)
     .venv/bin/python benchmarks/cache_lookup.py --batch-size 1
 
 Prints milliseconds per lookup of the whole batch (with each image's mirror variant, as a job with
-spec.data.randomFlip does) and the parts: hashing the pixels, flipping them. Not a test.
+spec.data.randomFlip does; the mirrors are looked up the first time an image is seen) and the parts:
+hashing the pixels, flipping them. Not a test.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def main(argv=None) -> None:
     print(f"batch {args.batch_size}, 3x{args.resolution}x{args.resolution} pixels, every entry cached, "
           f"{torch.get_num_threads()} thread(s)")
     print(f"  cached lookup, with mirror variants  {lookup:8.1f} ms")
-    print(f"  of which hashing the pixels          {hashing:8.1f} ms (the variants' hashing again as much)")
+    print(f"  of which hashing the pixels          {hashing:8.1f} ms (their mirrors: hashed once per process)")
     print(f"  of which flipping them               {flipping:8.1f} ms")
 
 

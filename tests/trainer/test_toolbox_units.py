@@ -169,6 +169,38 @@ def test_cache_entries_are_per_encoder_identity_and_shared_across_instances(tmp_
     assert other_run.misses == 1, "another encoder identity never reads the first one's entries"
 
 
+class CountingStore(LocalStore):
+    def __init__(self, root):
+        super().__init__(root)
+        self.asked: list[str] = []
+
+    def contains(self, key):
+        self.asked.append(key)
+        return super().contains(key)
+
+
+def test_an_images_mirror_is_looked_up_once_per_process_but_a_captions_variants_every_time(tmp_path):
+    images = Encoder("latents", "pixels-v1", lambda batch: {"latent": torch.stack([x.mean().reshape(1) for x in batch])})
+    store = CountingStore(tmp_path)
+    cache = EmbeddingCache(store)
+    image = torch.arange(12.0).reshape(1, 3, 4)
+    cache.encode(images, [image], [[image.flip(-1)]])
+    assert len(store.asked) == 1, "its mirror looked up (then stored) the first time"
+    cache.encode(images, [image], [[image.flip(-1)]])
+    assert len(store.asked) == 1, "the mirror is a function of the image: not hashed nor looked up again"
+    other_run = EmbeddingCache(store)
+    assert other_run.encode(images, [image.flip(-1)])["latent"].item() == image.mean().item()
+    assert other_run.hits == 1, "the mirror was stored beside the image"
+
+    # The dropped caption "" is the same input for every sample, its variant (the full caption) is not.
+    calls = []
+    lengths = Encoder("text", "lengths-v1", lambda texts: calls.append(list(texts)) or
+                      {"length": torch.tensor([[float(len(t))] for t in texts])})
+    texts = EmbeddingCache(CountingStore(tmp_path / "text"))
+    texts.encode(lengths, [""], [["a cat"]])
+    texts.encode(lengths, [""], [["a dog"]])
+    assert calls[-1] == ["a dog"], "a caption's variants are checked every time"
+
 
 def test_cached_token_sequences_of_other_lengths_are_zero_padded_to_the_batch(tmp_path):
     def tokens(texts):  # one row per character, padded to the batch's longest with a mask

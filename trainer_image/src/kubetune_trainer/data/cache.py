@@ -56,7 +56,8 @@ def content_hash(value: Any) -> bytes:
         if isinstance(item, torch.Tensor):
             tensor = item.detach().cpu().contiguous()
             digest.update(f"T{tensor.dtype}{tuple(tensor.shape)}".encode())
-            digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+            if tensor.numel():
+                digest.update(tensor.reshape(-1).view(torch.uint8).numpy())  # the buffer itself: no copy
         elif isinstance(item, (list, tuple)):
             digest.update(f"L{len(item)}".encode())
             for part in item:
@@ -141,6 +142,9 @@ class EmbeddingCache:
         self.hits = 0
         self.misses = 0
         self._stored: set[str] = set()  # keys this process knows are in the store
+        # Keys whose tensor variants (an image's mirror: a function of the image) this process has
+        # seen stored: their variants are neither hashed nor looked up again (a step's main cost).
+        self._variants_stored: set[str] = set()
 
     def encode(self, encoder: Encoder, inputs: list[Any], variants: list[list[Any]] | None = None) -> Encoded:
         """The encodings of `inputs`, from the store where they are there. A missing input is encoded
@@ -160,10 +164,16 @@ class EmbeddingCache:
         # Variants of every input, hit or not: a hit may have been stored by another sample or run
         # that never drew this sample's other forms.
         absent = {}
-        for variant in (v for forms in (variants or []) for v in forms):
-            variant_key = key(variant)
-            if variant_key not in absent and variant_key not in keys and not self._has(variant_key):
-                absent[variant_key] = variant
+        settled = []  # inputs whose variants are all tensors, and so the same whenever the input is
+        for input_key, forms in zip(keys, variants or []):
+            if input_key in self._variants_stored:
+                continue
+            for variant in forms:
+                variant_key = key(variant)
+                if variant_key not in absent and variant_key not in keys and not self._has(variant_key):
+                    absent[variant_key] = variant
+            if all(isinstance(form, torch.Tensor) for form in forms):
+                settled.append(input_key)
         batch = [inputs[i] for i in missing] + list(absent.values())
         if batch:
             fresh = encoder.encode(batch)
@@ -172,6 +182,7 @@ class EmbeddingCache:
                 self._put(key(item), entry)
                 if row < len(missing):
                     found[missing[row]] = entry
+        self._variants_stored.update(settled)  # stored now, or found there
         return {name: stack_padded([entry[name] for entry in found]) for name in found[0]}
 
     def _has(self, key: str) -> bool:
