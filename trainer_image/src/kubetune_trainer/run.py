@@ -27,8 +27,8 @@ from kubetune_api.quantity import parse_quantity
 from kubetune_api.spec import TrainingJob, TrainingJobSpec
 from kubetune_trainer import checkpoints, training_state
 from kubetune_trainer.attention import choose_attention
-from kubetune_trainer.compilation import CompileTimer, compile_regions
 from kubetune_trainer.checkpointing import ShardedState, files_of_rank, full_trained_state
+from kubetune_trainer.compilation import CompileTimer, compile_regions
 from kubetune_trainer.consistency import check_replicas_agree
 from kubetune_trainer.data.cache import EmbeddingCache, open_store
 from kubetune_trainer.data.sampler import Batching, check_enough_samples, epoch_steps, shard_for_encoding, steps_per_epoch
@@ -38,10 +38,10 @@ from kubetune_trainer.errors import ConfigError, InputsInFlux, TrainingDiverged
 from kubetune_trainer.families import family_for
 from kubetune_trainer.loop import SampleLog, Stepper, iterate_steps, plan_steps, step_micro_batches
 from kubetune_trainer.phase_clock import PhaseClock
-from kubetune_trainer.placement import use_channels_last
 from kubetune_trainer.optim import (PlateauScheduler, build_lr_scheduler, build_optimizer, follow_spec_after_resume,
                                     set_optimizer_mode)
 from kubetune_trainer.parallel import build_parallel, resolve_strategy
+from kubetune_trainer.placement import use_channels_last
 from kubetune_trainer.preemption import PREEMPTION_UPLOAD_SECONDS, Preempted, StopRequest
 from kubetune_trainer.profiling import maybe_profile
 from kubetune_trainer.reporting import Reporter
@@ -51,8 +51,8 @@ from kubetune_trainer.storage.checkpoint_store import CheckpointStore, local_pat
 from kubetune_trainer.storage.inputs import local_copy, origin, version_of
 from kubetune_trainer.storage.stream import Prefetcher, open_stream, streamed
 from kubetune_trainer.storage.uri import is_s3
-from kubetune_trainer.step_readout import StepReadout, StepResult
 from kubetune_trainer.storage.uploader import UploadFailed
+from kubetune_trainer.step_readout import StepReadout, StepResult
 from kubetune_trainer.tracking import ABORT_SECONDS, tracker_for
 from kubetune_trainer.training_state import Position, SavedState
 from kubetune_trainer.validation import Validator
