@@ -71,6 +71,9 @@ bench: $(STAMP) cluster-bins
 	$(PY) benchmarks/distributed_scaling.py
 	$(PY) benchmarks/metrics_overhead.py
 	$(PY) benchmarks/plan_accuracy.py
+	$(PY) benchmarks/plan_families.py
+	$(PY) benchmarks/trainer_throughput.py --families --steps 6 --warmup-steps 2
+	$(PY) benchmarks/cache_lookup.py
 
 clean:
 	rm -rf out build .pytest_cache

@@ -54,7 +54,7 @@ def render_text(name: str, spec, plan) -> str:
     if e.overhead:
         lines.append(f"  CUDA overhead     {gib(e.overhead):>11}   context, workspaces, allocator slack")
     if e.host:
-        lines.append(f"  in CPU memory     {gib(e.host):>11}   (cpuOffload)")
+        lines.append(f"  in CPU memory     {gib(e.host):>11}   (not counted above: see the notes)")
     verdict = "fits" if plan.fits else "does NOT fit"
     lines.append(f"  total             {gib(e.total):>11}   {verdict} in {gib(plan.capacity)}")
     lines += [f"note: {note}" for note in e.notes]
