@@ -124,7 +124,7 @@ def _write_model_index(definition, out_dir: Path) -> None:
     for name, component in definition.architecture.items():
         if name not in definition.beside_pipeline:
             index[name] = [component.library, component.cls]
-    for name in ("tokenizer", "tokenizer_2", "processor"):
+    for name in ("tokenizer", "tokenizer_2", "tokenizer_3", "processor"):
         if (out_dir / name).is_dir():
             index[name] = ["transformers", _saved_class(out_dir / name)]
     index.update(definition.model_index)

@@ -94,6 +94,18 @@ def write_full_size_sd15(out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
+def validation_prompts(spec, held_out: list[dict]) -> list[str]:
+    """What a text-to-image family's validation draws: spec.validation.prompts, else, when a CLIP model
+    will score them, the first spec.validation.numSamples held-out captions (the same ones at every
+    validation)."""
+    validation = spec.validation
+    if validation.prompts:
+        return list(validation.prompts)
+    if not validation.clip_model:
+        return []
+    return [caption for batch in held_out for caption in batch["captions"]][:validation.num_samples]
+
+
 # --- the parts ----------------------------------------------------------------------------------
 
 class ClipText:
@@ -222,14 +234,7 @@ class UNetDiffusion:
                 **({"guidance_scale": guidance} if guidance is not None else {})}
 
     def validation_prompts(self, held_out: list[dict]) -> list[str]:
-        """What validation draws: spec.validation.prompts, else, when a CLIP model will score them,
-        the first spec.validation.numSamples held-out captions (the same ones at every validation)."""
-        validation = self.spec.validation
-        if validation.prompts:
-            return list(validation.prompts)
-        if not validation.clip_model:
-            return []
-        return [caption for batch in held_out for caption in batch["captions"]][:validation.num_samples]
+        return validation_prompts(self.spec, held_out)
 
     @torch.no_grad()
     def sample_images(self, held_out: list[dict], generator: torch.Generator) -> list:
