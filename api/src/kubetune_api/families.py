@@ -151,6 +151,17 @@ FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
                             ("lora", True): Dynamic(4.915e+05, 2.852e+08, 2178),
                             ("full", False): Dynamic(1.231e+10, 7.124e+09, 5.476e+04),
                             ("full", True): Dynamic(3.844e+08, 5.159e+08, 3878)})),
+    FamilyInfo("sd35", "trains a Stable Diffusion 3.5 transformer by flow matching",
+               ("captions",), 1024, TEXT_TO_IMAGE_METRICS,
+               IMAGE_DIFFUSION | LORA_SHAPE | {VALIDATION_PROMPTS, CLIP_MODEL},
+               guidance=3.5,  # large's model card (its pipeline's default, 7.0, is SD3's); medium's card samples at 4.5
+               profile=FamilyProfile(  # SD 3.5 large (trainer_image/.../families/sd35.py)
+                   trained_module=8_056_627_520, linear_weights=8_053_694_464, frozen=5_664_440_483,
+                   lora_per_rank=739_328, adapter=0, largest_unit=212_999_680, loads_fp32=False,
+                   dynamic={("lora", False): Dynamic(1.171e+07, 1.094e+09, 1.612e+04),
+                            ("lora", True): Dynamic(3.113e+05, 9.095e+07, 1334),
+                            ("full", False): Dynamic(1.608e+10, 2.263e+09, 2.703e+04),
+                            ("full", True): Dynamic(4.738e+08, 1.245e+08, 1676)})),
     FamilyInfo("pmg", "trains soft prompts, a prefix and a mapping layer for a frozen Stable Diffusion 1.5",
                ("pmg",), 512, TEXT_TO_IMAGE_METRICS,
                frozenset({QUANTIZATION, VAE, EMBEDDING_CACHE, CLIP_MODEL, GUIDANCE}) | DENOISING, own_adapter=True,

@@ -461,7 +461,7 @@ class ValidationSpec(_Model):
         default=None,
         description="A CLIP model that scores the images sampled at each validation (same seed every time): "
         "a local path, an s3:// URI or a hub id (e.g. openai/clip-vit-large-patch14) in the transformers "
-        "layout. Text-to-image families (sd15, sdxl, pmg) report clip_score, 100 x the mean cosine of image "
+        "layout. Text-to-image families report clip_score, 100 x the mean cosine of image "
         "and prompt; edit families report clip_directional, the cosine of the edit's image direction and its "
         "instruction's text direction.",
     )

@@ -123,7 +123,7 @@ class Validator:
         if not images:
             if not self._said_nothing_to_score:
                 log.warning("spec.validation.clipModel: no validation images to score; set spec.validation.prompts "
-                            "(sd15, sdxl), or heldOutFraction > 0 with numSamples > 0")
+                            "(text-to-image families), or heldOutFraction > 0 with numSamples > 0")
                 self._said_nothing_to_score = True
             return {}
         return self.family.image_metrics(images, held_out, self.clip)
