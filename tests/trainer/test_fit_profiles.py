@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import pytest
 
+from kubetune_api.families import FAMILIES
 from kubetune_api.fit import CoarseEstimator
 from kubetune_api.spec import LAYOUTS_BY_FAMILY, TrainingJobSpec
 
 pytestmark = pytest.mark.slow
 
 
-CASES = [(family, resolution, 1) for family in ("sd15", "sdxl", "flux-kontext", "qwen-image-edit", "pmg")
-         for resolution in (768, 1280)] + [("classifier", 224, 12), ("classifier", 224, 24)]
+# Every family of the table: at two other sizes, or (without a native resolution) at its model's own
+# size with two other batches.
+CASES = [(name, resolution, 1) for name, row in FAMILIES.items() if row.native_resolution
+         for resolution in (768, 1280)] + [(name, row.profile.image_size, batch) for name, row in FAMILIES.items()
+                                           if not row.native_resolution for batch in (12, 24)]
 
 
 @pytest.mark.parametrize("family, resolution, batch", CASES)
