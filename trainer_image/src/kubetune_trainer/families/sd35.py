@@ -90,14 +90,15 @@ class StableDiffusion3(ModelFamily):
 
     @torch.no_grad()
     def _vae_moments(self, pixels):
-        stacked = to_device(torch.stack(pixels), self.device, self.weight_dtype)
+        stacked = to_device(torch.stack(pixels), self.vae.device, self.weight_dtype)
         return {"moments": self.vae.encode(stacked).latent_dist.parameters}
 
     @torch.no_grad()
     def encode_prompts(self, captions: list[str]) -> dict[str, torch.Tensor]:
-        """The joint sequence [B, 77 + T5_TOKENS, 4096] and the pooled vector [B, 2048] (see above)."""
+        """The joint sequence [B, 77 + T5_TOKENS, 4096] and the pooled vector [B, 2048] (see above), computed
+        where the encoders are (spec.model.encoderDevice keeps all three together)."""
         embeds, _, pooled, _ = self._prompt_pipeline.encode_prompt(
-            captions, None, None, device=self.device, do_classifier_free_guidance=False,
+            captions, None, None, device=self.text_encoder.device, do_classifier_free_guidance=False,
             max_sequence_length=T5_TOKENS)
         return {"prompt_embeds": embeds, "pooled": pooled}
 
