@@ -39,13 +39,12 @@ from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.denoiser import load_denoiser, train_denoiser
 from kubetune_trainer.families.stable_diffusion import validation_prompts
+from kubetune_trainer.families.vae import load_vae, vae_name
 from kubetune_trainer.planning.forwards import CLIP_TOKENS, mse, vae_scale
 from kubetune_trainer.reference_models import CLIP_BIGG_TEXT, CLIP_L_TEXT, SD_VAE, T5_XXL_ENCODER, Component
 
 PIPELINE = "StableDiffusion3Pipeline"
 T5_TOKENS = 256  # StableDiffusion3Pipeline's max_sequence_length default (see above)
-# Validation's classifier-free guidance, as the model cards sample: medium 4.5, large 3.5.
-GUIDANCE_MEDIUM, GUIDANCE_LARGE = 4.5, 3.5
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")  # CLIP-L, CLIP-G, T5-XXL
 
 
@@ -68,7 +67,7 @@ class StableDiffusion3(ModelFamily):
         self.text_encoder_2 = CLIPTextModelWithProjection.from_pretrained(
             root, subfolder="text_encoder_2", torch_dtype=weight_dtype)
         self.text_encoder_3 = T5EncoderModel.from_pretrained(root, subfolder="text_encoder_3", torch_dtype=weight_dtype)
-        self.vae = AutoencoderKL.from_pretrained(root, subfolder="vae", torch_dtype=weight_dtype)
+        self.vae = load_vae(spec, AutoencoderKL, weight_dtype)  # the model's own, or spec.model.vae
         self.transformer = load_denoiser(spec, SD3Transformer2DModel, "transformer", weight_dtype)
         self.trainable = train_denoiser(self.transformer, spec, "transformer", PIPELINE, device)
 
@@ -80,7 +79,8 @@ class StableDiffusion3(ModelFamily):
     def build_encoders(self):
         root, dtype = self.spec.model.pretrained, self.weight_dtype
         text = "".join(model_identity(getattr(self, name), f"{root}/{name}", dtype) for name in TEXT_ENCODERS)
-        return {"latents": Encoder("latents", model_identity(self.vae, f"{root}/vae", dtype), self._vae_moments),
+        vae = model_identity(self.vae, vae_name(self.spec), self.vae.dtype)
+        return {"latents": Encoder("latents", vae, self._vae_moments),
                 "text": Encoder("text", text + f"sd35 t5 {T5_TOKENS}", self.encode_prompts)}
 
     @cached_property
@@ -90,7 +90,7 @@ class StableDiffusion3(ModelFamily):
 
     @torch.no_grad()
     def _vae_moments(self, pixels):
-        stacked = to_device(torch.stack(pixels), self.vae.device, self.weight_dtype)
+        stacked = to_device(torch.stack(pixels), self.vae.device, self.vae.dtype)
         return {"moments": self.vae.encode(stacked).latent_dist.parameters}
 
     @torch.no_grad()
@@ -139,11 +139,10 @@ class StableDiffusion3(ModelFamily):
         pipeline = self.pipeline()
         pipeline.set_progress_bar_config(disable=True)
         size = self.spec.resolution
-        medium = bool(self.transformer.config.dual_attention_layers)
         # A fully trained transformer stays in fp32 beside encoders in the training precision.
         with torch.autocast(self.device.type, dtype=self.weight_dtype, enabled=self.weight_dtype != torch.float32):
             return pipeline(prompts, height=size, width=size, num_inference_steps=self.spec.validation.num_inference_steps,
-                            guidance_scale=GUIDANCE_MEDIUM if medium else GUIDANCE_LARGE, generator=generator,
+                            guidance_scale=self.spec.sample_guidance, generator=generator,
                             max_sequence_length=T5_TOKENS).images
 
     def image_metrics(self, images, held_out, clip):
