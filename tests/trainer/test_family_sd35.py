@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+from PIL import Image
 from safetensors.torch import load_file
 
 from tests.trainer.conftest import family_job, run_dir, run_trainer, run_trainer_expecting_failure
@@ -76,7 +77,8 @@ def test_sd35_trains_from_its_cache_in_the_second_epoch_and_its_lora_loads_whole
     result = run_trainer(family_job(
         FAMILY, LAYOUT, model, tiny_dataset(LAYOUT), tmp_path / "out",
         training={"epochs": 2, "maxSteps": None},
-        data={"randomFlip": True, "captionDropout": 0.5, "cache": {"enabled": True, "uri": str(tmp_path / "cache")}},
+        data={"resolution": [48, 32], "randomFlip": True, "captionDropout": 0.5,  # a non-square size
+              "cache": {"enabled": True, "uri": str(tmp_path / "cache")}},
         validation={"everySteps": 100, "prompts": ["a red square"], "numInferenceSteps": 2},
         checkpoints={"everySteps": 8},
     ), tmp_path)
@@ -84,7 +86,8 @@ def test_sd35_trains_from_its_cache_in_the_second_epoch_and_its_lora_loads_whole
     # Epoch 1 encodes the 8 images and their captions (with their flips and dropped captions); epoch 2 finds them.
     assert misses > 0 and hits >= 16, result.stderr[-2000:]
     run = run_dir(tmp_path / "out")
-    assert (run / "samples" / "step-0000008" / "0.png").is_file(), "a validation prompt drawn at the end"
+    with Image.open(run / "samples" / "step-0000008" / "0.png") as sample:
+        assert sample.size == (48, 32), "a validation prompt drawn at the end, at the training size"
     assert_loads_whole(model, run)
 
 
@@ -116,25 +119,34 @@ def refusal(data: dict, model, data_dir, tmp_path) -> str | None:
     return None
 
 
+BEYOND = "beyond the 512 px this transformer's position embeddings cover (pos_embed_max_size); lower it"
+
+
+# The tiny transformer's position embeddings cover 32 patches of 16 px: 512 px a side.
 @pytest.mark.parametrize("data, message", [
-    ({"resolution": 40}, "spec.data.resolution: sd35 needs a multiple of 16 px (8x VAE, 2x2 patches), not 40; "
-                         "use 32 or 48"),
-    # The tiny transformer's position embeddings cover 32 patches: 512 px.
-    ({"resolution": 528}, "spec.data.resolution: 528 px, beyond the 512 px this transformer's position embeddings "
-                          "cover (pos_embed_max_size); lower it"),
-    ({"resolution": 512, "bucketing": True}, "spec.data.resolution: bucketing makes sides up to 704 px, beyond the "
-                                             "512 px this transformer's position embeddings cover "
-                                             "(pos_embed_max_size); lower it or turn spec.data.bucketing off"),
+    ({"resolution": 528}, f"spec.data.resolution: a side of 528 px, {BEYOND}"),
+    ({"resolution": [512, 528]}, f"spec.data.resolution: a side of 528 px, {BEYOND}"),
+    ({"resolution": 512, "bucketing": True},
+     f"spec.data.resolution: bucketing makes sides up to 704 px, {BEYOND} or turn spec.data.bucketing off"),
     ({"resolution": 512}, None),
+    ({"resolution": [512, 256]}, None),
     ({"resolution": 256, "bucketing": True}, None),
 ])
-def test_sizes_the_transformer_cannot_take_are_refused_naming_the_field(data, message, tiny_model, tiny_dataset,
-                                                                        tmp_path):
+def test_sizes_beyond_the_position_embeddings_are_refused_naming_the_field(data, message, tiny_model, tiny_dataset,
+                                                                           tmp_path):
     assert refusal(data, tiny_model(FAMILY), tiny_dataset(LAYOUT), tmp_path) == message
+
+
+def test_sides_the_patches_do_not_divide_are_refused_by_the_spec():
+    from kubetune_api.manifest import ManifestError, parse_manifest
+
+    manifest = family_job(FAMILY, LAYOUT, "/models/sd35", "/data", "/out", data={"resolution": [832, 584]})
+    with pytest.raises(ManifestError, match="spec.data.resolution must be a multiple of 16 for family sd35"):
+        parse_manifest(manifest)
 
 
 def test_the_trainer_refuses_such_a_size_before_anything_is_written(tiny_model, tiny_dataset, tmp_path):
     manifest = family_job(FAMILY, LAYOUT, tiny_model(FAMILY), tiny_dataset(LAYOUT), tmp_path / "out",
-                          data={"resolution": 40})
-    assert "spec.data.resolution: sd35 needs a multiple of 16 px" in run_trainer_expecting_failure(manifest, tmp_path)
+                          data={"resolution": 528})
+    assert f"spec.data.resolution: a side of 528 px, {BEYOND}" in run_trainer_expecting_failure(manifest, tmp_path)
     assert not (tmp_path / "out").exists()

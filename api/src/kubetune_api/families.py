@@ -155,6 +155,7 @@ FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
                ("captions",), 1024, TEXT_TO_IMAGE_METRICS,
                IMAGE_DIFFUSION | LORA_SHAPE | {VALIDATION_PROMPTS, CLIP_MODEL},
                guidance=3.5,  # large's model card (its pipeline's default, 7.0, is SD3's); medium's card samples at 4.5
+               resolution_multiple=16,
                profile=FamilyProfile(  # SD 3.5 large (trainer_image/.../families/sd35.py)
                    trained_module=8_056_627_520, linear_weights=8_053_694_464, frozen=5_664_440_483,
                    lora_per_rank=739_328, adapter=0, largest_unit=212_999_680, loads_fp32=False,

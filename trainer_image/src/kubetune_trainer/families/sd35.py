@@ -138,10 +138,10 @@ class StableDiffusion3(ModelFamily):
             return []
         pipeline = self.pipeline()
         pipeline.set_progress_bar_config(disable=True)
-        size = self.spec.resolution
+        width, height = self.spec.size
         # A fully trained transformer stays in fp32 beside encoders in the training precision.
         with torch.autocast(self.device.type, dtype=self.weight_dtype, enabled=self.weight_dtype != torch.float32):
-            return pipeline(prompts, height=size, width=size, num_inference_steps=self.spec.validation.num_inference_steps,
+            return pipeline(prompts, height=height, width=width, num_inference_steps=self.spec.validation.num_inference_steps,
                             guidance_scale=self.spec.sample_guidance, generator=generator,
                             max_sequence_length=T5_TOKENS).images
 
@@ -150,21 +150,17 @@ class StableDiffusion3(ModelFamily):
 
 
 def check_image_sizes(spec, transformer: dict, vae: dict) -> None:
-    """Refuse, before loading weights, the training sizes the transformer cannot take: a side must be
-    whole 2x2 patches of latents (a multiple of 16 px) and within its learned position embeddings
-    (pos_embed_max_size patches: 3072 px for large, 6144 px for medium)."""
+    """Refuse, before loading weights, the training sizes beyond the transformer's learned position
+    embeddings (pos_embed_max_size patches: 3072 px a side for large, 6144 px for medium), buckets
+    included. (Sides that 2x2 latent patches do not divide, the API refuses: the row's resolution_multiple.)"""
     from kubetune_trainer.data.buckets import bucket_sizes
 
-    step = 2 ** (len(vae["block_out_channels"]) - 1) * transformer["patch_size"]
-    resolution = spec.resolution
-    if resolution % step:
-        raise ConfigError(f"spec.data.resolution: sd35 needs a multiple of {step} px (8x VAE, 2x2 patches), not "
-                          f"{resolution}; use {resolution // step * step} or {(resolution // step + 1) * step}")
+    step = 2 ** (len(vae["block_out_channels"]) - 1) * transformer["patch_size"]  # pixels per patch side
     largest = step * (transformer.get("pos_embed_max_size") or 0)
-    sizes = bucket_sizes(resolution) if spec.data.bucketing else [(resolution, resolution)]
+    sizes = bucket_sizes(spec.resolution) if spec.data.bucketing else [spec.size]
     longest = max(side for size in sizes for side in size)
     if largest and longest > largest:
-        where = f"bucketing makes sides up to {longest} px" if spec.data.bucketing else f"{resolution} px"
+        where = f"bucketing makes sides up to {longest} px" if spec.data.bucketing else f"a side of {longest} px"
         raise ConfigError(f"spec.data.resolution: {where}, beyond the {largest} px this transformer's position "
                           "embeddings cover (pos_embed_max_size); lower it"
                           + (" or turn spec.data.bucketing off" if spec.data.bucketing else ""))
@@ -255,8 +251,9 @@ def write_tiny_sd35(out_dir: Path, seed: int = 0) -> Path:
 def planning_forward(models, spec, make, autocast, dtype: torch.dtype) -> torch.Tensor:
     """compute_loss's transformer call: unpacked latents, sigma * 1000, the joint text sequence and pooled vector."""
     transformer, vae = models["transformer"], models["vae"]
-    batch, side = spec.training.batch_size, spec.resolution // vae_scale(vae)
     config = transformer.config
+    # A [width, height] size counts as the square of its area (planning.forwards), in whole patches.
+    batch, side = spec.training.batch_size, spec.resolution // vae_scale(vae) // config.patch_size * config.patch_size
     latents = make((batch, config.in_channels, side, side), dtype)
     with autocast():
         prediction = transformer(
