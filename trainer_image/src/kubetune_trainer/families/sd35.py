@@ -141,7 +141,8 @@ class StableDiffusion3(ModelFamily):
         width, height = self.spec.size
         # A fully trained transformer stays in fp32 beside encoders in the training precision.
         with torch.autocast(self.device.type, dtype=self.weight_dtype, enabled=self.weight_dtype != torch.float32):
-            return pipeline(prompts, height=height, width=width, num_inference_steps=self.spec.validation.num_inference_steps,
+            return pipeline(prompts, height=height, width=width,
+                            num_inference_steps=self.spec.validation.num_inference_steps,
                             guidance_scale=self.spec.sample_guidance, generator=generator,
                             max_sequence_length=T5_TOKENS).images
 
