@@ -20,7 +20,10 @@ SKIP_RULES = "skip_cross_field_rules"
 
 @dataclass(frozen=True)
 class Rule:
-    cel: str                          # true when the object is acceptable; self = the guarded object
+    # True when the object is acceptable; self = the guarded object. None where CEL cannot see the
+    # field: one the CRD leaves untyped (a number-or-list), which the API server's CEL compiler
+    # refuses to name. Such a rule is the admission webhook's (and kubetune validate's) alone.
+    cel: str | None
     holds: Callable[[Any], bool]      # the same test on the typed object
     message: str                      # what the API server and Python both say when it fails
 
@@ -29,8 +32,8 @@ class Rule:
 
 
 def entries(rules: list[Rule]) -> dict:
-    """The json_schema_extra that puts RULES into the CRD."""
-    return {"x-kubernetes-validations": [rule.entry() for rule in rules]}
+    """The json_schema_extra that puts RULES into the CRD (those with a CEL form)."""
+    return {"x-kubernetes-validations": [rule.entry() for rule in rules if rule.cel is not None]}
 
 
 def enforce(rules: list[Rule], obj: Any, info: ValidationInfo | None = None) -> Any:

@@ -222,12 +222,9 @@ class StreamingSpec(_Model):
 
 
 # One int (a square) or [width, height]. The CRD cannot type a number-or-list field (a structural
-# schema has one type per field): the API server keeps it as given and DATA_RULES checks its form.
+# schema has one type per field): the API server keeps it as given, and the admission webhook (and
+# kubetune validate) check its form with DATA_RULES, whose rules on it have no CEL form.
 Resolution = Union[int, list[int]]
-
-
-def _side_cel(side: str) -> str:
-    return f"{side} >= 8 && {side} <= 4096 && {side} % 8 == 0"
 
 
 def _resolution_ok(value: int | list[int]) -> bool:
@@ -237,9 +234,7 @@ def _resolution_ok(value: int | list[int]) -> bool:
 
 DEFAULT_IMAGE_COLUMN, DEFAULT_CAPTION_COLUMN = "file_name", "text"
 DATA_RULES = [
-    Rule("!has(self.resolution) || (type(self.resolution) == int ? " + _side_cel("self.resolution") + " : "
-         "(size(self.resolution) == 2 && " + _side_cel("self.resolution[0]") + " && "
-         + _side_cel("self.resolution[1]") + "))",
+    Rule(None,  # the CRD leaves the number-or-list untyped: CEL cannot name it (rules.Rule)
          lambda data: data.resolution is None or _resolution_ok(data.resolution),
          "spec.data.resolution: give one side for a square (512, 1024) or [width, height] (e.g. [832, 576]), "
          "each 8 to 4096 pixels in multiples of 8"),
@@ -996,11 +991,9 @@ MONITOR_RULES += [_clip_monitor_rule(metric) for metric in CLIP_METRICS]
 
 
 def _resolution_rule(family: str, multiple: int) -> Rule:
-    """Each side of the training size a multiple of MULTIPLE for FAMILY (a malformed size is DATA_RULES')."""
-    sides = [f"self.data.resolution[{i}] % {multiple} == 0" for i in (0, 1)]
-    cel = (f"self.model.family != '{family}' || !has(self.data.resolution) || (type(self.data.resolution) == int ? "
-           f"self.data.resolution % {multiple} == 0 : size(self.data.resolution) != 2 || ({' && '.join(sides)}))")
-    return Rule(cel, lambda spec: spec.model.family != family or spec.data.resolution is None
+    """Each side of the training size a multiple of MULTIPLE for FAMILY (a malformed size is DATA_RULES').
+    The webhook's alone: CEL cannot name the untyped resolution (rules.Rule)."""
+    return Rule(None, lambda spec: spec.model.family != family or spec.data.resolution is None
                 or not _resolution_ok(spec.data.resolution) or all(side % multiple == 0 for side in spec.size),
                 f"spec.data.resolution must be a multiple of {multiple} for family {family} (its VAE's downscale "
                 "times its transformer's patch size), on each side: round it to one")
