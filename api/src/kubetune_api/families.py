@@ -94,6 +94,8 @@ class FamilyInfo:
                                      # its diffusers pipeline's default)
     resolution_multiple: int = 8     # spec.data.resolution must be a multiple of it: the VAE's downscale
                                      # times the transformer's patch size (8 x 2 for the packed DiTs)
+    max_references: int = 1          # edit-pairs: control images a sample may have (control_images/NAME.* or
+                                     # NAME_0.*, NAME_1.*, ...); a sample with more is refused naming its files
 
 
 FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
@@ -215,7 +217,9 @@ def markdown() -> str:
         size = family.native_resolution or "the model's own"
         guidance = (family.guidance if family.guidance is not None
                     else "the pipeline's default" if GUIDANCE in family.honours else "-")
-        lines.append(f"| {family.name} | {family.summary.removeprefix('trains ')} | {', '.join(family.layouts)} "
+        layouts = ", ".join(family.layouts) + (f" (1-{family.max_references} control images per sample)"
+                                               if family.max_references > 1 else "")
+        lines.append(f"| {family.name} | {family.summary.removeprefix('trains ')} | {layouts} "
                      f"| {size} | {', '.join(family.metrics)} | {guidance} |")
     lines += ["", "| option | " + " | ".join(FAMILY_NAMES) + " |", "|---|" + "---|" * len(FAMILY_NAMES)]
     for option in OPTIONS:

@@ -254,7 +254,8 @@ class DataSpec(_Model):
 
     layout: Layout = Field(
         description="captions: images + metadata.jsonl of {file_name, text}; edit-pairs: "
-        "control_images/ + training_images/ with .txt prompts; pmg: data.json of user histories; "
+        "control_images/NAME.png (or NAME_0.png, NAME_1.png, ... for several reference images) + "
+        "training_images/NAME.png with NAME.txt prompts; pmg: data.json of user histories; "
         "image-folder: CLASS/NAME.png."
     )
     uri: StorageUri = Field(description="The data directory: a local path or s3://bucket/prefix.")
@@ -281,7 +282,8 @@ class DataSpec(_Model):
     )
     control_dropout: float = Field(
         default=0.0, ge=0.0, le=1.0,
-        description="edit-pairs only: probability of training a sample with a blank control image (0-1).",
+        description="edit-pairs only: probability of training a sample with blank control images (all of "
+        "its references at once; 0-1).",
     )
     bucketing: bool = Field(
         default=False,

@@ -219,7 +219,8 @@ class Run:
         self.family.place_frozen(self.accelerator.device)  # filling the cache is what the encoders are for
         try:
             for dataset in (d for d in (self.dataset, self.held_out) if d is not None):
-                batches = shard_for_encoding(len(dataset), self.spec.training.batch_size, self.world_size, self.rank)
+                batches = shard_for_encoding(len(dataset), self.spec.training.batch_size, self.world_size, self.rank,
+                                             getattr(dataset, "groups", None))
                 if self.prefetcher is not None:
                     self.prefetcher.plan([images_of(dataset, keys) for keys in batches])
                 for batch in DataLoader(dataset, batch_sampler=batches, collate_fn=self.family.collate):

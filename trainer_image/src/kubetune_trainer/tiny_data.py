@@ -39,19 +39,34 @@ def write_captions_dataset(out_dir: Path, count: int = 8, size: int = 64, seed: 
     return out_dir
 
 
-def write_edit_pairs_dataset(out_dir: Path, count: int = 8, size: int = 64, seed: int = 0) -> Path:
-    """control_images/NAME.jpg -> training_images/NAME.png, the instruction in training_images/NAME.txt."""
+def write_edit_pairs_dataset(out_dir: Path, count: int = 8, size: int = 64, seed: int = 0,
+                             references: int | tuple[int, ...] = 1) -> Path:
+    """control_images/NAME.jpg -> training_images/NAME.png, the instruction in training_images/NAME.txt.
+
+    references: control images per sample (a tuple: per sample in turn). Several are
+    control_images/NAME_0.jpg (the shape before) and NAME_1.jpg, ... (swatches of the colour it
+    becomes), and the instruction names picture 2."""
     rng = random.Random(seed)
+    counts = references if isinstance(references, tuple) else (references,)
     (out_dir / "control_images").mkdir(parents=True, exist_ok=True)
     (out_dir / "training_images").mkdir(parents=True, exist_ok=True)
     for i in range(count):
         before, after = rng.sample(list(COLOURS), 2)
         shape = rng.choice(SHAPES)
         state = rng.getstate()
-        draw_shape(before, shape, size, rng).save(out_dir / "control_images" / f"{i:04d}.jpg")
+        several = counts[i % len(counts)] > 1
+        before_image = draw_shape(before, shape, size, rng)
         rng.setstate(state)  # the same background and margin: only the colour changes
         draw_shape(after, shape, size, rng).save(out_dir / "training_images" / f"{i:04d}.png")
-        (out_dir / "training_images" / f"{i:04d}.txt").write_text(f"make the {shape} {after}\n")
+        if not several:
+            before_image.save(out_dir / "control_images" / f"{i:04d}.jpg")
+            (out_dir / "training_images" / f"{i:04d}.txt").write_text(f"make the {shape} {after}\n")
+            continue
+        before_image.save(out_dir / "control_images" / f"{i:04d}_0.jpg")
+        for number in range(1, counts[i % len(counts)]):
+            Image.new("RGB", (size, size), COLOURS[after]).save(out_dir / "control_images" / f"{i:04d}_{number}.jpg")
+        (out_dir / "training_images" / f"{i:04d}.txt").write_text(
+            f"make the {shape} of picture 1 the colour of picture 2 ({after})\n")
     return out_dir
 
 
@@ -85,7 +100,8 @@ WRITERS = {"captions": write_captions_dataset, "edit-pairs": write_edit_pairs_da
            "image-folder": write_image_folder_dataset, "pmg": write_pmg_dataset}
 
 
-def write_tiny_data(layout: str, out_dir: Path, count: int = 8, size: int = 64, seed: int = 0) -> Path:
+def write_tiny_data(layout: str, out_dir: Path, count: int = 8, size: int = 64, seed: int = 0, **options) -> Path:
+    """options: the layout writer's own (edit-pairs: references)."""
     if layout not in WRITERS:
         raise ValueError(f"no tiny data for layout {layout!r}; available: {', '.join(WRITERS)}")
-    return WRITERS[layout](out_dir, count=count, size=size, seed=seed)
+    return WRITERS[layout](out_dir, count=count, size=size, seed=seed, **options)

@@ -1,7 +1,14 @@
 """The edit-pairs layout: control_images/NAME.* (before), training_images/NAME.png (after) + NAME.txt
-(the instruction that turns one into the other)."""
+(the instruction that turns one into the other).
+
+A sample may have several control (reference) images, numbered from 0: control_images/NAME_0.png,
+NAME_1.png, ... in that order (Qwen-Image-Edit-2509/2511 reads up to three: "picture 1", "picture 2"
+...). How many a family takes is its row's `max_references` (kubetune_api.families); a sample with
+more is refused (or skipped, spec.data.skipBad) before training, naming its files.
+"""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,31 +21,46 @@ from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.storage.confine import UnsafePath, inside
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
+NUMBERED = re.compile(r"(.+)_(\d+)")  # NAME_0, NAME_1, ...: one of a sample's several control images
 
 
 @dataclass(frozen=True)
 class EditPair:
-    control: Path
+    controls: tuple[Path, ...]  # the reference images, in order (most families: exactly one)
     target: Path
     instruction: str
 
 
-def read_edit_pairs(root: Path, screen: Screen) -> list[EditPair]:
-    """Pair every training image with its control image and instruction; name what is missing."""
+def read_edit_pairs(root: Path, screen: Screen, max_references: int = 1, family: str = "this family"
+                    ) -> list[EditPair]:
+    """Pair every training image with its control image(s) and instruction; name what is missing,
+    and every sample with more control images than `max_references` (what `family` takes)."""
     controls_dir, targets_dir = root / "control_images", root / "training_images"
     for folder in (controls_dir, targets_dir):
         if not folder.is_dir():
             raise FileNotFoundError(f"spec.data.uri: {root} has no {folder.name}/; the edit-pairs layout "
                                     "needs control_images/NAME.jpg and training_images/NAME.png + NAME.txt")
     controls = {p.stem: p for p in controls_dir.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES}
+    numbered: dict[str, list[tuple[int, Path]]] = {}
+    for stem, path in controls.items():
+        if match := NUMBERED.fullmatch(stem):
+            numbered.setdefault(match[1], []).append((int(match[2]), path))
+    targets = sorted(p for p in targets_dir.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    target_stems = {p.stem for p in targets}
     pairs = []
-    for target in sorted(p for p in targets_dir.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES):
+    for target in targets:
         prompt = target.with_suffix(".txt")
-        if target.stem not in controls:
-            screen.reject(str(target), f"no control image control_images/{target.stem}.* for it")
+        references = _references(target.stem, controls, numbered, target_stems)
+        if isinstance(references, str):
+            screen.reject(str(target), references)
+            continue
+        if len(references) > max_references:
+            names = ", ".join(f"control_images/{p.name}" for p in references)
+            screen.reject(str(target), f"has {len(references)} control images ({names}); spec.model.family "
+                                       f"{family} takes {_at_most(max_references)} per sample")
             continue
         try:
-            for path in (target, prompt, controls[target.stem]):
+            for path in (target, prompt, *references):
                 inside(root, path, "data file")
             instruction = prompt.read_bytes().decode("utf-8").strip()
         except FileNotFoundError:
@@ -53,18 +75,39 @@ def read_edit_pairs(root: Path, screen: Screen) -> list[EditPair]:
         if not instruction:
             screen.reject(str(prompt), "is empty: an edit pair needs its instruction")
             continue
-        pairs.append(EditPair(controls[target.stem], target, instruction))
+        pairs.append(EditPair(references, target, instruction))
     if not pairs:
         raise ConfigError(f"spec.data.uri: {targets_dir} holds no usable pairs")
     return pairs
 
 
+def _references(name: str, controls: dict[str, Path], numbered: dict[str, list[tuple[int, Path]]],
+                target_stems: set[str]) -> tuple[Path, ...] | str:
+    """NAME's control images (control_images/NAME.*, else NAME_0.*, NAME_1.*, ... by number), or why not."""
+    # NAME_0.* is the control image of a training image NAME_0 where there is one.
+    several = tuple(path for _, path in sorted(numbered.get(name, [])) if path.stem not in target_stems)
+    if name in controls:
+        if several:
+            return (f"has both control_images/{controls[name].name} and control_images/{several[0].name}: "
+                    f"name one control image {name}.*, or several {name}_0.*, {name}_1.*, ...")
+        return (controls[name],)
+    if several:
+        return several
+    return f"no control image control_images/{name}.* (or {name}_0.*, {name}_1.*, ...) for it"
+
+
+def _at_most(count: int) -> str:
+    return "one control image (control_images/NAME.*)" if count == 1 else f"at most {count} control images"
+
+
 class EditPairsDataset(KeyedDataset):
-    """Control and target get the same crop and flip; dropouts blank the instruction or the control."""
+    """Control(s) and target get the same crop and flip; dropouts blank the instruction, or every
+    control image of the sample at once. Samples are batched with others of as many control images."""
 
     def __init__(self, samples: list[EditPair], transform: ImageTransform, caption_dropout: float,
                  control_dropout: float, seed: int, bucketing: bool = False):
-        super().__init__(samples, [s.target for s in samples], transform, seed, bucketing)
+        super().__init__(samples, [s.target for s in samples], transform, seed, bucketing,
+                         kinds=[len(s.controls) for s in samples])
         self.caption_dropout = caption_dropout
         self.control_dropout = control_dropout
 
@@ -74,8 +117,11 @@ class EditPairsDataset(KeyedDataset):
         flip = self.transform.random_flip and rng.random() < 0.5
         state = rng.getstate()
         target, crop = self.load_image(pair.target, key[1], rng, flip)
-        rng.setstate(state)  # the same random crop for the control image
-        control, _ = self.load_image(pair.control, key[1], rng, flip)
+        controls = []
+        for path in pair.controls:
+            rng.setstate(state)  # the same random crop for each control image
+            controls.append(self.load_image(path, key[1], rng, flip)[0])
+        control = torch.stack(controls)
         if rng.random() < self.control_dropout:
             control = torch.zeros_like(control)  # mid-grey: "edit nothing in particular"
         instruction = "" if rng.random() < self.caption_dropout else pair.instruction
@@ -86,6 +132,7 @@ class EditPairsDataset(KeyedDataset):
 def collate(items: list[dict]) -> dict:
     return {
         "pixel_values": torch.stack([item["pixel_values"] for item in items]),
+        # [B, references, 3, H, W]: a batch's samples have as many control images (the sampler's groups)
         "control_values": torch.stack([item["control_values"] for item in items]),
         "captions": [item["caption"] for item in items],
         "full_captions": [item["full_caption"] for item in items],  # before dropout: a cache variant

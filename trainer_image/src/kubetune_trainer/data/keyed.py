@@ -30,19 +30,31 @@ def split_held_out(samples: Sequence[Sample], fraction: float, name: Callable[[S
     return [s for s in samples if id(s) not in held], [s for s in samples if id(s) in held]
 
 
+def combined_groups(buckets: Sequence[int] | None, kinds: Sequence[int] | None) -> list[int] | None:
+    """One group id per sample for (bucket, kind); the buckets themselves where every kind is the same."""
+    if kinds is None or len(set(kinds)) <= 1:
+        return None if buckets is None else list(buckets)
+    pairs = list(zip(buckets if buckets is not None else [0] * len(kinds), kinds))
+    ids = {pair: number for number, pair in enumerate(sorted(set(pairs)))}
+    return [ids[pair] for pair in pairs]
+
+
 class KeyedDataset(torch.utils.data.Dataset):
     """Items are looked up by (epoch, index) so augmentations are reproducible on resume.
 
-    `groups` is each sample's aspect-ratio bucket (None without bucketing), read by the sampler.
+    `groups` is what the sampler batches by (None: any samples batch together): each sample's
+    aspect-ratio bucket (`buckets`, None without bucketing) and, where a layout's samples differ in
+    shape otherwise (`kinds`: e.g. edit pairs' number of control images), that too.
     """
 
     def __init__(self, samples: Sequence, image_paths: list[Path], transform: ImageTransform, seed: int,
-                 bucketing: bool):
+                 bucketing: bool, kinds: Sequence[int] | None = None):
         self.samples = list(samples)
         self.transform = transform
         self.seed = seed
-        self.groups, self.bucket_sizes = (assign_buckets(image_paths, transform.resolution) if bucketing
-                                          else (None, None))
+        self.buckets, self.bucket_sizes = (assign_buckets(image_paths, transform.resolution) if bucketing
+                                           else (None, None))
+        self.groups = combined_groups(self.buckets, kinds)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -53,7 +65,7 @@ class KeyedDataset(torch.utils.data.Dataset):
 
     def load_image(self, path: Path, index: int, rng: random.Random,
                    flip: bool | None = None) -> tuple[torch.Tensor, Crop]:
-        size = self.bucket_sizes[self.groups[index]] if self.groups is not None else None
+        size = self.bucket_sizes[self.buckets[index]] if self.buckets is not None else None
         crop_rng = random.Random(f"{self.seed}:crop:{index}") if self.transform.crop_per_sample else None
         try:
             with open_image(path) as image:

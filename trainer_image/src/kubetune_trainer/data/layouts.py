@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from kubetune_api.families import FAMILIES
 from kubetune_api.spec import TrainingJobSpec
 from kubetune_trainer.data import captions, edit_pairs, image_folder, pmg
 from kubetune_trainer.data.images import ImageTransform
@@ -37,7 +38,9 @@ def _captions_dataset(samples: list, transform: ImageTransform, spec: TrainingJo
 
 
 def _read_edit_pairs(spec: TrainingJobSpec, screen: Screen) -> list:
-    return edit_pairs.read_edit_pairs(Path(spec.data.uri), screen)
+    """How many control images a sample may have is the family's row's max_references."""
+    family = spec.model.family
+    return edit_pairs.read_edit_pairs(Path(spec.data.uri), screen, FAMILIES[family].max_references, family)
 
 
 def _edit_pairs_dataset(samples: list, transform: ImageTransform, spec: TrainingJobSpec, training: bool) -> KeyedDataset:

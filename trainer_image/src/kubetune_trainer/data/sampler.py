@@ -114,10 +114,13 @@ def check_enough_samples(num_samples: int, global_batch: int, groups: Sequence[i
         )
 
 
-def shard_for_encoding(num_samples: int, batch_size: int, world_size: int, rank: int) -> list[list[Key]]:
-    """This process's share of every sample once (epoch 0's keys), in batches: the cache stage."""
+def shard_for_encoding(num_samples: int, batch_size: int, world_size: int, rank: int,
+                       groups: Sequence[int] | None = None) -> list[list[Key]]:
+    """This process's share of every sample once (epoch 0's keys), in batches within a group (so
+    each batch stacks): the cache stage."""
     mine = list(range(rank, num_samples, world_size))
-    return [[(0, i) for i in mine[start:start + batch_size]] for start in range(0, len(mine), batch_size)]
+    return [[(0, i) for i in members[start:start + batch_size]] for members in _bucket_members(mine, groups)
+            for start in range(0, len(members), batch_size)]
 
 
 def in_order(num_samples: int, batch_size: int, groups: Sequence[int] | None = None) -> list[list[Key]]:

@@ -60,9 +60,11 @@ class SmallImages:
 
 
 def image_paths(sample) -> list[Path]:
-    """The images a sample reads: its Path fields."""
-    return [value for value in (getattr(sample, f.name) for f in dataclasses.fields(sample))
-            if isinstance(value, Path)]
+    """The images a sample reads: its Path fields, and those in its tuple fields (edit pairs' controls)."""
+    paths = []
+    for value in (getattr(sample, f.name) for f in dataclasses.fields(sample)):
+        paths += [item for item in (value if isinstance(value, tuple) else (value,)) if isinstance(item, Path)]
+    return paths
 
 
 class Screen:

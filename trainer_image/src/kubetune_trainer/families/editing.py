@@ -1,5 +1,5 @@
-"""What the image-editing families (FLUX.1 Kontext, Qwen-Image-Edit) share, as functions they call:
-the held-out pairs validation edits, and CLIP's directional score of the edits.
+"""What the image-editing families (FLUX.1 Kontext, Qwen-Image-Edit and -Edit-Plus) share, as
+functions they call: the held-out pairs validation edits, and CLIP's directional score of the edits.
 
 Each editing family is a ModelFamily of its own, composed of shared parts: the edit-pairs layout
 (data.layouts: caption and control-image dropout), its transformer loaded and trained as every
@@ -12,18 +12,20 @@ import torch
 
 
 def held_out_pairs(spec, held_out: list[dict]) -> list[tuple[torch.Tensor, str]]:
-    """(control pixels, instruction) of the first spec.validation.numSamples held-out pairs."""
-    pairs = [(control, caption) for batch in held_out
-             for control, caption in zip(batch["control_values"], batch["captions"])]
+    """(control pixels [references, 3, H, W], instruction) of the first spec.validation.numSamples
+    held-out pairs (a family that takes one control image unpacks `[control], instruction`)."""
+    pairs = [(controls, caption) for batch in held_out
+             for controls, caption in zip(batch["control_values"], batch["captions"])]
     return pairs[:spec.validation.num_samples]
 
 
 def clip_directional(images: list, pairs: list[tuple[torch.Tensor, str]], clip) -> dict[str, float]:
     """clip_directional of each edited held-out pair (`images`, drawn from `pairs`) against its
-    control image and instruction."""
+    (first) control image and instruction."""
     from kubetune_trainer.data.images import to_pil
 
     if not images:
         return {}
-    return {"clip_directional": clip.clip_directional([to_pil(control) for control, _ in pairs], images,
+    return {"clip_directional": clip.clip_directional([to_pil(controls[0]) for controls, _ in pairs], images,
                                                       [instruction for _, instruction in pairs])}
+

@@ -74,7 +74,7 @@ class FluxKontext(ModelFamily):
                 "pooled": pooled}
 
     def encode_batch(self, batch):
-        targets, controls = list(batch["pixel_values"]), list(batch["control_values"])
+        targets, controls = list(batch["pixel_values"]), list(batch["control_values"][:, 0])  # its one control image
         return {"target": self.encode("latents", targets, self.mirror_variants(targets)),
                 "control": self.encode("latents", controls, self.mirror_variants(controls)),
                 "text": self.encode("text", batch["captions"],
@@ -137,7 +137,7 @@ class FluxKontext(ModelFamily):
                          guidance_scale=self.spec.sample_guidance,
                          generator=generator, max_area=width * height, _auto_resize=False,
                          max_sequence_length=min(MAX_TEXT_TOKENS, self.tokenizer_2.model_max_length)).images[0]
-                for control, caption in pairs]
+                for [control], caption in pairs]
 
     def image_metrics(self, images, held_out, clip):
         return editing.clip_directional(images, editing.held_out_pairs(self.spec, held_out), clip)

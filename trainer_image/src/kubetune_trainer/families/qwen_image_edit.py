@@ -92,7 +92,7 @@ class QwenImageEdit(ModelFamily):
         return {"prompt_embeds": embeds, "mask": mask}
 
     def encode_batch(self, batch):
-        targets, controls = list(batch["pixel_values"]), list(batch["control_values"])
+        targets, controls = list(batch["pixel_values"]), list(batch["control_values"][:, 0])  # its one control image
         pairs = list(zip(batch["captions"], controls))
         return {"target": self.encode("latents", targets, self.mirror_variants(targets)),
                 "control": self.encode("latents", controls, self.mirror_variants(controls)),
@@ -169,7 +169,7 @@ class QwenImageEdit(ModelFamily):
         return [pipeline(image=to_pil(control), prompt=caption, negative_prompt=" ", true_cfg_scale=self.spec.sample_guidance,
                          height=height, width=width, num_inference_steps=self.spec.validation.num_inference_steps,
                          generator=generator).images[0]
-                for control, caption in pairs]
+                for [control], caption in pairs]
 
     def image_metrics(self, images, held_out, clip):
         return editing.clip_directional(images, editing.held_out_pairs(self.spec, held_out), clip)
