@@ -1,6 +1,8 @@
 """A diffusers denoiser (a UNet or DiT) as every diffusion family loads and trains it: one part, composed."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from kubetune_trainer import quantization
@@ -20,9 +22,10 @@ def load_denoiser(spec, cls, subfolder: str, weight_dtype: torch.dtype) -> torch
     return model
 
 
-def train_denoiser(model: torch.nn.Module, spec, prefix: str, pipeline: str, device: torch.device) -> Trainable:
-    """Make the denoiser trainable (all of it, or a possibly pre-initialised LoRA: families.trainable)
-    and put it on the device in training mode."""
-    trainable = diffusers_denoiser(model, spec.adapter, prefix, pipeline)
+def train_denoiser(model: torch.nn.Module, spec, prefix: str, pipeline: str, device: torch.device,
+                   exclude: Sequence[str] = ()) -> Trainable:
+    """Make the denoiser trainable (all of it, or a possibly pre-initialised LoRA without the modules
+    in `exclude`: families.trainable) and put it on the device in training mode."""
+    trainable = diffusers_denoiser(model, spec.adapter, prefix, pipeline, exclude=exclude)
     model.to(device).train()
     return trainable

@@ -29,3 +29,15 @@ def clip_directional(images: list, pairs: list[tuple[torch.Tensor, str]], clip) 
     return {"clip_directional": clip.clip_directional([to_pil(controls[0]) for controls, _ in pairs], images,
                                                       [instruction for _, instruction in pairs])}
 
+
+def instruction_variants(family, pairs: list[tuple[str, torch.Tensor]], full: list[str]) -> list[list[tuple]]:
+    """For a family whose text encoder reads (instruction, control pixels): per pair, the other forms
+    an epoch may draw (what the embedding cache stores beside it): its control pixels mirrored, and
+    the caption dropout did not draw (a dropped control image is not among them)."""
+    captions = family.caption_variants([caption for caption, _ in pairs], full)
+    mirrors = family.mirror_variants([control for _, control in pairs])
+    variants = []
+    for (caption, control), other_captions, other_controls in zip(pairs, captions, mirrors):
+        forms = [(c, image) for c in [caption, *other_captions] for image in [control, *other_controls]]
+        variants.append(forms[1:])  # the first is the pair itself
+    return variants

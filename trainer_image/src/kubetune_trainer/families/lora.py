@@ -1,6 +1,7 @@
 """LoRA on a diffusers denoiser: attach, read out in the diffusers format, start from existing weights."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -17,8 +18,10 @@ LORA_FILE = "pytorch_lora_weights.safetensors"
 DIFFUSERS_ATTENTION_TARGETS = ["to_k", "to_q", "to_v", "to_out.0"]
 
 
-def attach_lora(model: torch.nn.Module, adapter: AdapterSpec, default_targets: list[str]) -> None:
-    """Freeze the model and add a LoRA adapter whose weights train in fp32."""
+def attach_lora(model: torch.nn.Module, adapter: AdapterSpec, default_targets: list[str],
+                exclude: Sequence[str] = ()) -> None:
+    """Freeze the model and add a LoRA adapter whose weights train in fp32; modules named in
+    `exclude` (full names: ones whose output never reaches the loss) get none."""
     from peft import LoraConfig
 
     model.requires_grad_(False)
@@ -28,6 +31,7 @@ def attach_lora(model: torch.nn.Module, adapter: AdapterSpec, default_targets: l
         lora_dropout=adapter.dropout,
         init_lora_weights="gaussian",
         target_modules=adapter.target_modules or default_targets,
+        **({"exclude_modules": list(exclude)} if exclude else {}),  # the saved config as before when none
     ))
     for param in model.parameters():
         if param.requires_grad:
