@@ -165,6 +165,17 @@ FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
                             ("lora", True): Dynamic(3.113e+05, 9.095e+07, 1334),
                             ("full", False): Dynamic(1.608e+10, 2.263e+09, 2.703e+04),
                             ("full", True): Dynamic(4.738e+08, 1.245e+08, 1676)})),
+    FamilyInfo("qwen-image", "trains a Qwen-Image text-to-image transformer by flow matching",
+               ("captions",), 1024, TEXT_TO_IMAGE_METRICS,
+               IMAGE_DIFFUSION | LORA_SHAPE | {VALIDATION_PROMPTS, CLIP_MODEL}, guidance=4.0,  # true CFG, model card
+               resolution_multiple=16,
+               profile=FamilyProfile(
+                   trained_module=20_430_401_088, linear_weights=20_424_818_688, frozen=8_419_059_187,
+                   lora_per_rank=1_474_560, adapter=0, largest_unit=339_831_296, loads_fp32=False,
+                   dynamic={("lora", False): Dynamic(2.607e+07, 4.941e+08, 3.196e+04),
+                            ("lora", True): Dynamic(3.015e+06, 3.507e+07, 2213),
+                            ("full", False): Dynamic(4.085e+10, 1.018e+09, 5.367e+04),
+                            ("full", True): Dynamic(7.611e+08, 4.533e+07, 2646)})),
     FamilyInfo("pmg", "trains soft prompts, a prefix and a mapping layer for a frozen Stable Diffusion 1.5",
                ("pmg",), 512, TEXT_TO_IMAGE_METRICS,
                frozenset({QUANTIZATION, VAE, EMBEDDING_CACHE, CLIP_MODEL, GUIDANCE}) | DENOISING, own_adapter=True,
