@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from kubetune_api.manifest import parse_manifest
+from kubetune_api.manifest import ManifestError, parse_manifest
 from kubetune_api.spec import TrainingJob
 from kubetune_trainer.families import family_for
 from kubetune_trainer.families.qwen_parts import UNUSED_IN_LAST_BLOCK, text_inputs
@@ -69,6 +69,13 @@ def test_the_lora_leaves_out_the_last_blocks_unused_modules_and_every_other_one_
     # lora_B starts at zero, so lora_A's first gradient is zero: the B side shows the path is there.
     without = [name for name, p in lora.items() if "lora_B" in name and (p.grad is None or not p.grad.any())]
     assert not without, f"LoRA parameters that never train: {without}"
+
+
+@pytest.mark.parametrize("family, layout", [("qwen-image", "captions"), ("qwen-image-edit-plus", "edit-pairs")])
+def test_a_size_the_latents_cannot_pack_is_refused_naming_the_field(family, layout, tmp_path):
+    manifest = family_job(family, layout, tmp_path, tmp_path, tmp_path / "out", data={"resolution": [832, 520]})
+    with pytest.raises(ManifestError, match=f"spec.data.resolution must be a multiple of 16 for family {family}"):
+        parse_manifest(manifest)
 
 
 def test_text_is_masked_only_where_a_sample_is_padded():

@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 
+from kubetune_api.families import FAMILIES
 from kubetune_api.manifest import ManifestError, apply_overrides, load_manifest, parse_manifest
 from kubetune_api.spec import CUDA_ONLY_OPTIONS
 from tests.conftest import EXAMPLES
@@ -98,7 +99,8 @@ BAD_INPUTS = [
         "spec.validation.monitor clip_score is measured by a CLIP model: set spec.validation.clipModel (a local "
         "path, an s3:// URI or a hub id such as openai/clip-vit-large-patch14), or monitor loss"]),
     ("spec.validation", {"monitor": "clip_directional", "clipModel": "/models/clip"}, [
-        "spec.validation.monitor clip_directional is reported by family flux-kontext and qwen-image-edit only"]),
+        "spec.validation.monitor clip_directional is reported by family "
+        + " and ".join(name for name, row in FAMILIES.items() if "clip_directional" in row.metrics) + " only"]),
     ("spec.validation", {"clipModel": "gs://models/clip"}, ["spec.validation.clipModel", "unsupported URI scheme"]),
     ("spec.validation", {"keepBest": 0}, ["spec.validation.keepBest", "greater than or equal to 1"]),
     ("spec.pmg", {"numImagePrompt": 2}, ["spec.pmg applies to family pmg only"]),

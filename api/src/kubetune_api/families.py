@@ -176,6 +176,18 @@ FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
                             ("lora", True): Dynamic(3.015e+06, 3.507e+07, 2213),
                             ("full", False): Dynamic(4.085e+10, 1.018e+09, 5.367e+04),
                             ("full", True): Dynamic(7.611e+08, 4.533e+07, 2646)})),
+    FamilyInfo("qwen-image-edit-plus", "trains a Qwen-Image-Edit-2509/2511 transformer by flow matching",
+               ("edit-pairs",), 1024, EDITING_METRICS,
+               IMAGE_DIFFUSION | LORA_SHAPE | {CONTROL_DROPOUT, CLIP_MODEL}, max_references=3,
+               guidance=4.0, resolution_multiple=16,  # true CFG, as the model card samples
+               # calibrated with three references per sample (the most costly; the planning forward's)
+               profile=FamilyProfile(
+                   trained_module=20_430_401_088, linear_weights=20_424_818_688, frozen=8_419_059_187,
+                   lora_per_rank=1_474_560, adapter=0, largest_unit=339_831_296, loads_fp32=False,
+                   dynamic={("lora", False): Dynamic(2.764e+07, 4.492e+09, 1.508e+05),
+                            ("lora", True): Dynamic(4.588e+06, 3.241e+08, 9232),
+                            ("full", False): Dynamic(4.083e+10, 9.308e+09, 2.377e+05),
+                            ("full", True): Dynamic(7.627e+08, 4.181e+08, 1.096e+04)})),
     FamilyInfo("pmg", "trains soft prompts, a prefix and a mapping layer for a frozen Stable Diffusion 1.5",
                ("pmg",), 512, TEXT_TO_IMAGE_METRICS,
                frozenset({QUANTIZATION, VAE, EMBEDDING_CACHE, CLIP_MODEL, GUIDANCE}) | DENOISING, own_adapter=True,
