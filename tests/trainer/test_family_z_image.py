@@ -77,8 +77,11 @@ def test_fsdp_over_two_processes_trains_two_steps_and_publishes_a_lora_that_load
     assert_lora_loads_whole_and_changes_the_transformer(model, out)
 
 
-@pytest.mark.parametrize("resolution, refused", [(1024, False), (528, False), (520, True)])
-def test_the_published_model_takes_multiples_of_16(resolution, refused):
+@pytest.mark.parametrize("patch, resolution, refused", [(2, 1024, False), (2, 528, False), (4, 544, False),
+                                                      (4, 528, True)])
+def test_the_model_s_own_patch_size_sets_the_multiple_beyond_the_row_s_16(patch, resolution, refused):
+    """The row refuses what the published model cannot take (16); a checkpoint with bigger patches
+    needs a bigger multiple, which only its own configs tell: check_resolution reads them."""
     from kubetune_api.spec import TrainingJobSpec
     from kubetune_trainer.errors import ConfigError
     from kubetune_trainer.families.z_image import Z_IMAGE_TRANSFORMER, Z_IMAGE_VAE, check_resolution
@@ -86,11 +89,12 @@ def test_the_published_model_takes_multiples_of_16(resolution, refused):
     spec = TrainingJobSpec.model_validate({
         "model": {"family": FAMILY, "pretrained": "/models/z-image"}, "training": {"maxSteps": 1},
         "data": {"layout": LAYOUT, "uri": "/data", "resolution": resolution}, "checkpoints": {"uri": "/ck"}})
+    transformer = {**Z_IMAGE_TRANSFORMER, "all_patch_size": [patch]}
     if refused:
-        with pytest.raises(ConfigError, match="use 512 or 528"):
-            check_resolution(spec, Z_IMAGE_VAE, Z_IMAGE_TRANSFORMER)
+        with pytest.raises(ConfigError, match="spec.data.resolution: 528 is not a multiple of 32.*use 512 or 544"):
+            check_resolution(spec, Z_IMAGE_VAE, transformer)
     else:
-        check_resolution(spec, Z_IMAGE_VAE, Z_IMAGE_TRANSFORMER)
+        check_resolution(spec, Z_IMAGE_VAE, transformer)
 
 
 def test_a_resolution_the_model_cannot_patchify_is_refused_naming_the_field_before_anything_is_written(
@@ -102,7 +106,7 @@ def test_a_resolution_the_model_cannot_patchify_is_refused_naming_the_field_befo
     manifest = family_job(FAMILY, LAYOUT, configs, tiny_dataset(LAYOUT), tmp_path / "out",
                           data={"resolution": 1000})
     stderr = run_trainer_expecting_failure(manifest, tmp_path)
-    assert "spec.data.resolution: 1000 is not a multiple of 16" in stderr, stderr[-2000:]
+    assert "spec.data.resolution must be a multiple of 16 for family z-image" in stderr, stderr[-2000:]
     assert not (tmp_path / "out").exists(), "refused before the run wrote anything"
 
 
