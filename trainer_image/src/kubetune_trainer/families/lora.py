@@ -40,11 +40,18 @@ def attach_lora(model: torch.nn.Module, adapter: AdapterSpec, default_targets: l
 
 def lora_layers(model: torch.nn.Module, trained: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """The adapter's weights under the diffusers names `save_lora_weights` expects: from `trained`
-    (whole tensors by parameter name, e.g. gathered from shards) or else the model's own."""
+    (whole tensors by parameter name, e.g. gathered from shards) or else the model's own.
+
+    diffusers renames the usual attention projections (to_q, to_k, to_v, to_out.0) to its older
+    `lora.down`/`lora.up` keys and no others; its loaders read a file's first key to decide the
+    format of all. Where some adapted module has no older name (FLUX.2's to_qkv_mlp_proj, a
+    targetModules beyond attention), every key stays in the PEFT form, else those would not load."""
     from diffusers.utils import convert_state_dict_to_diffusers
     from peft.utils import get_peft_model_state_dict
 
-    return convert_state_dict_to_diffusers(get_peft_model_state_dict(model, state_dict=trained))
+    weights = get_peft_model_state_dict(model, state_dict=trained)
+    renamed = convert_state_dict_to_diffusers(weights)
+    return weights if any(".lora_A." in key or ".lora_B." in key for key in renamed) else renamed
 
 
 def load_lora_init(model: torch.nn.Module, source: str, prefix: str) -> None:
