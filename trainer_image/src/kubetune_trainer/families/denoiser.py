@@ -23,9 +23,10 @@ def load_denoiser(spec, cls, subfolder: str, weight_dtype: torch.dtype) -> torch
 
 
 def train_denoiser(model: torch.nn.Module, spec, prefix: str, pipeline: str, device: torch.device,
-                   exclude: Sequence[str] = ()) -> Trainable:
-    """Make the denoiser trainable (all of it, or a possibly pre-initialised LoRA without the modules
-    in `exclude`: families.trainable) and put it on the device in training mode."""
-    trainable = diffusers_denoiser(model, spec.adapter, prefix, pipeline, exclude=exclude)
+                   exclude: Sequence[str] = (), targets: list[str] | None = None) -> Trainable:
+    """Make the denoiser trainable (all of it, or a possibly pre-initialised LoRA on `targets`, default the
+    usual attention projections, without the modules in `exclude`: families.trainable) and put it on the
+    device in training mode."""
+    trainable = diffusers_denoiser(model, spec.adapter, prefix, pipeline, exclude=exclude, targets=targets)
     model.to(device).train()
     return trainable

@@ -44,17 +44,20 @@ class Trainable:
 
 
 def diffusers_denoiser(model: torch.nn.Module, adapter: AdapterSpec, prefix: str, pipeline: str | None,
-                       load_init: bool = True, exclude: Sequence[str] = ()) -> Trainable:
+                       load_init: bool = True, exclude: Sequence[str] = (),
+                       targets: list[str] | None = None) -> Trainable:
     """A diffusers UNet or DiT trained whole, or as a LoRA (fp32 weights) on its attention projections
     started from spec.adapter.initFrom when given (unless load_init=False: the planner's meta models).
 
     prefix: the pipeline's name for the model ("unet", "transformer"): the LoRA file's key prefix
     and a whole model's folder. pipeline: the diffusers pipeline class whose LoRA loader reads the
-    file (None only where nothing is saved). exclude: modules (full names) that get no LoRA."""
+    file (None only where nothing is saved). exclude: modules (full names) that get no LoRA. targets:
+    the family's default LoRA targets where the usual attention names (DIFFUSERS_ATTENTION_TARGETS) miss
+    some of its attention (FLUX.2's fused single-stream blocks); spec.adapter.targetModules overrides either."""
     if adapter.type == "full":
         model.requires_grad_(True)
         return Trainable(model, partial(_write_diffusers_model, model, prefix), publishable=False)
-    attach_lora(model, adapter, DIFFUSERS_ATTENTION_TARGETS, exclude)
+    attach_lora(model, adapter, targets or DIFFUSERS_ATTENTION_TARGETS, exclude)
     if adapter.init_from and load_init:
         load_lora_init(model, adapter.init_from, prefix)
     return Trainable(model, partial(_write_diffusers_lora, model, prefix, pipeline), publishable=True)
