@@ -188,6 +188,30 @@ FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
                             ("lora", True): Dynamic(4.588e+06, 3.241e+08, 9232),
                             ("full", False): Dynamic(4.083e+10, 9.308e+09, 2.377e+05),
                             ("full", True): Dynamic(7.627e+08, 4.181e+08, 1.096e+04)})),
+    FamilyInfo("flux2", "trains a FLUX.2 [dev] transformer by flow matching, on captions or with reference images",
+               ("captions", "edit-pairs"), 1024, TEXT_TO_IMAGE_METRICS,
+               IMAGE_DIFFUSION | LORA_SHAPE | {VALIDATION_PROMPTS, CLIP_MODEL},
+               guidance=4.0,  # the guidance-distilled transformer's embedded guidance, Flux2Pipeline's default
+               resolution_multiple=16,
+               profile=FamilyProfile(
+                   trained_module=32_223_281_152, linear_weights=32_223_264_768, frozen=23_424_318_755,
+                   lora_per_rank=4_816_896, adapter=0, largest_unit=981_467_648, loads_fp32=False,
+                   dynamic={("lora", False): Dynamic(7.841e+07, 9.002e+09, 7.051e+04),
+                            ("lora", True): Dynamic(3.048e+06, 6.286e+08, 4906),
+                            ("full", False): Dynamic(6.425e+10, 1.067e+10, 8.15e+04),
+                            ("full", True): Dynamic(3.401e+09, 7.011e+08, 5483)})),
+    FamilyInfo("flux2-klein", "trains a FLUX.2 [klein] transformer by flow matching, on captions or with reference "
+               "images", ("captions", "edit-pairs"), 1024, TEXT_TO_IMAGE_METRICS,
+               IMAGE_DIFFUSION | LORA_SHAPE | {VALIDATION_PROMPTS, CLIP_MODEL},
+               guidance=4.0,  # a base model's classifier-free guidance; a step-distilled one samples without
+               resolution_multiple=16,
+               profile=FamilyProfile(
+                   trained_module=3_875_544_576, linear_weights=3_875_536_896, frozen=4_106_514_211,
+                   lora_per_rank=1_044_480, adapter=0, largest_unit=245_367_296, loads_fp32=False,
+                   dynamic={("lora", False): Dynamic(1.817e+07, 2.007e+09, 1.595e+04),
+                            ("lora", True): Dynamic(2.311e+06, 2.163e+08, 1713),
+                            ("full", False): Dynamic(7.703e+09, 2.443e+09, 1.871e+04),
+                            ("full", True): Dynamic(8.328e+08, 2.525e+08, 2002)})),
     FamilyInfo("pmg", "trains soft prompts, a prefix and a mapping layer for a frozen Stable Diffusion 1.5",
                ("pmg",), 512, TEXT_TO_IMAGE_METRICS,
                frozenset({QUANTIZATION, VAE, EMBEDDING_CACHE, CLIP_MODEL, GUIDANCE}) | DENOISING, own_adapter=True,

@@ -1,7 +1,8 @@
-"""Drop three import-time warnings of optional libraries that say nothing about a kubetune run.
+"""Drop known warnings of libraries that say nothing about a kubetune run.
 
 diffusers imports bitsandbytes and torchao whenever they are installed, so every trainer process
-would otherwise start its log with them. Each filter drops one known message from one logger;
+would otherwise start its log with three of them; a fourth comes with every FLUX.2 [dev] prompt
+encoded. Each filter drops one known message from one logger;
 everything else those loggers say still shows.
 """
 from __future__ import annotations
@@ -15,6 +16,8 @@ KNOWN = {
     "torch.utils._pytree": "is an Enum subclass and is now natively supported",
     # diffusers' loader for torchao-serialized checkpoints; kubetune quantizes after loading instead.
     "diffusers.quantizers.torchao.torchao_quantizer": "Unable to import `torchao` Tensor objects",
+    # diffusers' Flux2Pipeline passes the padding options the older way, at every prompt; transformers applies them.
+    "transformers.processing_utils": "have to be in `processor_kwargs` dict",
 }
 
 

@@ -77,6 +77,12 @@ QWEN25_VL_7B = dict(
     tie_word_embeddings=False,
 )
 
+# Qwen3-4B (4.02B), a causal LM whose hidden states are the context of FLUX.2 [klein] 4B (and Z-Image).
+QWEN3_4B = dict(
+    vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+    num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=True,
+    rope_parameters={"rope_type": "default", "rope_theta": 1e6}, bos_token_id=151643, eos_token_id=151645,
+)
 
 # --- building ---------------------------------------------------------------------------------
 

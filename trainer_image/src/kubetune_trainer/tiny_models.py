@@ -107,6 +107,60 @@ def tiny_qwen2_tokenizer():
     return tokenizer
 
 
+# Enough of Qwen3's chat template for one user turn: add_generation_prompt opens the assistant's turn and
+# enable_thinking=False (what FLUX.2 [klein] and Z-Image pass) closes an empty think block, as Qwen3's does.
+QWEN3_CHAT_TEMPLATE = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- endif %}{%- endif %}"
+)
+
+
+def tiny_qwen3_tokenizer():
+    """The Qwen2 byte-level tokenizer with Qwen3's think tokens and (enough of) its chat template."""
+    tokenizer = tiny_qwen2_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": [*QWEN_SPECIAL_TOKENS, "<think>", "</think>"]})
+    tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
+    return tokenizer
+
+
+MISTRAL_SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",
+                          "[IMG]", "[IMG_BREAK]", "[IMG_END]")
+# The shape of Mistral-Small-3.x's template: a system prompt, then user turns whose content is a list of
+# {"type": "text" | "image"} parts (how diffusers' Flux2Pipeline builds its messages).
+MISTRAL_CHAT_TEMPLATE = (
+    "{{- bos_token }}{%- for message in messages %}"
+    "{%- if message['content'] is string %}{%- set text = message['content'] %}"
+    "{%- else %}{%- set text = message['content'] | selectattr('type', 'equalto', 'text') | map(attribute='text')"
+    " | join('') %}{%- endif %}"
+    "{%- if message['role'] == 'system' %}{{- '[SYSTEM_PROMPT]' + text + '[/SYSTEM_PROMPT]' }}"
+    "{%- elif message['role'] == 'user' %}{{- '[INST]' }}{%- if message['content'] is not string %}"
+    "{%- for part in message['content'] %}{%- if part['type'] == 'image' %}{{- '[IMG]' }}{%- endif %}{%- endfor %}"
+    "{%- endif %}{{- text + '[/INST]' }}"
+    "{%- elif message['role'] == 'assistant' %}{{- text + eos_token }}{%- endif %}{%- endfor %}"
+)
+
+
+def tiny_pixtral_processor():
+    """A PixtralProcessor (what FLUX.2 [dev] keeps in its `tokenizer` slot) over a byte-level tokenizer with
+    Mistral's control tokens and chat template, and an image processor for 64-pixel images."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PixtralImageProcessor, PixtralProcessor, PreTrainedTokenizerFast
+
+    specials = {token: i for i, token in enumerate(MISTRAL_SPECIAL_TOKENS)}
+    vocab = specials | {symbol: len(specials) + i for i, symbol in enumerate(_byte_to_unicode().values())}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                        pad_token="<pad>", model_max_length=131072, padding_side="left")
+    tokenizer.add_special_tokens({"additional_special_tokens": list(MISTRAL_SPECIAL_TOKENS[4:])})
+    return PixtralProcessor(image_processor=PixtralImageProcessor(size={"longest_edge": 64}, patch_size=8),
+                            tokenizer=tokenizer, patch_size=8, spatial_merge_size=2,
+                            chat_template=MISTRAL_CHAT_TEMPLATE)
+
+
 def tiny_llama_tokenizer():
     """A subword tokenizer for the LM (any will do for random weights): the T5-style one, generic class."""
     from transformers import PreTrainedTokenizerFast
