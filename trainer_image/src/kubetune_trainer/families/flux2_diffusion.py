@@ -130,6 +130,7 @@ class Flux2Diffusion:
         self.transformer = load_denoiser(spec, Flux2Transformer2DModel, "transformer", weight_dtype)
         self.trainable = train_denoiser(self.transformer, spec, "transformer", self.text.pipeline, device,
                                         targets=lora_targets(self.transformer))
+        self._ids: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # position_ids by batch geometry
 
     def frozen_models(self) -> dict[str, torch.nn.Module]:
         return {"text_encoder": self.text.text_encoder, "vae": self.vae}
@@ -185,12 +186,24 @@ class Flux2Diffusion:
         tokens = pack(noisy)
         hidden = torch.cat([tokens, *(pack(reference) for reference in references)], dim=1)
         embeds = encoded["text"]["prompt_embeds"]
+        txt_ids, img_ids = self.position_ids(target, references, embeds)
         prediction = model(
             hidden_states=hidden, timestep=sigmas.to(target.dtype), guidance=self.guidance(target.shape[0]),
-            encoder_hidden_states=embeds, txt_ids=Flux2Pipeline._prepare_text_ids(embeds).to(self.device),
-            img_ids=image_ids(target, references).to(self.device), return_dict=False,
+            encoder_hidden_states=embeds, txt_ids=txt_ids, img_ids=img_ids, return_dict=False,
         )[0][:, :tokens.shape[1]]
         return flow_matching.loss(prediction, pack(noise - target))
+
+    def position_ids(self, target: torch.Tensor, references: list[torch.Tensor], embeds: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(text ids, image ids) on the device for the batch's geometry, made once per geometry (a bucket's
+        shapes recur every step: no copy to the GPU each step)."""
+        from diffusers import Flux2Pipeline
+
+        key = (tuple(target.shape), tuple(tuple(r.shape) for r in references), tuple(embeds.shape))
+        if key not in self._ids:
+            self._ids[key] = (to_device(Flux2Pipeline._prepare_text_ids(embeds), self.device),
+                              to_device(image_ids(target, references), self.device))
+        return self._ids[key]
 
     def guidance(self, batch_size: int) -> torch.Tensor | None:
         """The text part's training guidance for a guidance-distilled transformer ([dev]); None otherwise."""
