@@ -77,7 +77,8 @@ QWEN25_VL_7B = dict(
     tie_word_embeddings=False,
 )
 
-# Qwen3-4B (4.02B), a causal LM whose hidden states are the context of FLUX.2 [klein] 4B (and Z-Image).
+# Qwen3-4B (4.02B): its hidden states are the context of FLUX.2 [klein] 4B (Qwen3ForCausalLM) and of
+# Z-Image (Qwen3Model, the same without the LM head, which the tied embeddings make weightless).
 QWEN3_4B = dict(
     vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
     num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=True,

@@ -108,7 +108,8 @@ def tiny_qwen2_tokenizer():
 
 
 # Enough of Qwen3's chat template for one user turn: add_generation_prompt opens the assistant's turn and
-# enable_thinking=False (what FLUX.2 [klein] and Z-Image pass) closes an empty think block, as Qwen3's does.
+# enable_thinking=False (what FLUX.2 [klein] passes; Z-Image passes true) closes an empty think block, as
+# Qwen3's does.
 QWEN3_CHAT_TEMPLATE = (
     "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
     "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"

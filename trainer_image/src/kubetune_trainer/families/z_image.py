@@ -28,7 +28,7 @@ from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.denoiser import load_denoiser, train_denoiser
 from kubetune_trainer.planning.forwards import mse, vae_scale
-from kubetune_trainer.reference_models import Component
+from kubetune_trainer.reference_models import QWEN3_4B, Component
 
 PIPELINE = "ZImagePipeline"
 MAX_TEXT_TOKENS = 512  # the pipeline's max_sequence_length: longer captions are truncated
@@ -162,13 +162,6 @@ Z_IMAGE_TRANSFORMER = dict(
     n_heads=30, n_kv_heads=30, norm_eps=1e-5, qk_norm=True, cap_feat_dim=2560, rope_theta=256.0, t_scale=1000.0,
     axes_dims=(32, 48, 48), axes_lens=(1536, 512, 512),  # the published axes_lens[0]; the class default is 1024
 )
-# Qwen3-4B as the base model (no LM head): 36 layers of width 2560, 32 query and 8 key/value heads of 128.
-QWEN3_4B = dict(
-    vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
-    num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
-    rope_parameters={"rope_type": "default", "rope_theta": 1e6}, tie_word_embeddings=True,
-    bos_token_id=151643, eos_token_id=151645,
-)
 # The FLUX.1 autoencoder (16 latent channels, 8x) with Z-Image's published factors.
 Z_IMAGE_VAE = dict(
     in_channels=3, out_channels=3, latent_channels=16, layers_per_block=2,
@@ -178,7 +171,7 @@ Z_IMAGE_VAE = dict(
 )
 ARCHITECTURE = {
     "transformer": Component("transformer", "diffusers", "ZImageTransformer2DModel", Z_IMAGE_TRANSFORMER),
-    "text_encoder": Component("text_encoder", "transformers", "Qwen3Model", QWEN3_4B),
+    "text_encoder": Component("text_encoder", "transformers", "Qwen3Model", QWEN3_4B),  # as the base model, no LM head
     "vae": Component("vae", "diffusers", "AutoencoderKL", Z_IMAGE_VAE),
 }
 
@@ -190,29 +183,8 @@ def scheduler():
     return FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=False)
 
 
-# Enough of Qwen3's chat template for the pipeline's one user turn: the user message, the assistant's
-# header, and an empty think block only when enable_thinking is false (ZImagePipeline passes true).
-QWEN3_CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
-    "{%- endif %}"
-)
-
-
-def tiny_qwen3_tokenizer():
-    """The byte-level Qwen2 tokenizer stand-in with Qwen3's think tokens and chat template."""
-    tokenizer = tiny_models.tiny_qwen2_tokenizer()
-    tokenizer.add_special_tokens({"additional_special_tokens": [*tiny_models.QWEN_SPECIAL_TOKENS, "<think>",
-                                                                "</think>"]})
-    tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
-    return tokenizer
-
-
 def write_tokenizers(out_dir: Path) -> None:
-    tiny_qwen3_tokenizer().save_pretrained(out_dir / "tokenizer")
+    tiny_models.tiny_qwen3_tokenizer().save_pretrained(out_dir / "tokenizer")
 
 
 def write_tiny_z_image(out_dir: Path, seed: int = 0) -> Path:
@@ -221,7 +193,7 @@ def write_tiny_z_image(out_dir: Path, seed: int = 0) -> Path:
     from diffusers import AutoencoderKL, ZImagePipeline, ZImageTransformer2DModel
     from transformers import Qwen3Config, Qwen3Model
 
-    tokenizer = tiny_qwen3_tokenizer()
+    tokenizer = tiny_models.tiny_qwen3_tokenizer()
     torch.manual_seed(seed)
     text_encoder = Qwen3Model(Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
