@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from kubetune_api.families import FAMILIES
 from kubetune_trainer.tiny_data import write_tiny_data
 from kubetune_trainer.tiny_models import write_tiny_model
 from tests.conftest import REPO
@@ -20,7 +19,7 @@ from tests.e2e.waiting import eventually
 pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("backend", ["trainjob"], indirect=True)]
 
 # The families of issue 25 ("the image models people train today"); each must have an example.
-NEW_FAMILIES = ("z-image", "sd35", "qwen-image", "qwen-image-edit-plus")
+NEW_FAMILIES = ("z-image", "sd35", "qwen-image", "qwen-image-edit-plus", "flux2", "flux2-klein")
 
 
 def example_of(family: str) -> dict:
@@ -58,7 +57,7 @@ def family_inputs(s3, tmp_path_factory):
     root = tmp_path_factory.mktemp("family-inputs")
     inputs = {}
     for family in NEW_FAMILIES:
-        layout = FAMILIES[family].layouts[0]
+        layout = example_of(family)["spec"]["data"]["layout"]  # one of the family's layouts
         for local, prefix in ((write_tiny_model(family, root / family), f"models/{family}"),
                               (write_tiny_data(layout, root / f"data-{layout}", count=4, size=32), f"data/{layout}")):
             for path in sorted(p for p in local.rglob("*") if p.is_file()):

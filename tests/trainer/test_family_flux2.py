@@ -93,15 +93,14 @@ def test_fsdp_over_two_processes_trains_a_lora_that_loads_whole(family, layout, 
     assert_lora_loads_whole(family, model, run_dir(tmp_path / "out"))
 
 
-def test_a_resolution_flux2_cannot_patch_is_refused_before_any_model_is_read(tiny_dataset, tmp_path):
-    from kubetune_api.spec import TrainingJob
-    from kubetune_trainer.errors import ConfigError
-    from kubetune_trainer.families import family_for
+@pytest.mark.parametrize("family", ["flux2", "flux2-klein"])
+def test_a_size_flux2_cannot_cut_into_patches_is_refused_naming_the_field(family, tmp_path):
+    from kubetune_api.manifest import ManifestError, parse_manifest
 
-    manifest = family_job("flux2-klein", "captions", tmp_path / "no-model-here", tiny_dataset("captions"),
-                          tmp_path / "out", data={"resolution": 40})
-    with pytest.raises(ConfigError, match="spec.data.resolution: FLUX.2 needs a multiple of 16 .* use 32 or 48"):
-        family_for("flux2-klein")(TrainingJob.model_validate(manifest).spec, torch.device("cpu"), torch.float32)
+    manifest = family_job(family, "captions", tmp_path / "model", tmp_path / "data", tmp_path / "out",
+                          data={"resolution": [48, 40]})
+    with pytest.raises(ManifestError, match=f"spec.data.resolution must be a multiple of 16 for family {family}"):
+        parse_manifest(manifest)
 
 
 def test_a_batchs_references_go_by_position_and_must_match_in_number():

@@ -27,9 +27,9 @@ LAYERS = (10, 20, 30)  # the text encoder's hidden states stacked per token (of 
 # gives at guidance 1.0; a higher value asks it for the amplified prediction of a stronger guidance,
 # so training there teaches it to give the plain velocity at that setting. musubi-tuner ("use 1.0 as
 # guidance scale for FLUX.2 non-base training"), ai-toolkit (cfg_scale 1.0) and SimpleTuner
-# (flux_guidance_value 1.0) train at 1.0; sampling keeps the pipeline's 4.0.
+# (flux_guidance_value 1.0) train at 1.0; samples take spec.validation.guidanceScale, else the row's 4.0
+# (Flux2Pipeline's default).
 TRAINING_GUIDANCE = 1.0
-SAMPLING_GUIDANCE = 4.0  # Flux2Pipeline's default guidance_scale
 
 
 class MistralText:
@@ -63,8 +63,10 @@ class MistralText:
             self.text_encoder, self.tokenizer, captions, dtype=self.weight_dtype, device=self.text_encoder.device,
             max_sequence_length=flux.MAX_TEXT_TOKENS, system_message=SYSTEM_MESSAGE, hidden_states_layers=LAYERS)}
 
-    def sampling_options(self, pipeline) -> dict:
-        return {"guidance_scale": SAMPLING_GUIDANCE}
+    @staticmethod
+    def sample_guidance(pipeline, asked: float | None) -> float | None:
+        """The embedded guidance validation samples with (None: the pipeline's default)."""
+        return asked
 
 
 class Flux2(ModelFamily):

@@ -12,9 +12,10 @@ trains with, and how the pipeline samples.
 A batch shares one geometry: the transformer reads the position ids of the batch's first sample
 only (diffusers' Flux2Transformer2DModel takes ids[0] of 3-D ids), so every sample of a batch has the
 same target size, the same number of references and the same reference sizes. The layouts keep it
-so: without bucketing every image is cropped to the square resolution; with bucketing the sampler
-takes a step's samples from one bucket, and an edit pair's control image is cut to its target's
-bucket size; the prompt is always 512 tokens. batch_references refuses a batch that breaks it.
+so: without bucketing every image is cropped to spec.data.resolution (one size for all); with
+bucketing the sampler takes a step's samples from one bucket, and an edit pair's control image is
+cut to its target's bucket size; the prompt is always 512 tokens. batch_references refuses a batch
+that breaks it.
 
 References: with the captions layout a sample has none (plain text-to-image); with edit-pairs its
 control image(s) are the reference image(s). The layout gives one control image per sample today
@@ -32,6 +33,7 @@ from kubetune_trainer.data.cache import Encoder, model_identity
 from kubetune_trainer.device_copy import to_device
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.families.denoiser import load_denoiser, train_denoiser
+from kubetune_trainer.families.vae import load_vae, vae_name
 from kubetune_trainer.planning.forwards import mse, vae_scale
 from kubetune_trainer.randomness import SampleRandom
 from kubetune_trainer.reference_models import Component
@@ -39,7 +41,6 @@ from kubetune_trainer.reference_models import Component
 MAX_TEXT_TOKENS = 512       # both pipelines pad every prompt to 512 tokens and pass no mask: train as they sample
 REFERENCE_TIME_STEP = 10    # reference i (from 0) sits at position-id time (i + 1) * 10; the target at 0
 MIN_REFERENCE_SIDE = 64     # the pipelines refuse smaller reference images (Flux2ImageProcessor.check_image_input)
-PIXELS_PER_TOKEN = 16       # a token is a 2x2 patch of latents, each 8x8 pixels: image sides are multiples of 16
 
 
 # --- published configs both families share --------------------------------------------------------
@@ -115,15 +116,11 @@ class Flux2Diffusion:
         from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2Transformer2DModel
 
         self.spec, self.device, self.weight_dtype = spec, device, weight_dtype
-        if spec.resolution % PIXELS_PER_TOKEN:  # refuse before loading anything
-            lower = spec.resolution // PIXELS_PER_TOKEN * PIXELS_PER_TOKEN
-            raise ConfigError(f"spec.data.resolution: FLUX.2 needs a multiple of {PIXELS_PER_TOKEN} (an 8x VAE, 2x2 "
-                              f"patches), not {spec.resolution}: use {lower} or {lower + PIXELS_PER_TOKEN}")
-        quantization.check_supported(spec.model.quantization)
+        quantization.check_supported(spec.model.quantization)  # refuse before loading anything
         root = spec.model.pretrained
         self.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(root, subfolder="scheduler")
         self.text = text(root, device, weight_dtype)
-        self.vae = AutoencoderKLFlux2.from_pretrained(root, subfolder="vae", torch_dtype=weight_dtype)
+        self.vae = load_vae(spec, AutoencoderKLFlux2, weight_dtype)  # spec.model.vae's, else the model's own
         bn, eps = self.vae.bn, self.vae.config.batch_norm_eps
         self.latents_mean = bn.running_mean.detach().float().view(1, -1, 1, 1).to(device)
         self.latents_std = torch.sqrt(bn.running_var.detach().float() + eps).view(1, -1, 1, 1).to(device)
@@ -143,13 +140,14 @@ class Flux2Diffusion:
         `owner`, the family's name, so [dev] and [klein] never share entries."""
         root, dtype = self.spec.model.pretrained, self.weight_dtype
         text = model_identity(self.text.text_encoder, f"{root}/text_encoder", dtype, extra=self.text.settings())
-        return {"latents": Encoder("latents", model_identity(self.vae, f"{root}/vae", dtype), self.vae_moments),
+        vae = model_identity(self.vae, vae_name(self.spec), self.vae.dtype)
+        return {"latents": Encoder("latents", vae, self.vae_moments),
                 "text": Encoder("text", text + owner, self.text.encode)}
 
     @torch.no_grad()
     def vae_moments(self, pixels: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         """Mean and log-variance of each latent, not a sample: the noise is drawn at training time."""
-        stacked = to_device(torch.stack(pixels), self.vae.device, self.weight_dtype)
+        stacked = to_device(torch.stack(pixels), self.vae.device, self.vae.dtype)
         return {"moments": self.vae.encode(stacked).latent_dist.parameters}
 
     def encode_batch(self, family, batch: dict) -> dict[str, Any]:
@@ -235,16 +233,18 @@ class Flux2Diffusion:
 
     @torch.no_grad()
     def sample_images(self, held_out: list[dict], generator: torch.Generator) -> list:
-        """One image per validation case, at the training resolution, with the case's references."""
+        """One image per validation case, at the training size, with the case's references, guided by
+        spec.validation.guidanceScale (else the family's row) as the text part allows."""
         cases = self.validation_cases(held_out)
         if not cases:
             return []
         pipeline = self.pipeline()
         pipeline.set_progress_bar_config(disable=True)
-        size = self.spec.resolution
-        options = {"height": size, "width": size, "num_inference_steps": self.spec.validation.num_inference_steps,
+        width, height = self.spec.size
+        guidance = self.text.sample_guidance(pipeline, self.spec.sample_guidance)
+        options = {"width": width, "height": height, "num_inference_steps": self.spec.validation.num_inference_steps,
                    "max_sequence_length": MAX_TEXT_TOKENS, "text_encoder_out_layers": self.text.layers,
-                   "generator": generator, **self.text.sampling_options(pipeline)}
+                   "generator": generator, **({"guidance_scale": guidance} if guidance is not None else {})}
         return [pipeline(prompt=prompt, image=[reference_image(pixels) for pixels in references] or None,
                          **options).images[0]
                 for prompt, references in cases]

@@ -23,7 +23,6 @@ from kubetune_trainer.reference_models import QWEN3_4B, Component
 
 PIPELINE = "Flux2KleinPipeline"
 LAYERS = (9, 18, 27)  # the text encoder's hidden states stacked per token (of 36 layers; 0 is the embeddings)
-BASE_GUIDANCE = 4.0   # the classifier-free guidance Flux2KleinPipeline samples a base model with (negative prompt "")
 
 
 class Qwen3Text:
@@ -53,9 +52,11 @@ class Qwen3Text:
             self.text_encoder, self.tokenizer, captions, dtype=self.weight_dtype, device=self.text_encoder.device,
             max_sequence_length=flux.MAX_TEXT_TOKENS, hidden_states_layers=LAYERS)}
 
-    def sampling_options(self, pipeline) -> dict:
-        """A step-distilled model samples without guidance (the pipeline would ignore it, warning)."""
-        return {"guidance_scale": 1.0 if pipeline.config.is_distilled else BASE_GUIDANCE}
+    @staticmethod
+    def sample_guidance(pipeline, asked: float | None) -> float | None:
+        """The classifier-free guidance validation samples with (against the empty prompt; None: the
+        pipeline's 4.0); a step-distilled model samples without any (the pipeline would ignore it, warning)."""
+        return 1.0 if pipeline.config.is_distilled else asked
 
 
 class Flux2Klein(ModelFamily):
