@@ -8,6 +8,8 @@
     .venv/bin/python benchmarks/gpu_lora_step.py --family sd35           # SD 3.5 large, 1024 px (~27 GB of disk)
     .venv/bin/python benchmarks/gpu_lora_step.py --family qwen-image     # 20B + Qwen2.5-VL-7B: ~58 GB of disk in bf16
     .venv/bin/python benchmarks/gpu_lora_step.py --family qwen-image-edit-plus   # the same, one reference per pair
+    .venv/bin/python benchmarks/gpu_lora_step.py --family flux2-klein    # FLUX.2 [klein] 4B + Qwen3-4B, 1024 px
+    .venv/bin/python benchmarks/gpu_lora_step.py --family flux2          # FLUX.2 [dev] 32B + Mistral 24B: ~112 GB of disk
     .venv/bin/python benchmarks/gpu_lora_step.py --family pmg            # LLaMA-2-7B + SD1.5, 512 px
     .venv/bin/python benchmarks/gpu_lora_step.py --family classifier     # ViT-B/16, 224 px
     .venv/bin/python benchmarks/gpu_lora_step.py --family sd15 --tiny --device cpu   # the plumbing, anywhere
