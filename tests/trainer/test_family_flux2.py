@@ -60,16 +60,21 @@ def epoch_cache_counts(stderr: str) -> list[tuple[int, int]]:
             re.findall(r"epoch \d+: embedding cache (\d+) hits, (\d+) misses", stderr)]
 
 
-@pytest.mark.parametrize("family, layout, validation", [
-    # held-out pairs drawn with their reference image and scored by CLIP
-    ("flux2", "edit-pairs", {"heldOutFraction": 0.25, "numSamples": 1}),
-    ("flux2-klein", "captions", {"prompts": ["a red circle"]}),
+@pytest.mark.parametrize("family, layout, references, validation", [
+    # edit pairs with two reference images each (control_images/NAME_0.jpg, NAME_1.jpg); held-out pairs
+    # drawn with their references and scored by CLIP
+    ("flux2", "edit-pairs", 2, {"heldOutFraction": 0.25, "numSamples": 2}),
+    ("flux2-klein", "captions", None, {"prompts": ["a red circle"]}),
 ])
 def test_trains_from_the_cache_samples_and_its_lora_loads_whole_into_its_pipeline(
-        family, layout, validation, tiny_model, tiny_dataset, tiny_clip, tmp_path):
+        family, layout, references, validation, tiny_model, tiny_dataset, tiny_clip, tmp_path):
+    from kubetune_trainer.tiny_data import write_tiny_data
+
     model = tiny_model(family)
+    data = (write_tiny_data(layout, tmp_path / "data", count=8, size=32, references=references) if references
+            else tiny_dataset(layout))
     result = run_trainer(family_job(
-        family, layout, model, tiny_dataset(layout), tmp_path / "out",
+        family, layout, model, data, tmp_path / "out",
         data={"cache": {"enabled": True, "uri": str(tmp_path / "cache")}, "captionDropout": 0.5},
         training={"epochs": 2, "maxSteps": None},
         validation={"everySteps": 3, "numInferenceSteps": 2, "clipModel": str(tiny_clip), **validation},
@@ -108,9 +113,9 @@ def test_a_batchs_references_go_by_position_and_must_match_in_number():
     from kubetune_trainer.families.flux2_diffusion import batch_references, image_ids
 
     a, b = torch.zeros(3, 32, 32), torch.ones(3, 32, 32)
-    one_each = {"captions": ["x", "y"], "control_values": torch.stack([a, b])}   # the edit-pairs layout today
+    one_each = {"captions": ["x", "y"], "control_values": torch.stack([a, b]).unsqueeze(1)}  # [B, 1, 3, H, W]
     assert [stack.shape for stack in batch_references(one_each)] == [(2, 3, 32, 32)]
-    two_each = {"captions": ["x", "y"], "control_values": [[a, b], [b, a]]}     # several per sample
+    two_each = {"captions": ["x", "y"], "control_values": torch.stack([torch.stack([a, b]), torch.stack([b, a])])}
     first, second = batch_references(two_each)
     assert torch.equal(first, torch.stack([a, b])) and torch.equal(second, torch.stack([b, a]))
     assert batch_references({"captions": ["x", "y"]}) == [], "captions: plain text to image"

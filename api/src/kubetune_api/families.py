@@ -192,7 +192,7 @@ FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
                ("captions", "edit-pairs"), 1024, TEXT_TO_IMAGE_METRICS,
                IMAGE_DIFFUSION | LORA_SHAPE | {VALIDATION_PROMPTS, CLIP_MODEL},
                guidance=4.0,  # the guidance-distilled transformer's embedded guidance, Flux2Pipeline's default
-               resolution_multiple=16,
+               resolution_multiple=16, max_references=6,  # BFL's recommended most for [dev]
                profile=FamilyProfile(
                    trained_module=32_223_281_152, linear_weights=32_223_264_768, frozen=23_424_318_755,
                    lora_per_rank=4_816_896, adapter=0, largest_unit=981_467_648, loads_fp32=False,
@@ -204,7 +204,7 @@ FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
                "images", ("captions", "edit-pairs"), 1024, TEXT_TO_IMAGE_METRICS,
                IMAGE_DIFFUSION | LORA_SHAPE | {VALIDATION_PROMPTS, CLIP_MODEL},
                guidance=4.0,  # a base model's classifier-free guidance; a step-distilled one samples without
-               resolution_multiple=16,
+               resolution_multiple=16, max_references=4,  # BFL's most for [klein] 4B and 9B
                profile=FamilyProfile(
                    trained_module=3_875_544_576, linear_weights=3_875_536_896, frozen=4_106_514_211,
                    lora_per_rank=1_044_480, adapter=0, largest_unit=245_367_296, loads_fp32=False,

@@ -13,14 +13,15 @@ A batch shares one geometry: the transformer reads the position ids of the batch
 only (diffusers' Flux2Transformer2DModel takes ids[0] of 3-D ids), so every sample of a batch has the
 same target size, the same number of references and the same reference sizes. The layouts keep it
 so: without bucketing every image is cropped to spec.data.resolution (one size for all); with
-bucketing the sampler takes a step's samples from one bucket, and an edit pair's control image is
-cut to its target's bucket size; the prompt is always 512 tokens. batch_references refuses a batch
-that breaks it.
+bucketing the sampler takes a step's samples from one bucket, and an edit pair's control images are
+cut to their target's bucket size; edit pairs with different numbers of control images never share
+a step (the sampler groups them by count); the prompt is always 512 tokens. batch_references
+refuses a batch that breaks it.
 
 References: with the captions layout a sample has none (plain text-to-image); with edit-pairs its
-control image(s) are the reference image(s). The layout gives one control image per sample today
-(`control_values` [B, 3, H, W]); references_of also reads a list with a sequence of images per
-sample, so several references per sample need no change here beyond the layout yielding them.
+control images (control_images/NAME.* or NAME_0.*, NAME_1.*, ...; at most the row's max_references)
+are its reference images, in order: the i-th at position-id time 10 (i + 1), as the pipelines place
+them (`control_values` [B, references, 3, H, W]).
 """
 from __future__ import annotations
 
@@ -78,14 +79,11 @@ def lora_targets(transformer: torch.nn.Module) -> list[str]:
 # --- references -------------------------------------------------------------------------------------
 
 def references_of(batch: dict) -> list[list[torch.Tensor]]:
-    """Each sample's reference images ([3, H, W] pixels): none with the captions layout; the control
-    image(s) of an edit pair: `control_values` stacked [B, 3, H, W] (one each), or a list holding a
-    sequence of images per sample (several each)."""
+    """Each sample's reference images ([3, H, W] pixels): none with the captions layout; an edit pair's
+    control images (`control_values` [B, references, 3, H, W], or a sequence of them per sample)."""
     controls = batch.get("control_values")
     if controls is None:
         return [[] for _ in batch["captions"]]
-    if isinstance(controls, torch.Tensor):
-        return [[control] for control in controls]
     return [list(images) for images in controls]
 
 
@@ -314,7 +312,8 @@ def tiny_image_models(text_width: int, guidance_embeds: bool, seed: int = 0) -> 
 
 def planning_forward(guidance: bool):
     """The planner's forward mirroring Flux2Diffusion.loss (guidance: the family trains with a guidance
-    value): the target's tokens, plus one reference's with the edit-pairs layout, and 512 text tokens."""
+    value): the target's tokens, plus one reference's with the edit-pairs layout (the usual edit pair;
+    each further reference of the target's size adds as many tokens again), and 512 text tokens."""
 
     def forward(models, spec, make, autocast, dtype: torch.dtype) -> torch.Tensor:
         transformer, vae = models["transformer"], models["vae"]
