@@ -5,22 +5,27 @@
     .venv/bin/python benchmarks/gpu_lora_step.py --family flux-kontext   # FLUX.1 Kontext, 1024 px
     .venv/bin/python benchmarks/gpu_lora_step.py --family qwen-image-edit
     .venv/bin/python benchmarks/gpu_lora_step.py --family z-image        # Z-Image 6B + Qwen3-4B, 1024 px
-    .venv/bin/python benchmarks/gpu_lora_step.py --family sd35           # SD 3.5 large, 1024 px (~27 GB of disk)
-    .venv/bin/python benchmarks/gpu_lora_step.py --family qwen-image     # 20B + Qwen2.5-VL-7B: ~58 GB of disk in bf16
+    .venv/bin/python benchmarks/gpu_lora_step.py --family sd35           # SD 3.5 large 8B + CLIP-L/G + T5-XXL
+    .venv/bin/python benchmarks/gpu_lora_step.py --family qwen-image     # 20B + Qwen2.5-VL-7B, 1024 px
     .venv/bin/python benchmarks/gpu_lora_step.py --family qwen-image-edit-plus   # the same, one reference per pair
     .venv/bin/python benchmarks/gpu_lora_step.py --family flux2-klein    # FLUX.2 [klein] 4B + Qwen3-4B, 1024 px
-    .venv/bin/python benchmarks/gpu_lora_step.py --family flux2          # FLUX.2 [dev] 32B + Mistral 24B: ~112 GB of disk
+    .venv/bin/python benchmarks/gpu_lora_step.py --family flux2 --cache --quantization fp8
+                                            # FLUX.2 [dev] 32B (fp8) from the cache; Mistral 24B in CPU memory
     .venv/bin/python benchmarks/gpu_lora_step.py --family pmg            # LLaMA-2-7B + SD1.5, 512 px
     .venv/bin/python benchmarks/gpu_lora_step.py --family classifier     # ViT-B/16, 224 px
     .venv/bin/python benchmarks/gpu_lora_step.py --family sd15 --tiny --device cpu   # the plumbing, anywhere
 
-Writes the family's real architecture with random weights (reference_models; speed and memory do
-not depend on the values: FLUX takes ~35 GB of disk in bf16, written once into --workdir),
-generated data at the resolution, then runs the real trainer (`python -m kubetune_trainer`, one
-GPU, bf16, LoRA rank 16, batch 1, no embedding cache, so the text encoders and VAE run every
-step) and prints seconds per step after the warm-up, the peak GPU memory the trainer reports,
-and `kubetune plan`'s estimate of that peak. `--cache` fills the embedding cache first and trains
-from it; `--compile MODE` sets spec.training.compile. Not a test: nothing is asserted. Results go into
+Writes the family's configs only (reference_models.write_config_only: no weight file, so FLUX.2
+[dev]'s ~112 GB and Qwen-Image's ~58 GB need no disk) and generated data at the resolution, then
+runs the real trainer through kubetune_trainer.random_weights, which builds each model from its
+configs with random weights on the GPU (speed and memory do not depend on the values) and hands
+it to the trainer as from_pretrained would (one GPU, bf16, LoRA rank 16, batch 1, no embedding
+cache, so the text encoders and VAE run every step), and prints seconds per step after the
+warm-up, the peak GPU memory the trainer reports, and `kubetune plan`'s estimate of that peak.
+`--tiny` does the same with the tiny model's configs (its weights removed), on any device.
+`--cache` fills the embedding cache first and trains from it; `--compile MODE` sets
+spec.training.compile; `--quantization fp8` quantizes the transformer after it is built.
+Not a test: nothing is asserted. Results go into
 benchmarks/RESULTS.md with the device (`nvidia-smi -L`).
 """
 from __future__ import annotations
@@ -50,6 +55,8 @@ def parse_args(argv=None):
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--cache", action="store_true",
                         help="fill the embedding cache first (--cache-only), then train from it (encoders idle)")
+    parser.add_argument("--quantization", choices=["fp8"], help="spec.model.quantization (nf4 loads "
+                        "quantized weights from files, which a built model has not)")
     parser.add_argument("--compile", choices=["default", "max-autotune-no-cudagraphs", "reduce-overhead"],
                         help="spec.training.compile with this compileMode")
     parser.add_argument("--steps", type=int, default=10, help="measured steps after the warm-up")
@@ -72,20 +79,27 @@ def require_device(device: str) -> None:
                  "--tiny --device cpu checks the command itself")
 
 
-def prepare(args, workdir: Path) -> tuple[Path, Path]:
-    import torch
+def drop_weights(folder: Path) -> None:
+    """Leave a written model's configs, tokenizers and scheduler: its weights are built at start."""
+    from kubetune_trainer.random_weights import WEIGHT_SUFFIXES
 
-    from kubetune_trainer.reference_models import write_random_weights
+    for path in folder.rglob("*"):
+        if path.suffix in WEIGHT_SUFFIXES or path.name.endswith(".index.json"):
+            path.unlink()
+
+
+def prepare(args, workdir: Path) -> tuple[Path, Path]:
+    from kubetune_trainer.reference_models import write_config_only
     from kubetune_trainer.tiny_data import write_tiny_data
     from kubetune_trainer.tiny_models import write_tiny_model
 
-    model = workdir / f"{args.family}-{'tiny' if args.tiny else 'full'}"
-    if not (model / "model_index.json").exists():
+    model = workdir / f"{args.family}-{'tiny' if args.tiny else 'full'}-configs"
+    if not model.exists():
         if args.tiny:
             write_tiny_model(args.family, model)
+            drop_weights(model)
         else:
-            print(f"writing {args.family}'s architecture with random weights to {model} (once)", flush=True)
-            write_random_weights(args.family, model, device=args.device, dtype=torch.bfloat16)
+            write_config_only(args.family, model)
     data = workdir / f"{layout(args.family)}-{args.resolution}"
     if not data.exists():
         write_tiny_data(layout(args.family), data, count=4 * args.batch_size, size=args.resolution)
@@ -103,7 +117,8 @@ def manifest(args, model: Path, data: Path, out: Path) -> dict:
     return {
         "apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "gpu-bench"},
         "spec": {
-            "model": {"family": args.family, "pretrained": str(model)},
+            "model": {"family": args.family, "pretrained": str(model),
+                      **({"quantization": args.quantization} if args.quantization else {})},
             "adapter": lora_adapter(args.family, args.rank),
             "data": {"layout": layout(args.family), "uri": str(data), "resolution": args.resolution,
                      **({"cache": {"enabled": True, "uri": str(out / "cache")}} if args.cache else {})},
@@ -148,12 +163,14 @@ def main(argv=None) -> None:
         job = manifest(args, model, data, out)
         config = workdir / "job.yaml"
         config.write_text(yaml.safe_dump(job))
-        command = [sys.executable, "-m", "kubetune_trainer", "--config", str(config)]
+        command = [sys.executable, "-m", "kubetune_trainer.random_weights", "--build-device", args.device,
+                   "--config", str(config)]
         for extra in ([["--cache-only"]] if args.cache else []) + [[]]:
             result = subprocess.run(command + extra, capture_output=True, text=True)
             if result.returncode:
                 sys.exit(f"the trainer failed:\n{result.stderr[-4000:]}")
         compiled = re.search(r"torch.compile: .*", result.stderr)
+        built = re.findall(r"random weights \(a benchmark stand-in for .*", result.stderr)
         runs = sorted((out / "default" / "gpu-bench").glob("v*"), key=lambda p: int(p.name[1:]))
         step = seconds_per_step(runs[-1] / "logs", args.warmup_steps)
         peak = re.search(r"peak GPU memory on rank 0: ([\d.]+) GiB allocated", result.stderr)
@@ -163,7 +180,10 @@ def main(argv=None) -> None:
     print(f"{args.family} {adapter}, {size}, {args.resolution} px, batch {args.batch_size}, bf16, "
           f"gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}, "
           f"embedding cache {'filled first' if args.cache else 'off'}, compile {args.compile or 'off'}, "
+          f"quantization {args.quantization or 'none'}, "
           f"device {args.device}")
+    for line in built:
+        print(f"  {line}")
     if compiled:
         print(f"  {compiled.group(0)}")
     print(f"  seconds per step        {step:.3f}   ({args.batch_size / step:.2f} samples/s)")

@@ -15,6 +15,12 @@ def test_the_command_trains_from_a_filled_cache_and_prints_its_figures(tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "sdxl LoRA r16, tiny, 32 px, batch 1, bf16" in result.stdout
     assert "embedding cache filled first, compile off" in result.stdout
+    # No weight file: every model was built from its configs, as the real architectures are on a GPU.
+    built = [line.split("): ")[1].split(",")[0] for line in result.stdout.splitlines()
+             if "random weights (a benchmark stand-in for " in line]
+    assert sorted(built) == ["AutoencoderKL", "CLIPTextModel", "CLIPTextModelWithProjection",
+                             "UNet2DConditionModel"], result.stdout
+    assert not list((tmp_path / "sdxl-tiny-configs").rglob("*.safetensors")), "configs only: no weights written"
     assert float(result.stdout.split("seconds per step")[1].split()[0]) > 0
     assert "kubetune plan estimate" in result.stdout
 

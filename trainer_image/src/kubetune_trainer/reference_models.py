@@ -172,20 +172,3 @@ def write_config_only(family: str, out_dir: Path) -> Path:
         _write_model_index(definition, out_dir)
     return out_dir
 
-
-def write_random_weights(family: str, out_dir: Path, device: str = "cpu", dtype: torch.dtype = torch.bfloat16,
-                         seed: int = 0) -> Path:
-    """The family's real architecture with random weights, in its standard layout (for benchmarks:
-    speed and memory do not depend on the weights' values). One component at a time is built on
-    `device` (a GPU initialises 12B parameters in seconds) and saved in `dtype`."""
-    write_config_only(family, out_dir)
-    torch.manual_seed(seed)
-    for component in architecture(family).values():
-        with torch.device(device):
-            model = build(component).to(dtype)
-        model.save_pretrained(out_dir / component.subfolder if component.subfolder else out_dir,
-                              safe_serialization=True)
-        del model
-        if device.startswith("cuda"):
-            torch.cuda.empty_cache()
-    return out_dir
