@@ -40,9 +40,10 @@ def nearest_bucket(width: int, height: int, sizes: list[tuple[int, int]]) -> int
 
 def assign_buckets(paths: list[Path], resolution: int) -> tuple[list[int], list[tuple[int, int]]]:
     """Each image's bucket (read from the file header only) and the bucket sizes."""
-    sizes = bucket_sizes(resolution)
-    groups = []
-    for path in paths:
-        width, height = image_size(path)
-        groups.append(nearest_bucket(width, height, sizes))
-    return groups, sizes
+    return buckets_of_sizes([image_size(path) for path in paths], resolution)
+
+
+def buckets_of_sizes(sizes: list[tuple[int, int]], resolution: int) -> tuple[list[int], list[tuple[int, int]]]:
+    """Each (width, height)'s bucket and the bucket sizes (a video clip's size is its frames')."""
+    buckets = bucket_sizes(resolution)
+    return [nearest_bucket(width, height, buckets) for width, height in sizes], buckets

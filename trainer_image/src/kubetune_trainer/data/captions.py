@@ -29,13 +29,17 @@ IMAGES_FOLDER = "images"
 
 
 def read_captions(root: Path, screen: Screen, image_column: str = "file_name",
-                  caption_column: str = "text") -> list[CaptionedImage]:
-    """Read metadata.jsonl; name the file and line of anything wrong (or skip it: screen)."""
+                  caption_column: str = "text", folder: str = IMAGES_FOLDER,
+                  layout: str = "captions") -> list[CaptionedImage]:
+    """Read metadata.jsonl; name the file and line of anything wrong (or skip it: screen). A file is
+    looked for beside metadata.jsonl, then in `folder` (the video-captions layout reads clips the same
+    way, from videos/)."""
     metadata = root / "metadata.jsonl"
     keys = f'{{"{image_column}": ..., "{caption_column}": ...}}'
+    what = "images" if folder == IMAGES_FOLDER else "files"
     if not metadata.is_file():
         raise FileNotFoundError(
-            f"spec.data.uri: {root} has no metadata.jsonl; the captions layout needs images plus "
+            f"spec.data.uri: {root} has no metadata.jsonl; the {layout} layout needs {what} plus "
             f"metadata.jsonl lines of {keys}"
         )
     samples = []
@@ -63,25 +67,25 @@ def read_captions(root: Path, screen: Screen, image_column: str = "file_name",
                                  f"{type(file_name).__name__}, {type(caption).__name__})")
             continue
         try:
-            path = _image_path(root, file_name, image_column)
+            path = _image_path(root, file_name, image_column, folder)
         except UnsafePath as err:
             screen.reject(where, str(err))
             continue
         if path is None:
-            screen.reject(where, f"{file_name} does not exist in {root} nor in {root / IMAGES_FOLDER}")
+            screen.reject(where, f"{file_name} does not exist in {root} nor in {root / folder}")
             continue
         samples.append(CaptionedImage(path, caption))
     if not samples:
-        raise ConfigError(f"{metadata} lists no usable images")
+        raise ConfigError(f"{metadata} lists no usable {what}")
     return samples
 
 
-def _image_path(root: Path, file_name: str, field: str) -> Path | None:
-    """The image `file_name` names: beside metadata.jsonl, else in its images/ folder (None: neither)."""
+def _image_path(root: Path, file_name: str, field: str, folder: str = IMAGES_FOLDER) -> Path | None:
+    """The file `file_name` names: beside metadata.jsonl, else in its `folder` (None: neither)."""
     path = confined(root, file_name, field)
     if path.is_file():
         return path
-    beside = confined(root, f"{IMAGES_FOLDER}/{file_name}", field)  # confined to root: images/ may be a link
+    beside = confined(root, f"{folder}/{file_name}", field)  # confined to root: the folder may be a link
     return beside if beside.is_file() else None
 
 

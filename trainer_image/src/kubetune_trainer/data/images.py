@@ -65,11 +65,16 @@ def to_tensor(image: Image.Image) -> torch.Tensor:
 
 def resize_to_cover(image: Image.Image, width: int, height: int) -> Image.Image:
     """The smallest resize (aspect kept) that covers width x height."""
-    scale = max(width / image.width, height / image.height)
+    size = cover_size(image.size, width, height)
+    return image if size == image.size else image.resize(size, Image.Resampling.BICUBIC)
+
+
+def cover_size(size: tuple[int, int], width: int, height: int) -> tuple[int, int]:
+    """(width, height) of the smallest resize of `size` (aspect kept) that covers width x height."""
+    scale = max(width / size[0], height / size[1])
     if scale == 1:
-        return image
-    size = (max(width, round(image.width * scale)), max(height, round(image.height * scale)))
-    return image.resize(size, Image.Resampling.BICUBIC)
+        return size
+    return max(width, round(size[0] * scale)), max(height, round(size[1] * scale))
 
 
 def resize_shorter_side(image: Image.Image, size: int) -> Image.Image:

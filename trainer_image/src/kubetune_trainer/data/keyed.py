@@ -10,7 +10,7 @@ from typing import TypeVar
 
 import torch
 
-from kubetune_trainer.data.buckets import assign_buckets
+from kubetune_trainer.data.buckets import assign_buckets, buckets_of_sizes
 from kubetune_trainer.data.images import Crop, ImageTransform
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.storage.stream import open_image
@@ -44,16 +44,22 @@ class KeyedDataset(torch.utils.data.Dataset):
 
     `groups` is what the sampler batches by (None: any samples batch together): each sample's
     aspect-ratio bucket (`buckets`, None without bucketing) and, where a layout's samples differ in
-    shape otherwise (`kinds`: e.g. edit pairs' number of control images), that too.
+    shape otherwise (`kinds`: e.g. edit pairs' number of control images), that too. `sizes`: each
+    sample's (width, height) where the layout knows it (video clips), else read from the images' headers.
     """
 
     def __init__(self, samples: Sequence, image_paths: list[Path], transform: ImageTransform, seed: int,
-                 bucketing: bool, kinds: Sequence[int] | None = None):
+                 bucketing: bool, kinds: Sequence[int] | None = None,
+                 sizes: Sequence[tuple[int, int]] | None = None):
         self.samples = list(samples)
         self.transform = transform
         self.seed = seed
-        self.buckets, self.bucket_sizes = (assign_buckets(image_paths, transform.resolution) if bucketing
-                                           else (None, None))
+        if not bucketing:
+            self.buckets, self.bucket_sizes = None, None
+        elif sizes is not None:
+            self.buckets, self.bucket_sizes = buckets_of_sizes(list(sizes), transform.resolution)
+        else:
+            self.buckets, self.bucket_sizes = assign_buckets(image_paths, transform.resolution)
         self.groups = combined_groups(self.buckets, kinds)
 
     def __len__(self) -> int:

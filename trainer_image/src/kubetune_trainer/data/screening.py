@@ -4,7 +4,8 @@ skipped and counted when the job says `spec.data.skipBad: true`.
 Readers report record-level problems (a broken metadata line, a caption that is not text, a file
 name that leaves the data set) through `Screen.reject`; then every image is opened, verified and
 fully decoded once (`image_problem`): truncated files, files that are not images, and images over
-Pillow's decompression-bomb limit are caught here. Processes split the images between them and
+Pillow's decompression-bomb limit are caught here. A layout of other files gives the Screen its own
+check of one file (data.video.clip_check for video clips). Processes split the files between them and
 share what they found, so every process keeps the same samples.
 """
 from __future__ import annotations
@@ -20,6 +21,8 @@ from PIL import Image
 from kubetune_trainer.errors import ConfigError
 
 CHECK_THREADS = 4  # decoding releases the GIL: a few threads keep the disk and the cores busy
+# One file's check: (why it cannot be trained on or None, its (width, height) when it can).
+FileCheck = Callable[[Path], tuple[str | None, tuple[int, int] | None]]
 
 
 def image_problem(path: Path) -> str | None:
@@ -68,8 +71,9 @@ def image_paths(sample) -> list[Path]:
 
 
 class Screen:
-    def __init__(self, skip_bad: bool):
+    def __init__(self, skip_bad: bool, check: FileCheck | None = None):
         self.skip_bad = skip_bad
+        self.check = check or _checked  # each file of a sample: an image by default
         self.skipped: list[str] = []
         self.small: SmallImages | None = None  # set by images() when a training size is given
 
@@ -104,12 +108,11 @@ class Screen:
             raise ConfigError("spec.data.uri: no usable sample is left after skipping bad ones")
         return kept
 
-    @staticmethod
-    def _check(sample) -> tuple[str | None, list[tuple[Path, tuple[int, int]]]]:
-        """(the sample's first problem as "path\0why" or None, each readable image's size)."""
+    def _check(self, sample) -> tuple[str | None, list[tuple[Path, tuple[int, int]]]]:
+        """(the sample's first problem as "path\0why" or None, each readable file's size)."""
         sizes = []
         for path in image_paths(sample):
-            problem, image_size = _checked(path)
+            problem, image_size = self.check(path)
             if problem:
                 return f"{path}\0{problem}", sizes
             sizes.append((path, image_size))
