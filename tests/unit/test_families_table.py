@@ -5,6 +5,8 @@ field and the family, by the same rule the API server runs (tests/unit/test_rule
 CEL side)."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from kubetune_api import families as table
@@ -111,13 +113,22 @@ def test_no_code_outside_a_family_module_asks_which_family_it_is():
 def test_every_layout_the_api_accepts_is_read_by_the_trainer_and_has_tiny_data():
     from typing import get_args
 
-    from kubetune_api.spec import Layout
+    from kubetune_api.spec import LAYOUT_MESSAGE, Layout
     from kubetune_trainer.data.layouts import LAYOUTS
     from kubetune_trainer.tiny_data import WRITERS
 
     accepted = set(get_args(Layout))
     assert set(LAYOUTS) == set(WRITERS) == accepted
-    assert {layout for family in table.FAMILIES.values() for layout in family.layouts} == accepted
+    read = {layout for family in table.FAMILIES.values() for layout in family.layouts}
+    assert read <= accepted
+    # A layout ready before any family reads it (video-captions, until a video family's row lists it)
+    # is refused for every family by the layout rule, naming what each reads.
+    for layout in accepted - read:
+        for family in table.FAMILY_NAMES:
+            manifest = set_fields(job(family, None), {"spec.data.layout": layout, "spec.data.frames": 5,
+                                                       "spec.data.streaming.enabled": False})
+            with pytest.raises(ManifestError, match=re.escape(LAYOUT_MESSAGE)):
+                parse_manifest(manifest)
 
 
 def test_the_families_declaring_a_quantized_denoiser_are_those_honouring_quantization():
@@ -168,3 +179,32 @@ def test_the_families_page_is_the_tables():
 
     assert (REPO / "docs" / "families.md").read_text() == table.markdown(), \
         "regenerate it: python -m kubetune_api.families > docs/families.md"
+
+
+def test_a_rows_frame_rule_refuses_other_frame_counts_naming_the_field_and_the_nearest_that_fit(monkeypatch):
+    """A video family declares the frame counts its model takes in its row (Wan: FrameRule(4, 1), 4k+1);
+    the rule the spec derives from the row refuses the others. Shown on a row derived for the test."""
+    import dataclasses
+
+    from kubetune_api import spec as api
+
+    assert api.frame_rules(table.FAMILIES) == api.FRAME_RULES
+    assert len(api.FRAME_RULES) == sum(f.frame_rule != table.ANY_FRAMES for f in table.FAMILIES.values())
+    row = dataclasses.replace(table.FAMILIES["sd15"], layouts=("captions", "video-captions"),
+                              frame_rule=table.FrameRule(4, 1))
+    monkeypatch.setitem(table.FAMILIES, "sd15", row)
+    monkeypatch.setitem(api.LAYOUTS_BY_FAMILY, "sd15", row.layouts)
+    monkeypatch.setattr(api, "JOB_RULES", [*api.JOB_RULES, *api.frame_rules(table.FAMILIES)])
+    video = set_fields(job("sd15", None), {"spec.data.layout": "video-captions", "spec.data.frames": 81,
+                                           "spec.data.streaming.enabled": False})  # s3:// clips are copied whole
+    parse_manifest(video)
+    parse_manifest(set_fields(video, {"spec.data.frames": [1, 33, 81]}))
+    for frames, named in [(80, "80 is not, the nearest are 77 and 81"),
+                          ([33, 82, 3], "82 is not, the nearest are 81 and 85; 3 is not, the nearest are 1 and 5")]:
+        with pytest.raises(ManifestError) as refused:
+            parse_manifest(set_fields(video, {"spec.data.frames": frames}))
+        message = str(refused.value)
+        assert "spec.data.frames must be 4k+1 (1, 5, 9, ...) for family sd15" in message, message
+        assert named in message and "33 is not" not in message, message
+    assert "| sd15 | " in table.markdown()
+    assert "| captions, video-captions (frames 4k+1 (1, 5, 9, ...)) |" in table.markdown()

@@ -87,6 +87,23 @@ VARIATIONS = [
     {"spec.data.resolution": 1004},
     {**with_family("z-image"), "spec.data.resolution": [832, 584]},
 ] + [
+    # Video clips: frames needed by the video layout and refused elsewhere, its forms, fps, s3:// copied whole.
+    {"spec.data.frames": 5},
+    {"spec.data.fps": 8.0},
+    {"spec.data.layout": "video-captions"},
+    {"spec.data.layout": "video-captions", "spec.data.frames": [5, 5]},
+    {"spec.data.layout": "video-captions", "spec.data.frames": [33, 81], "spec.data.fps": 16.0,
+     "spec.data.captionColumn": "prompt"},
+    {"spec.data.layout": "video-captions", "spec.data.frames": 0},
+    {"spec.data.layout": "video-captions", "spec.data.frames": 5, "spec.data.uri": "s3://data/clips"},
+    {"spec.data.layout": "video-captions", "spec.data.frames": 5, "spec.data.uri": "s3://data/clips",
+     "spec.data.streaming": {"enabled": False}},
+] + [
+    # Every family whose model takes only some frame counts: one count it refuses, one it takes.
+    {**with_family(family), "spec.data.layout": "video-captions", "spec.data.frames": frames}
+    for family in FAMILY_NAMES if FAMILIES[family].frame_rule.multiple > 1
+    for frames in (FAMILIES[family].frame_rule.nearest(80)[0], FAMILIES[family].frame_rule.nearest(80)[0] + 1)
+] + [
     # Every family with every option of the families table: the option rules kept and broken.
     {**with_family(family), **SETTINGS[option]} for family in FAMILY_NAMES for option in OPTIONS
 ]
@@ -193,8 +210,9 @@ def test_the_endpoint_rules_cel_agrees_with_its_python(endpoint):
     assert cel_holds(rule["rule"], endpoint) == python_accepts(check_endpoint_url, endpoint), endpoint
 
 
-def test_the_rules_without_cel_are_only_those_on_the_untyped_resolution():
-    """A rule the API server cannot evaluate is the webhook's alone: kept to the one field whose
-    number-or-list form a structural schema cannot type."""
+def test_the_rules_without_cel_are_only_those_on_the_untyped_number_or_list_fields():
+    """A rule the API server cannot evaluate is the webhook's alone: kept to the two fields whose
+    number-or-list form a structural schema cannot type (spec.data.resolution and frames)."""
     webhook_only = [rule for rules, _ in LEVELS for rule in rules if rule.cel is None]
-    assert webhook_only and all("spec.data.resolution" in rule.message for rule in webhook_only)
+    assert webhook_only and all("spec.data.resolution" in rule.message or "spec.data.frames" in rule.message
+                                for rule in webhook_only)

@@ -77,6 +77,36 @@ class FamilyProfile:
 
 
 @dataclass(frozen=True)
+class FrameRule:
+    """The frame counts a video family's model takes per sample: multiple * k + remainder, at least 1.
+
+    Wan's VAE keeps the first frame and compresses each later 4 into one latent frame: 4k+1
+    (FrameRule(4, 1): 1, 5, 9, ..., 81). The default takes any count. spec.data.frames is refused,
+    naming the nearest counts that fit, by the rule kubetune_api.spec derives from each row's."""
+
+    multiple: int = 1
+    remainder: int = 0
+
+    def allows(self, frames: int) -> bool:
+        return frames >= 1 and frames % self.multiple == self.remainder % self.multiple
+
+    def nearest(self, frames: int) -> list[int]:
+        """The counts that fit just below and just above FRAMES (below only where there is one)."""
+        below = next((n for n in range(frames - 1, 0, -1) if self.allows(n)), None)
+        above = next(n for n in range(frames + 1, frames + self.multiple + 2) if self.allows(n))
+        return [n for n in (below, above) if n is not None]
+
+    def describe(self) -> str:
+        if self.multiple == 1:
+            return "any count"
+        first = [n for n in range(1, 3 * self.multiple + 2) if self.allows(n)][:3]
+        return f"{self.multiple}k+{self.remainder % self.multiple} ({', '.join(map(str, first))}, ...)"
+
+
+ANY_FRAMES = FrameRule()
+
+
+@dataclass(frozen=True)
 class FamilyInfo:
     name: str                        # spec.model.family
     summary: str                     # "trains ...": what refusals say of it
@@ -96,6 +126,8 @@ class FamilyInfo:
                                      # times the transformer's patch size (8 x 2 for the packed DiTs)
     max_references: int = 1          # edit-pairs: control images a sample may have (control_images/NAME.* or
                                      # NAME_0.*, NAME_1.*, ...); a sample with more is refused naming its files
+    frame_rule: FrameRule = ANY_FRAMES  # video layouts: the frame counts per sample (spec.data.frames) its
+                                        # model takes; another count is refused naming the nearest that fit
 
 
 FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
@@ -266,6 +298,8 @@ def markdown() -> str:
                     else "the pipeline's default" if GUIDANCE in family.honours else "-")
         layouts = ", ".join(family.layouts) + (f" (1-{family.max_references} control images per sample)"
                                                if family.max_references > 1 else "")
+        if family.frame_rule != ANY_FRAMES:
+            layouts += f" (frames {family.frame_rule.describe()})"
         lines.append(f"| {family.name} | {family.summary.removeprefix('trains ')} | {layouts} "
                      f"| {size} | {', '.join(family.metrics)} | {guidance} |")
     lines += ["", "| option | " + " | ".join(FAMILY_NAMES) + " |", "|---|" + "---|" * len(FAMILY_NAMES)]

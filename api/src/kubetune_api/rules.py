@@ -26,6 +26,12 @@ class Rule:
     cel: str | None
     holds: Callable[[Any], bool]      # the same test on the typed object
     message: str                      # what the API server and Python both say when it fails
+    # What Python adds to the message about the value it refused (the counts nearest a refused
+    # spec.data.frames); the API server's CEL message has no such part.
+    detail: Callable[[Any], str] | None = None
+
+    def explain(self, obj: Any) -> str:
+        return self.message if self.detail is None else f"{self.message}: {self.detail(obj)}"
 
     def entry(self) -> dict[str, str]:
         return {"rule": self.cel, "message": self.message}
@@ -40,7 +46,7 @@ def enforce(rules: list[Rule], obj: Any, info: ValidationInfo | None = None) -> 
     """OBJ when every rule holds; a ValueError with each broken rule's message otherwise."""
     if info is not None and (info.context or {}).get(SKIP_RULES):
         return obj
-    broken = [rule.message for rule in rules if not rule.holds(obj)]
+    broken = [rule.explain(obj) for rule in rules if not rule.holds(obj)]
     if broken:
         raise ValueError("; ".join(broken))
     return obj

@@ -112,7 +112,11 @@ ResumeSource = Annotated[str, AfterValidator(check_resume_source), Field(
 
 
 Family = Literal[FAMILY_NAMES]
-Layout = Literal["captions", "edit-pairs", "pmg", "image-folder"]
+Layout = Literal["captions", "edit-pairs", "pmg", "image-folder", "video-captions"]
+# The layouts whose samples are video clips: they take spec.data.frames (needed) and fps.
+VIDEO_LAYOUTS = ("video-captions",)
+# The layouts that read metadata.jsonl, whose keys spec.data.imageColumn and captionColumn name.
+METADATA_LAYOUTS = ("captions", "video-captions")
 
 # Views of the families table (kubetune_api.families) that the rest of the code reads.
 NATIVE_RESOLUTIONS: dict[str, int | None] = {name: f.native_resolution for name, f in FAMILIES.items()}
@@ -232,18 +236,53 @@ def _resolution_ok(value: int | list[int]) -> bool:
     return (isinstance(value, int) or len(value) == 2) and all(8 <= side <= 4096 and side % 8 == 0 for side in sides)
 
 
+# One count, or several (frame-count buckets: each clip trains at the longest it holds). Untyped in
+# the CRD as spec.data.resolution is, for the same reason: its rules are the webhook's alone.
+Frames = Union[int, list[int]]
+MAX_FRAMES = 1024
+
+
+def frame_counts(frames: Frames | None) -> list[int]:
+    """spec.data.frames as a list of counts (none when unset)."""
+    return [] if frames is None else [frames] if isinstance(frames, int) else list(frames)
+
+
+def _frames_ok(value: Frames) -> bool:
+    counts = frame_counts(value)
+    return (isinstance(value, int) or 1 <= len(value) <= 16 and len(set(value)) == len(value)) \
+        and all(1 <= count <= MAX_FRAMES for count in counts)
+
+
 DEFAULT_IMAGE_COLUMN, DEFAULT_CAPTION_COLUMN = "file_name", "text"
 DATA_RULES = [
     Rule(None,  # the CRD leaves the number-or-list untyped: CEL cannot name it (rules.Rule)
          lambda data: data.resolution is None or _resolution_ok(data.resolution),
          "spec.data.resolution: give one side for a square (512, 1024) or [width, height] (e.g. [832, 576]), "
          "each 8 to 4096 pixels in multiples of 8"),
-    Rule(f"self.layout == 'captions' || (self.imageColumn == '{DEFAULT_IMAGE_COLUMN}' "
+    Rule(f"self.layout in {list(METADATA_LAYOUTS)} || (self.imageColumn == '{DEFAULT_IMAGE_COLUMN}' "
          f"&& self.captionColumn == '{DEFAULT_CAPTION_COLUMN}')",
-         lambda data: data.layout == "captions" or (data.image_column, data.caption_column)
+         lambda data: data.layout in METADATA_LAYOUTS or (data.image_column, data.caption_column)
          == (DEFAULT_IMAGE_COLUMN, DEFAULT_CAPTION_COLUMN),
-         "spec.data.imageColumn and captionColumn name metadata.jsonl's keys in the captions layout only: "
-         "remove them for this layout"),
+         "spec.data.imageColumn and captionColumn name metadata.jsonl's keys in the captions and video-captions "
+         "layouts only: remove them for this layout"),
+    Rule(None,  # untyped number-or-list (rules.Rule)
+         lambda data: data.frames is None or _frames_ok(data.frames),
+         f"spec.data.frames: give the frames per sample (81) or a list of up to 16 different counts (frame-count "
+         f"buckets, e.g. [33, 81]), each 1 to {MAX_FRAMES}"),
+    Rule(None,  # untyped number-or-list (rules.Rule)
+         lambda data: (data.frames is not None) == (data.layout in VIDEO_LAYOUTS),
+         f"spec.data.frames (frames per sample) is needed by the {' and '.join(VIDEO_LAYOUTS)} layout and "
+         "applies to it only: set it for video clips, remove it for images"),
+    Rule(f"!has(self.fps) || self.layout in {list(VIDEO_LAYOUTS)}",
+         lambda data: data.fps is None or data.layout in VIDEO_LAYOUTS,
+         f"spec.data.fps resamples video clips: it applies to the {' and '.join(VIDEO_LAYOUTS)} layout only; "
+         "remove it for images"),
+    Rule(f"!(self.layout in {list(VIDEO_LAYOUTS)}) || !self.uri.startsWith('s3://') || (has(self.streaming) "
+         "&& has(self.streaming.enabled) && !self.streaming.enabled)",
+         lambda data: data.layout not in VIDEO_LAYOUTS or not data.uri.startswith("s3://")
+         or not data.streaming.enabled,
+         "video clips from s3:// are copied whole before training, not streamed (each clip's frame count is read "
+         "before the first step): set spec.data.streaming.enabled: false"),
 ]
 
 
@@ -256,23 +295,38 @@ class DataSpec(_Model):
         description="captions: images + metadata.jsonl of {file_name, text}; edit-pairs: "
         "control_images/NAME.png (or NAME_0.png, NAME_1.png, ... for several reference images) + "
         "training_images/NAME.png with NAME.txt prompts; pmg: data.json of user histories; "
-        "image-folder: CLASS/NAME.png."
+        "image-folder: CLASS/NAME.png; video-captions: video clips (.mp4, .webm, .mov) + metadata.jsonl of "
+        "{file_name, text}."
     )
     uri: StorageUri = Field(description="The data directory: a local path or s3://bucket/prefix.")
     image_column: str = Field(
         default=DEFAULT_IMAGE_COLUMN, min_length=1, max_length=253,
-        description="captions layout: the metadata.jsonl key naming each image's file, relative to "
-        "metadata.jsonl's folder or to its images/ subfolder.",
+        description="captions and video-captions layouts: the metadata.jsonl key naming each image's (clip's) "
+        "file, relative to metadata.jsonl's folder or to its images/ (videos/) subfolder.",
     )
     caption_column: str = Field(
         default=DEFAULT_CAPTION_COLUMN, min_length=1, max_length=253,
-        description="captions layout: the metadata.jsonl key holding each image's caption.",
+        description="captions and video-captions layouts: the metadata.jsonl key holding each caption.",
     )
     resolution: Optional[Resolution] = Field(
         default=None,
         description="Training size in pixels: a number for a square (512, 1024) or [width, height] (e.g. [832, "
         "576]), each side a multiple of 8 from 8 to 4096 (the DiT families: of 16). Unset: the family's native "
         "size (docs/families.md; the classifier: its model's image size).",
+    )
+    frames: Optional[Frames] = Field(
+        default=None,
+        description="video-captions layout (needed there, refused elsewhere): frames per sample, e.g. 81, in the "
+        "counts the family's model takes (docs/families.md; Wan: 4k+1). A list (e.g. [33, 81]) makes frame-count "
+        "buckets: each clip trains at the longest count it holds, batched with clips of that count. A clip "
+        "shorter than the shortest count (at fps) is refused or skipped (skipBad). Where a sample starts in its "
+        "clip is drawn per epoch from the seed (once per clip with the embedding cache).",
+    )
+    fps: Optional[float] = Field(
+        default=None, gt=0, le=240,
+        description="video-captions layout: the frame rate samples are taken at; each clip is resampled to it "
+        "(the source frame nearest each sample time, its average rate assumed constant). Unset: each clip's own "
+        "frames, whatever its rate.",
     )
     center_crop: bool = Field(default=True, description="Center-crop to the resolution (else random crop).")
     random_flip: bool = Field(default=False, description="Randomly flip images horizontally.")
@@ -1009,6 +1063,33 @@ LAYOUT_MESSAGE = ("spec.data.layout does not fit spec.model.family; each family 
                   + ", ".join(f"{family} reads {' or '.join(layouts)}" for family, layouts in LAYOUTS_BY_FAMILY.items()))
 
 
+def frames_rule(family: str, rule: table.FrameRule) -> Rule:
+    """spec.data.frames in the counts FAMILY's model takes (its row's frame_rule); the refusal names
+    the nearest counts that fit. The webhook's alone: CEL cannot name the untyped frames (rules.Rule)."""
+    def refused(spec: "TrainingJobSpec") -> list[int]:
+        frames = spec.data.frames
+        if spec.model.family != family or frames is None or not _frames_ok(frames):
+            return []
+        return [count for count in frame_counts(frames) if not rule.allows(count)]
+
+    def nearest(spec: "TrainingJobSpec") -> str:
+        return "; ".join(f"{count} is not, the nearest are {' and '.join(map(str, rule.nearest(count)))}"
+                         for count in refused(spec))
+
+    return Rule(None, lambda spec: not refused(spec),
+                f"spec.data.frames must be {rule.describe()} for family {family} (the frame counts its model "
+                "takes per sample)", detail=nearest)
+
+
+def frame_rules(families: dict[str, table.FamilyInfo]) -> list[Rule]:
+    """A video family whose model takes only some frame counts (Wan: 4k+1) refuses the others."""
+    return [frames_rule(name, family.frame_rule) for name, family in families.items()
+            if family.frame_rule != table.ANY_FRAMES]
+
+
+FRAME_RULES = frame_rules(FAMILIES)
+
+
 def _own_options_rule(block: str, family: str) -> Rule:
     """A family's own options block (its row's `options`, e.g. spec.pmg) is refused for every other family."""
     return Rule(f"!has(self.{block}) || self.model.family == '{family}'",
@@ -1037,6 +1118,7 @@ JOB_RULES = [
          lambda spec: spec.model.quantization is None or spec.adapter.type == "lora", QUANTIZED_FULL_MESSAGE),
     *MONITOR_RULES,
     *RESOLUTION_RULES,
+    *FRAME_RULES,
     *OPTION_RULES,
     *[conflict.rule for conflict in FSDP_CONFLICTS],
     *[option.rule for option in CUDA_ONLY_OPTIONS],

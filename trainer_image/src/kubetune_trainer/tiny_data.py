@@ -1,7 +1,7 @@
 """Small generated data sets in each layout, for demos and tests (no data-set hub here).
 
 Images are coloured shapes on a background, captioned with what they show, so a model has
-something learnable and captions differ per image.
+something learnable and captions differ per image; video clips show such a shape moving.
 """
 from __future__ import annotations
 
@@ -96,12 +96,39 @@ def write_pmg_dataset(out_dir: Path, count: int = 8, size: int = 64, seed: int =
     return out_dir
 
 
+def write_video_captions_dataset(out_dir: Path, count: int = 8, size: int = 64, seed: int = 0,
+                                 frames: int | tuple[int, ...] = 9, fps: int = 16) -> Path:
+    """H.264 .mp4 clips (PyAV) + metadata.jsonl of {file_name, text}: a shape sliding left or right.
+
+    frames: per clip (a tuple: per clip in turn). The sides are rounded up to even (4:2:0 chroma)."""
+    import numpy as np
+
+    from kubetune_trainer.data.video import write_clip
+
+    rng = random.Random(seed)
+    side = size + size % 2
+    counts = frames if isinstance(frames, tuple) else (frames,)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(count):
+        colour, shape, direction = rng.choice(list(COLOURS)), rng.choice(SHAPES), rng.choice(("left", "right"))
+        still = np.asarray(draw_shape(colour, shape, side, rng))
+        length = counts[i % len(counts)]
+        step = max(1, side // (2 * length)) * (1 if direction == "right" else -1)
+        name = f"{i:04d}.mp4"
+        write_clip(out_dir / name, [np.roll(still, step * t, axis=1) for t in range(length)], fps)
+        lines.append(json.dumps({"file_name": name, "text": f"a {colour} {shape} moving {direction}"}))
+    (out_dir / "metadata.jsonl").write_text("\n".join(lines) + "\n")
+    return out_dir
+
+
 WRITERS = {"captions": write_captions_dataset, "edit-pairs": write_edit_pairs_dataset,
-           "image-folder": write_image_folder_dataset, "pmg": write_pmg_dataset}
+           "image-folder": write_image_folder_dataset, "pmg": write_pmg_dataset,
+           "video-captions": write_video_captions_dataset}
 
 
 def write_tiny_data(layout: str, out_dir: Path, count: int = 8, size: int = 64, seed: int = 0, **options) -> Path:
-    """options: the layout writer's own (edit-pairs: references)."""
+    """options: the layout writer's own (edit-pairs: references; video-captions: frames, fps)."""
     if layout not in WRITERS:
         raise ValueError(f"no tiny data for layout {layout!r}; available: {', '.join(WRITERS)}")
     return WRITERS[layout](out_dir, count=count, size=size, seed=seed, **options)

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Callable
 
 from kubetune_api.families import FAMILIES
-from kubetune_api.spec import TrainingJobSpec
-from kubetune_trainer.data import captions, edit_pairs, image_folder, pmg
+from kubetune_api.spec import TrainingJobSpec, frame_counts
+from kubetune_trainer.data import captions, edit_pairs, image_folder, pmg, video, video_captions
 from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.data.keyed import KeyedDataset
-from kubetune_trainer.data.screening import Screen
+from kubetune_trainer.data.screening import FileCheck, Screen
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,8 @@ class Layout:
     collate: Callable[[list[dict]], dict]
     # The held-out samples when the layout names a file of them, else None (a fraction is split off).
     held_out: Callable[[TrainingJobSpec, Screen], list | None] = lambda spec, screen: None
+    # How the screen checks each file of a sample before training (None: as an image).
+    check: Callable[[TrainingJobSpec], FileCheck | None] = lambda spec: None
 
 
 def _read_captions(spec: TrainingJobSpec, screen: Screen) -> list:
@@ -72,9 +74,30 @@ def _pmg_dataset(samples: list, transform: ImageTransform, spec: TrainingJobSpec
     return pmg.PmgDataset(samples, transform, spec.training.seed)
 
 
+def _read_video_captions(spec: TrainingJobSpec, screen: Screen) -> list:
+    return video_captions.read_video_captions(Path(spec.data.uri), screen, spec.data.image_column,
+                                              spec.data.caption_column)
+
+
+def _video_captions_dataset(samples: list, transform: ImageTransform, spec: TrainingJobSpec,
+                            training: bool) -> KeyedDataset:
+    """A clip's start is drawn per epoch; once per clip with the embedding cache (its latents reused)."""
+    data = spec.data
+    return video_captions.VideoCaptionsDataset(
+        samples, transform, frame_counts(data.frames), data.fps, data.caption_dropout if training else 0.0,
+        spec.training.seed, data.bucketing, random_start=training, start_per_sample=data.cache.enabled)
+
+
+def _clip_check(spec: TrainingJobSpec) -> FileCheck:
+    """Every clip: a video, not empty, and holding the shortest of spec.data.frames at spec.data.fps."""
+    return video.clip_check(min(frame_counts(spec.data.frames)), spec.data.fps)
+
+
 LAYOUTS: dict[str, Layout] = {
     "captions": Layout(_read_captions, _captions_dataset, captions.collate),
     "edit-pairs": Layout(_read_edit_pairs, _edit_pairs_dataset, edit_pairs.collate),
     "image-folder": Layout(_read_image_folder, _image_folder_dataset, image_folder.collate),
     "pmg": Layout(_read_pmg, _pmg_dataset, pmg.collate, held_out=_pmg_held_out),
+    "video-captions": Layout(_read_video_captions, _video_captions_dataset, video_captions.collate,
+                             check=_clip_check),
 }

@@ -59,7 +59,8 @@ class ModelFamily(metaclass=_PlacesFrozenModels):
         self.cache: EmbeddingCache | None = None  # set by the run when spec.data.cache is enabled
         self._warned_cpu_encoding = False
         self._encoders: dict[str, Encoder] | None = None
-        self.screen = Screen(spec.data.skip_bad)  # the readers report bad samples to it
+        # The readers report bad samples to it; it checks each file as the layout says (images, clips).
+        self.screen = Screen(spec.data.skip_bad, LAYOUTS[spec.data.layout].check(spec))
         # Of the training images (the classifier may take its model's): (width, height), and the side of
         # a square of that area (what sizes planning-like arithmetic and buckets).
         self.size, self.resolution = spec.size, spec.resolution

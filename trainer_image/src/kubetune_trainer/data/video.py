@@ -1,0 +1,162 @@
+"""Video clips through PyAV (FFmpeg's libraries): what a clip holds, and the frames a sample takes.
+
+A clip is whatever FFmpeg demuxes and decodes (.mp4 with H.264 or H.265, .webm with VP8/VP9/AV1,
+.mov): its suffix decides nothing, its content does. Probing a clip (`probe`) demuxes every packet
+of its first video stream without decoding them (cheap: the frame count) and decodes the first frame
+(the codec works); the frames a sample trains on are decoded in the loader's workers (`read_frames`).
+
+Frame rates: with spec.data.fps a clip is resampled to it, sample time t taking the source frame
+nearest t at the clip's average rate (a variable-rate clip is treated as constant-rate at its
+average); upsampling repeats frames. Without fps a sample takes consecutive source frames.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import av
+import numpy as np
+
+# Frames are decoded on one thread per loader worker: the workers are the parallelism (one per core
+# is what benchmarks/video_decode.py measures), and FFmpeg's own threads would contend with them.
+DECODE_THREADS = 1
+
+
+class ClipError(ValueError):
+    """Why a file cannot be trained on as a clip (its message completes "<path> ...")."""
+
+
+@dataclass(frozen=True)
+class ClipInfo:
+    frames: int        # video frames it holds
+    rate: float        # its average frame rate (frames per second)
+    width: int
+    height: int
+
+    def positions(self, fps: float | None) -> int:
+        """How many frames the clip gives at `fps` (its own frames when None)."""
+        if fps is None:
+            return self.frames
+        return math.floor((self.frames - 1) * fps / self.rate + 1e-9) + 1
+
+    def source_index(self, position: int, fps: float | None) -> int:
+        """The source frame sample position `position` (at `fps`) takes: the nearest in time."""
+        if fps is None:
+            return position
+        return min(self.frames - 1, math.floor(position * self.rate / fps + 0.5))
+
+    def describe(self, fps: float | None) -> str:
+        held = f"{self.frames} frames at {self.rate:g} fps"
+        return held if fps is None or fps == self.rate else f"{held}, {self.positions(fps)} at spec.data.fps {fps:g}"
+
+
+_probed: dict[tuple[str, int, int], ClipInfo] = {}
+_probed_lock = threading.Lock()
+
+
+def probe(path: Path) -> ClipInfo:
+    """What the clip holds; ClipError when it is not a usable video. Remembered per file version (the
+    screen probes every clip before the data set is built, which probes them again)."""
+    stat = path.stat()
+    memo = (str(path), stat.st_size, stat.st_mtime_ns)
+    with _probed_lock:
+        if memo in _probed:
+            return _probed[memo]
+    if stat.st_size == 0:
+        raise ClipError("is empty (0 bytes): a zero-length clip")
+    info = _probe(path)
+    with _probed_lock:
+        _probed[memo] = info
+    return info
+
+
+def _probe(path: Path) -> ClipInfo:
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams:  # a container header and nothing in it (an encoder given no frames)
+                raise ClipError("holds no stream at all: a zero-length clip")
+            if not container.streams.video:
+                kinds = ", ".join(sorted({stream.type for stream in container.streams}))
+                raise ClipError(f"holds no video stream (only {kinds}): it is not a video (.mp4 H.264/H.265, "
+                                ".webm, .mov)")
+            stream = container.streams.video[0]
+            frames = sum(1 for packet in container.demux(stream) if packet.size)
+            if frames == 0:
+                raise ClipError("holds no video frames: a zero-length clip")
+            container.seek(0)
+            stream.codec_context.thread_count = DECODE_THREADS
+            first = next(container.decode(stream), None)
+            if first is None:
+                raise ClipError("has no decodable frame: the clip is broken")
+            rate = float(stream.average_rate or stream.guessed_rate or 0)
+            if rate <= 0:
+                duration = float(stream.duration * stream.time_base) if stream.duration else 0.0
+                rate = frames / duration if duration > 0 else 0.0
+            if rate <= 0:
+                raise ClipError("has no frame rate (neither its stream nor its duration gives one)")
+            return ClipInfo(frames, rate, first.width, first.height)
+    except av.FFmpegError as err:
+        raise ClipError(f"cannot be read as a video ({type(err).__name__}: {err})") from None
+
+
+def clip_check(shortest: int, fps: float | None):
+    """The screen's check of one clip (data.screening.FileCheck): usable, and long enough for the
+    shortest of spec.data.frames at `fps`."""
+    def check(path: Path) -> tuple[str | None, tuple[int, int] | None]:
+        try:
+            info = probe(path)
+        except ClipError as err:
+            return str(err), None
+        except OSError as err:  # gone or unreadable since the reader listed it
+            return f"cannot be read ({type(err).__name__}: {err})", None
+        if info.positions(fps) < shortest:
+            return (f"is {info.describe(fps)}: shorter than spec.data.frames {shortest}; use a longer clip, "
+                    "fewer spec.data.frames or a lower spec.data.fps"), None
+        return None, (info.width, info.height)
+    return check
+
+
+def read_frames(path: Path, indices: list[int], size: tuple[int, int], crop: tuple[int, int, int, int],
+                flip: bool) -> np.ndarray:
+    """Source frames `indices` (ascending, repeats allowed) as uint8 [frames, height, width, 3]: each
+    resized to `size` (width, height), cropped to `crop` (left, top, width, height), maybe mirrored.
+    Decodes from the clip's start up to the last index; only the frames kept are converted."""
+    wanted = set(indices)
+    last = max(indices)
+    left, top, width, height = crop
+    kept: dict[int, np.ndarray] = {}
+    try:
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            stream.codec_context.thread_count = DECODE_THREADS
+            for number, frame in enumerate(container.decode(stream)):
+                if number in wanted:
+                    rgb = frame.reformat(width=size[0], height=size[1], format="rgb24",
+                                         interpolation="BICUBIC").to_ndarray()
+                    rgb = rgb[top:top + height, left:left + width]
+                    kept[number] = rgb[:, ::-1] if flip else rgb
+                if number >= last:
+                    break
+    except (av.FFmpegError, IndexError) as err:
+        raise ClipError(f"cannot be decoded ({type(err).__name__}: {err})") from None
+    if last not in kept:
+        raise ClipError(f"decoded only {len(kept) and max(kept) + 1} frames where frame {last + 1} was needed "
+                        "(its frame count was read before training): the clip is truncated or changed")
+    return np.stack([kept[index] for index in indices])
+
+
+def write_clip(path: Path, frames: list[np.ndarray], fps: int, codec: str = "libx264", **options: str) -> Path:
+    """Encode RGB uint8 frames [height, width, 3] into a clip (H.264 in .mp4 by default); for tiny data
+    sets, tests and benchmarks. Sides must be even (4:2:0 chroma)."""
+    height, width = frames[0].shape[:2]
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream(codec, rate=fps, options=options)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for array in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(array), format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
