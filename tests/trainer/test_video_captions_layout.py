@@ -264,3 +264,14 @@ def test_a_cache_entry_is_the_frames_a_sample_took(clips, tmp_path):
     for epoch in range(12):
         cache.encode(encoder, [data[(epoch, 1)]["pixel_values"]])
     assert cache.misses == len(by_start) and cache.hits == 12, "every later epoch finds its start's entry"
+
+
+def test_kubetune_dev_tiny_data_writes_clips_though_no_family_reads_them_yet(tmp_path):
+    from click.testing import CliRunner
+
+    from kubetune_cli.main import cli
+
+    result = CliRunner().invoke(cli, ["dev", "tiny-data", "--layout", "video-captions", "--out", str(tmp_path),
+                                      "--count", "2", "--size", "16"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0000.mp4", "0001.mp4", "metadata.jsonl"]
