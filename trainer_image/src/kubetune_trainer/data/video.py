@@ -2,8 +2,10 @@
 
 A clip is whatever FFmpeg demuxes and decodes (.mp4 with H.264 or H.265, .webm with VP8/VP9/AV1,
 .mov): its suffix decides nothing, its content does. Probing a clip (`probe`) demuxes every packet
-of its first video stream without decoding them (cheap: the frame count) and decodes the first frame
-(the codec works); the frames a sample trains on are decoded in the loader's workers (`read_frames`).
+of its first video stream without decoding them (cheap: the frame count, and where its keyframes
+are) and decodes the first frame (the codec works); the frames a sample trains on are decoded in the
+loader's workers (`read_frames`), from the last keyframe before them: a sample late in a long clip
+does not decode the whole clip before it.
 
 Frame rates: with spec.data.fps a clip is resampled to it, sample time t taking the source frame
 nearest t at the clip's average rate (a variable-rate clip is treated as constant-rate at its
@@ -34,6 +36,13 @@ class ClipInfo:
     rate: float        # its average frame rate (frames per second)
     width: int
     height: int
+    # (frame number, presentation timestamp) of each keyframe after the first, where decoding may
+    # start; empty where the packets carry no timestamps (then decoding starts at the clip's start).
+    keyframes: tuple[tuple[int, int], ...] = ()
+
+    def keyframe_before(self, number: int) -> tuple[int, int] | None:
+        """The last keyframe at or before frame `number` (None: decode from the start)."""
+        return next((key for key in reversed(self.keyframes) if key[0] <= number), None)
 
     def positions(self, fps: float | None) -> int:
         """How many frames the clip gives at `fps` (its own frames when None)."""
@@ -82,7 +91,8 @@ def _probe(path: Path) -> ClipInfo:
                 raise ClipError(f"holds no video stream (only {kinds}): it is not a video (.mp4 H.264/H.265, "
                                 ".webm, .mov)")
             stream = container.streams.video[0]
-            frames = sum(1 for packet in container.demux(stream) if packet.size)
+            packets = [(packet.pts, packet.is_keyframe) for packet in container.demux(stream) if packet.size]
+            frames = len(packets)
             if frames == 0:
                 raise ClipError("holds no video frames: a zero-length clip")
             container.seek(0)
@@ -96,9 +106,18 @@ def _probe(path: Path) -> ClipInfo:
                 rate = frames / duration if duration > 0 else 0.0
             if rate <= 0:
                 raise ClipError("has no frame rate (neither its stream nor its duration gives one)")
-            return ClipInfo(frames, rate, first.width, first.height)
+            return ClipInfo(frames, rate, first.width, first.height, _keyframes(packets))
     except av.FFmpegError as err:
         raise ClipError(f"cannot be read as a video ({type(err).__name__}: {err})") from None
+
+
+def _keyframes(packets: list[tuple[int | None, bool]]) -> tuple[tuple[int, int], ...]:
+    """Each keyframe's frame number (its rank in presentation order: packets come in decoding order)
+    and timestamp, the first left out (decoding starts there anyway)."""
+    if any(pts is None for pts, _ in packets):
+        return ()
+    number = {pts: rank for rank, pts in enumerate(sorted(pts for pts, _ in packets))}
+    return tuple(sorted((number[pts], pts) for pts, key in packets if key and number[pts] > 0))
 
 
 def clip_check(shortest: int, fps: float | None):
@@ -119,19 +138,21 @@ def clip_check(shortest: int, fps: float | None):
 
 
 def read_frames(path: Path, indices: list[int], size: tuple[int, int], crop: tuple[int, int, int, int],
-                flip: bool) -> np.ndarray:
+                flip: bool, info: ClipInfo | None = None) -> np.ndarray:
     """Source frames `indices` (ascending, repeats allowed) as uint8 [frames, height, width, 3]: each
     resized to `size` (width, height), cropped to `crop` (left, top, width, height), maybe mirrored.
-    Decodes from the clip's start up to the last index; only the frames kept are converted."""
+    Decodes from the last keyframe before the first index (`info`'s; else from the clip's start) up
+    to the last index; only the frames kept are converted."""
     wanted = set(indices)
     last = max(indices)
     left, top, width, height = crop
+    keyframe = info.keyframe_before(min(indices)) if info is not None else None
     kept: dict[int, np.ndarray] = {}
     try:
         with av.open(str(path)) as container:
             stream = container.streams.video[0]
             stream.codec_context.thread_count = DECODE_THREADS
-            for number, frame in enumerate(container.decode(stream)):
+            for number, frame in _numbered(container, stream, keyframe):
                 if number in wanted:
                     rgb = frame.reformat(width=size[0], height=size[1], format="rgb24",
                                          interpolation="BICUBIC").to_ndarray()
@@ -145,6 +166,23 @@ def read_frames(path: Path, indices: list[int], size: tuple[int, int], crop: tup
         raise ClipError(f"decoded only {len(kept) and max(kept) + 1} frames where frame {last + 1} was needed "
                         "(its frame count was read before training): the clip is truncated or changed")
     return np.stack([kept[index] for index in indices])
+
+
+def _numbered(container, stream, keyframe: tuple[int, int] | None):
+    """(frame number, frame) in presentation order from `keyframe` (number, pts), or from the start.
+    Frames shown before the keyframe that decoding from it still yields (an open GOP's) are passed
+    over; if the seek lands elsewhere than on the keyframe, decoding starts again from the start."""
+    if keyframe is not None:
+        number, pts = keyframe
+        container.seek(pts, stream=stream, backward=True)
+        frames = (frame for frame in container.decode(stream) if frame.pts is not None and frame.pts >= pts)
+        first = next(frames, None)
+        if first is not None and first.pts == pts:
+            yield number, first
+            yield from enumerate(frames, start=number + 1)
+            return
+        container.seek(0, stream=stream, backward=True)
+    yield from enumerate(container.decode(stream))
 
 
 def write_clip(path: Path, frames: list[np.ndarray], fps: int, codec: str = "libx264", **options: str) -> Path:

@@ -100,7 +100,7 @@ class VideoCaptionsDataset(KeyedDataset):
         left, top = crop_origin(covered, (width, height), self.transform.center_crop, crop_rng)
         indices = [info.source_index(start + offset, self.fps) for offset in range(count)]
         try:
-            frames = read_frames(sample.path, indices, covered, (left, top, width, height), flip)
+            frames = read_frames(sample.path, indices, covered, (left, top, width, height), flip, info)
         except ClipError as err:
             raise _failed(sample.path, err) from None
         # Reordered while still uint8, then one float pass and one in place: at 81x480p a sample is
