@@ -180,6 +180,18 @@ def audio_only(path: Path) -> None:
             container.mux(packet)
 
 
+def test_too_few_clips_of_any_one_frame_count_for_a_step_is_named_with_the_frame_counts(tmp_path):
+    from kubetune_trainer.data.sampler import check_enough_samples
+
+    grey_clip(tmp_path / "short.mp4", 5)
+    grey_clip(tmp_path / "long.mp4", 9)
+    data = dataset(video_spec(captioned(tmp_path, {"short.mp4": "s", "long.mp4": "l"}), frames=[5, 9]))
+    assert sorted(data.frames) == [5, 9]
+    with pytest.raises(ConfigError, match=r"fewer than one optimizer step \(2 = .*\) in any group batched together "
+                                          r"\(.* one count of spec.data.frames"):
+        check_enough_samples(len(data), 2, data.groups)
+
+
 BAD_CLIPS = {
     "not a video": (lambda p: p.write_text("a caption, not a clip\n" * 40), "cannot be read as a video"),
     "sound only": (audio_only, "holds no video stream (only audio): it is not a video"),

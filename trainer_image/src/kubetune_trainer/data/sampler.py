@@ -106,7 +106,9 @@ def epoch_steps(num_samples: int, global_batch: int, seed: int, epoch: int,
 
 def check_enough_samples(num_samples: int, global_batch: int, groups: Sequence[int] | None = None) -> None:
     if steps_per_epoch(num_samples, global_batch, groups) == 0:
-        where = " in any aspect-ratio bucket (spec.data.bucketing)" if groups is not None else ""
+        # Groups batch alike: an aspect-ratio bucket, a frame count, a number of control images.
+        where = (" in any group batched together (one aspect-ratio bucket with spec.data.bucketing, one count of "
+                 "spec.data.frames, one number of control images)") if groups is not None else ""
         raise ConfigError(
             f"spec.training.batchSize: the data has {num_samples} samples, fewer than one optimizer step "
             f"({global_batch} = batchSize x processes x gradientAccumulationSteps){where}; "
