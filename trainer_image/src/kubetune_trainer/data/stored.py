@@ -1,0 +1,79 @@
+"""Samples of spec.data.format parquet and webdataset: each format's reader yields Stored records
+(an image path, its caption or label as stored), and the layouts make their samples of them.
+
+The records come in the data set's own order (files and shards by name, rows and members as they
+lie in each), and each image is named as its loose file was (a parquet image's path, a shard
+member's name): the same samples stored as loose files, as parquet or as WebDataset are then the
+same list in the same order, so the sampler draws the same steps and training gives the same weights.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubetune_api.spec import TrainingJobSpec, data_columns
+from kubetune_trainer.data.screening import Screen
+from kubetune_trainer.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Stored:
+    image: Path               # a loose file, or a member path (storage.members)
+    where: str                # how messages name the sample: "FILE row 3", "SHARD sample 0003"
+    caption: object = None    # as stored (a caption must be text)
+    label: object = None      # as stored: a class index, or a class name
+
+
+@dataclass(frozen=True)
+class Columns:
+    image: str | None
+    caption: str
+    label: str | None
+    wanted: str               # "caption" or "label": which of the two the layout reads
+
+
+def columns_of(spec: TrainingJobSpec) -> Columns:
+    image, caption, label = data_columns(spec.data)
+    return Columns(image, caption, label, "label" if spec.data.layout == "image-folder" else "caption")
+
+
+def read_stored(spec: TrainingJobSpec, screen: Screen) -> list[Stored]:
+    from kubetune_trainer.data import parquet, webdataset
+
+    readers = {"parquet": parquet.read_parquet, "webdataset": webdataset.read_webdataset}
+    records = readers[spec.data.format](Path(spec.data.uri), screen, columns_of(spec))
+    if not records:
+        raise ConfigError(f"spec.data.uri: {spec.data.uri} holds no usable samples (spec.data.format "
+                          f"{spec.data.format})")
+    return records
+
+
+def captioned(records: list[Stored], screen: Screen) -> list:
+    from kubetune_trainer.data.captions import CaptionedImage
+
+    samples = []
+    for record in records:
+        if not isinstance(record.caption, str):
+            screen.reject(record.where, f"its caption is {type(record.caption).__name__}, not text; give every "
+                                        "sample a caption (spec.data.captionColumn names where it is)")
+            continue
+        samples.append(CaptionedImage(record.image, record.caption))
+    return samples
+
+
+def labelled(records: list[Stored], screen: Screen) -> list:
+    """Class indices as stored; class names numbered in sorted order, as class folders are."""
+    from kubetune_trainer.data.image_folder import LabelledImage
+
+    usable = []
+    for record in records:
+        if isinstance(record.label, bool) or not isinstance(record.label, (int, str)):
+            screen.reject(record.where, f"its label is {type(record.label).__name__}; give every sample a class "
+                                        "index or name (spec.data.labelColumn names where it is)")
+            continue
+        usable.append(record)
+    if len({type(r.label) for r in usable}) > 1:
+        raise ConfigError(f"spec.data.labelColumn: {usable[0].where} and others mix class indices and class "
+                          "names; label every sample one way")
+    names = sorted({r.label for r in usable if isinstance(r.label, str)})
+    return [LabelledImage(r.image, names.index(r.label) if isinstance(r.label, str) else r.label) for r in usable]
