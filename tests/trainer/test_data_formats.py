@@ -60,6 +60,10 @@ def test_each_format_holds_the_samples_of_the_loose_files_in_their_order_and_nam
     assert [getattr(s, text) for s in samples] == [getattr(s, text) for s in expected]
     assert all(s.path.name for s in samples) and not any(s.path.exists() for s in samples), \
         "local containers are read in place: nothing is extracted"
+    if layout == "image-folder":  # the classifier's head is sized and named by the classes
+        from kubetune_trainer.data.image_folder import read_labelled
+
+        assert read_labelled(spec_for(layout, stored, data_format), Screen(False))[1] == ["circle", "square"]
 
 
 def one_file(path: Path, **columns) -> Path:
@@ -152,3 +156,18 @@ def test_the_trainer_refuses_a_bad_row_in_one_line_before_writing_anything(tiny_
     assert f"{file} row 1: cannot be read as an image" in result.stderr and "spec.data.skipBad" in result.stderr
     assert no_traceback(result.stderr)
     assert not (tmp_path / "out").exists(), "refused before the run wrote anything"
+
+
+def test_image_folder_as_webdataset_trains_the_classifier_class_folders_train(tiny_model, tiny_dataset, tmp_path):
+    from tests.trainer.conftest import run_dir, run_trainer, trained_weights
+    from tests.trainer.test_distributed import max_difference
+
+    loose = tiny_dataset("image-folder")
+    shards = write_webdataset("image-folder", loose, tmp_path / "shards", per_file=3)
+    weights = {}
+    for name, root, data_format in (("loose", loose, "files"), ("shards", shards, "webdataset")):
+        manifest = family_job("classifier", "image-folder", tiny_model("classifier"), root, tmp_path / name,
+                              data={"format": data_format, "randomFlip": True, "centerCrop": False})
+        run_trainer(manifest, tmp_path)
+        weights[name] = trained_weights(run_dir(tmp_path / name) / "checkpoint-2")
+    assert max_difference(weights["loose"], weights["shards"]) == 0

@@ -9,6 +9,7 @@ names the imagefolder builder sorts, numbering classes as class folders are) or 
 """
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +108,7 @@ def _index(root: Path, file: Path, columns: Columns) -> list:
                  if stored_as == "struct" else parquet.read(columns=[columns.image]).column(0).to_pylist()
                  if stored_as == "path" else [None] * len(texts))
         metadata = parquet.metadata
+        classes = _class_names(schema, text_column) if columns.wanted == "label" else None
     found, row = [], 0
     relative = file.relative_to(root).as_posix()
     for group in range(metadata.num_row_groups):
@@ -116,7 +118,7 @@ def _index(root: Path, file: Path, columns: Columns) -> list:
             where = f"{file} row {row}"
             path = paths[row]["path"] if stored_as == "struct" and paths[row] else paths[row]
             text = texts[row]
-            record = {"label" if columns.wanted == "label" else "caption": text}
+            record = {"label": text, "classes": classes} if columns.wanted == "label" else {"caption": text}
             if stored_as == "path":
                 try:
                     image = confined(root, path or "", f"image path in {where}")
@@ -153,3 +155,12 @@ def _image_bytes(row_group, column: str) -> int:
     return sum(row_group.column(i).total_uncompressed_size for i in range(row_group.num_columns)
                if row_group.column(i).path_in_schema.split(".")[0] == column)
 
+
+
+def _class_names(schema, column: str) -> tuple[str, ...] | None:
+    """The names of a ClassLabel label column, from the metadata datasets writes into the schema."""
+    try:
+        names = json.loads((schema.metadata or {})[b"huggingface"])["info"]["features"][column]["names"]
+    except (KeyError, TypeError, ValueError):
+        return None
+    return tuple(names) if isinstance(names, list) and all(isinstance(n, str) for n in names) else None

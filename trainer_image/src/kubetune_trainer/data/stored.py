@@ -22,6 +22,7 @@ class Stored:
     where: str                # how messages name the sample: "FILE row 3", "SHARD sample 0003"
     caption: object = None    # as stored (a caption must be text)
     label: object = None      # as stored: a class index, or a class name
+    classes: tuple[str, ...] | None = None  # the names of the class indices, where the file has them
 
 
 @dataclass(frozen=True)
@@ -62,18 +63,30 @@ def captioned(records: list[Stored], screen: Screen) -> list:
 
 
 def labelled(records: list[Stored], screen: Screen) -> list:
-    """Class indices as stored; class names numbered in sorted order, as class folders are."""
+    return labelled_and_classes(records, screen)[0]
+
+
+def labelled_and_classes(records: list[Stored], screen: Screen) -> tuple[list, list[str]]:
+    """The image-folder samples and the class names (label i is classes[i]): class indices as stored,
+    named as the data set names them (a ClassLabel) or by number; class names numbered in sorted
+    order, as class folders are."""
     from kubetune_trainer.data.image_folder import LabelledImage
 
     usable = []
     for record in records:
-        if isinstance(record.label, bool) or not isinstance(record.label, (int, str)):
-            screen.reject(record.where, f"its label is {type(record.label).__name__}; give every sample a class "
-                                        "index or name (spec.data.labelColumn names where it is)")
+        if isinstance(record.label, bool) or not isinstance(record.label, (int, str)) or record.label == "" \
+                or (isinstance(record.label, int) and record.label < 0):
+            screen.reject(record.where, f"its label is {record.label!r}; give every sample a class index or name "
+                                        "(spec.data.labelColumn names where it is)")
             continue
         usable.append(record)
     if len({type(r.label) for r in usable}) > 1:
         raise ConfigError(f"spec.data.labelColumn: {usable[0].where} and others mix class indices and class "
                           "names; label every sample one way")
-    names = sorted({r.label for r in usable if isinstance(r.label, str)})
-    return [LabelledImage(r.image, names.index(r.label) if isinstance(r.label, str) else r.label) for r in usable]
+    if usable and isinstance(usable[0].label, str):
+        classes = sorted({r.label for r in usable})
+        return [LabelledImage(r.image, classes.index(r.label)) for r in usable], classes
+    count = max((r.label for r in usable), default=-1) + 1
+    named = next((r.classes for r in usable if r.classes), None)
+    classes = list(named) if named and len(named) >= count else [str(i) for i in range(count)]
+    return [LabelledImage(r.image, r.label) for r in usable], classes

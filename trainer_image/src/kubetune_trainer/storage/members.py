@@ -56,7 +56,10 @@ def read_range(container: Path, start: int, size: int) -> bytes:
     """SIZE bytes of CONTAINER from START: a local read, or one ranged GET of a streamed object."""
     found = stream.streamed_object(container)
     if found is not None:
-        return found[0].read_range(found[1], start, size)
+        data = found[0].read_range(found[1], start, size)
+        with MEMBERS._lock:
+            MEMBERS.ranged_bytes += len(data)
+        return data
     with open(container, "rb") as file:
         return os.pread(file.fileno(), size, start)
 
@@ -104,6 +107,7 @@ class MemberSet:
         self.members: dict[str, Member] = {}
         self.fetched_images = 0
         self.fetched_bytes = 0
+        self.ranged_bytes = 0  # read out of streamed containers by this process (a parquet row: its row group)
         self._lock = threading.Lock()
 
     def add(self, member: Member, name: str) -> Path:
