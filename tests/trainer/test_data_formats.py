@@ -24,7 +24,7 @@ from kubetune_trainer.tiny_data import write_tiny_data
 from tests.trainer.conftest import family_job, tiny_sd15, trainer_command, trainer_env, write_manifest  # noqa: F401
 from tests.trainer.test_hostile_input import no_traceback
 
-FAMILY_OF = {"captions": "sd15", "image-folder": "classifier"}
+FAMILY_OF = {"captions": "sd15", "image-folder": "classifier", "edit-pairs": "qwen-image-edit-plus"}
 WRITERS = {"parquet": write_parquet, "webdataset": write_webdataset}
 
 
@@ -47,19 +47,32 @@ def stored_name(path: Path, root: Path) -> str:
     return member.name if member else path.relative_to(root).as_posix()
 
 
-@pytest.mark.parametrize("layout", ["captions", "image-folder"])
-@pytest.mark.parametrize("data_format", ["parquet", "webdataset"])
-def test_each_format_holds_the_samples_of_the_loose_files_in_their_order_and_names(layout, data_format, tmp_path):
-    loose = write_tiny_data(layout, tmp_path / "loose", count=8, size=32, seed=0)
+CASES = [("captions", "parquet", {}), ("captions", "webdataset", {}), ("image-folder", "parquet", {}),
+         ("image-folder", "webdataset", {}), ("edit-pairs", "parquet", {}),
+         ("edit-pairs", "webdataset", {"references": (1, 3)})]  # shards: several control images too
+
+
+@pytest.mark.parametrize("layout,data_format,options", CASES, ids=[f"{l}-{f}" for l, f, _ in CASES])
+def test_each_format_holds_the_samples_of_the_loose_files_in_their_order_and_names(layout, data_format, options,
+                                                                                   tmp_path):
+    loose = write_tiny_data(layout, tmp_path / "loose", count=8, size=32, seed=0, **options)
     stored = WRITERS[data_format](layout, loose, tmp_path / data_format, per_file=3)  # 3 files: 3 + 3 + 2
     expected, _ = read(layout, loose, "files")
     samples, _ = read(layout, stored, data_format)
-    assert [stored_name(s.path, stored) for s in samples] == [stored_name(s.path, loose) for s in expected]
-    assert [read_bytes(s.path) for s in samples] == [s.path.read_bytes() for s in expected]
-    text = "caption" if layout == "captions" else "label"
+    image = {"edit-pairs": "target"}.get(layout, "path")
+    text = {"captions": "caption", "image-folder": "label", "edit-pairs": "instruction"}[layout]
+    assert [stored_name(getattr(s, image), stored) for s in samples] == \
+        [stored_name(getattr(s, image), loose) for s in expected]
+    assert [read_bytes(getattr(s, image)) for s in samples] == [getattr(s, image).read_bytes() for s in expected]
     assert [getattr(s, text) for s in samples] == [getattr(s, text) for s in expected]
-    assert all(s.path.name for s in samples) and not any(s.path.exists() for s in samples), \
-        "local containers are read in place: nothing is extracted"
+    if layout == "edit-pairs":
+        assert [[read_bytes(c) for c in s.controls] for s in samples] == \
+            [[c.read_bytes() for c in s.controls] for s in expected], "the control images, in order"
+    assert not any(getattr(s, image).exists() for s in samples), "local containers are read in place"
+    if layout == "image-folder":  # the classifier's head is sized and named by the classes
+        from kubetune_trainer.data.image_folder import read_labelled
+
+        assert read_labelled(spec_for(layout, stored, data_format), Screen(False))[1] == ["circle", "square"]
     if layout == "image-folder":  # the classifier's head is sized and named by the classes
         from kubetune_trainer.data.image_folder import read_labelled
 
@@ -75,13 +88,14 @@ def one_file(path: Path, **columns) -> Path:
 def test_parquet_images_as_plain_bytes_or_as_paths_relative_to_the_data_read_as_structs_do(tmp_path):
     loose = write_tiny_data("captions", tmp_path / "loose", count=3, size=32, seed=0)
     samples = loose_samples("captions", loose)
-    as_bytes = one_file(tmp_path / "bytes" / "data.parquet", picture=[p.read_bytes() for p, _, _ in samples],
-                        prompt=[c for _, _, c in samples])
+    as_bytes = one_file(tmp_path / "bytes" / "data.parquet", picture=[p.read_bytes() for p, _, _, _ in samples],
+                        prompt=[c for _, _, c, _ in samples])
     read_back, _ = read("captions", as_bytes, "parquet", imageColumn="picture", captionColumn="prompt")
-    assert [(read_bytes(s.path), s.caption) for s in read_back] == [(p.read_bytes(), c) for p, _, c in samples]
-    as_paths = one_file(loose / "index.parquet", image=[name for _, name, _ in samples], text=[c for _, _, c in samples])
+    assert [(read_bytes(s.path), s.caption) for s in read_back] == [(p.read_bytes(), c) for p, _, c, _ in samples]
+    as_paths = one_file(loose / "index.parquet", image=[name for _, name, _, _ in samples],
+                        text=[c for _, _, c, _ in samples])
     read_back, _ = read("captions", as_paths, "parquet")
-    assert [(s.path, s.caption) for s in read_back] == [(p, c) for p, _, c in samples], "paths are the loose files"
+    assert [(s.path, s.caption) for s in read_back] == [(p, c) for p, _, c, _ in samples], "paths are the loose files"
 
 
 def test_the_trainer_reads_exactly_the_layouts_the_api_lets_each_format_hold():
@@ -171,3 +185,13 @@ def test_image_folder_as_webdataset_trains_the_classifier_class_folders_train(ti
         run_trainer(manifest, tmp_path)
         weights[name] = trained_weights(run_dir(tmp_path / name) / "checkpoint-2")
     assert max_difference(weights["loose"], weights["shards"]) == 0
+
+
+def test_edit_pairs_in_shards_with_more_control_images_than_the_family_takes_are_named(tmp_path):
+    loose = write_tiny_data("edit-pairs", tmp_path / "loose", count=4, size=32, seed=0, references=(1, 3))
+    shards = write_webdataset("edit-pairs", loose, tmp_path / "shards")
+    spec = spec_for("edit-pairs", shards, "webdataset").model_copy(update={"model": spec_for(
+        "captions", shards, "webdataset").model.model_copy(update={"family": "flux-kontext"})})
+    with pytest.raises(ConfigError, match=rf"^{shards / 'shard-00000.tar'} sample training_images/0001: has 3 "
+                                          "control images; spec.model.family flux-kontext takes at most 1"):
+        LAYOUTS["edit-pairs"].read_samples(spec, Screen(skip_bad=False))

@@ -241,27 +241,30 @@ class DataFormat:
     image_column: str | None    # None: a WebDataset sample's image member, whatever its extension
     caption_column: str
     label_column: str | None    # None: labels are not in columns (files: the class folders)
+    control_column: str | None  # edit-pairs: where the control images are (None: control_images/)
     description: str
 
 
 DATA_FORMATS: dict[str, DataFormat] = {
-    "files": DataFormat(("captions", "edit-pairs", "pmg", "image-folder"), "file_name", "text", None,
+    "files": DataFormat(("captions", "edit-pairs", "pmg", "image-folder"), "file_name", "text", None, None,
                         "loose files as the layout describes them"),
-    "parquet": DataFormat(("captions", "image-folder"), "image", "text", "label",
+    "parquet": DataFormat(("captions", "image-folder", "edit-pairs"), "image", "text", "label", "control_image",
                           "*.parquet files as Hugging Face datasets saves them: an image column of {bytes, path} "
-                          "structs, bytes, or paths relative to the data folder, and a caption (or label) column"),
-    "webdataset": DataFormat(("captions", "image-folder"), None, "text", "label",
+                          "structs, bytes, or paths relative to the data folder, and a caption (or label) column; "
+                          "edit pairs add a control image column (one image or a list of them)"),
+    "webdataset": DataFormat(("captions", "image-folder", "edit-pairs"), None, "text", "label", "control",
                              "WebDataset *.tar shards: each sample is the members sharing a KEY, KEY.jpg/png/webp "
-                             "with KEY.txt (or KEY.json's caption column) or KEY.cls (or KEY.json's label column)"),
+                             "with KEY.txt (or KEY.json's caption column) or KEY.cls (or KEY.json's label column); "
+                             "edit pairs add KEY.control.png (or KEY.control_0.png, KEY.control_1.png, ...)"),
 }
 DataFormatName = Literal[tuple(DATA_FORMATS)]
 
 
-def data_columns(data: "DataSpec") -> tuple[str | None, str, str | None]:
-    """(image, caption, label) column names of the data: the spec's, else its format's defaults."""
+def data_columns(data: "DataSpec") -> tuple[str | None, str, str | None, str | None]:
+    """(image, caption, label, control) column names of the data: the spec's, else its format's defaults."""
     row = DATA_FORMATS[data.format]
     return (data.image_column or row.image_column, data.caption_column or row.caption_column,
-            data.label_column or row.label_column)
+            data.label_column or row.label_column, data.control_column or row.control_column)
 
 
 DATA_RULES = [
@@ -275,9 +278,16 @@ DATA_RULES = [
          "spec.data.format does not fit spec.data.layout: "
          + "; ".join(f"{name} stores {', '.join(row.layouts)}" for name, row in DATA_FORMATS.items())
          + " (use format files, loose files, for the others)"),
-    Rule("!has(self.captionColumn) || self.layout == 'captions'",
-         lambda data: data.caption_column is None or data.layout == "captions",
-         "spec.data.captionColumn names the captions of the captions layout only: remove it for this layout"),
+    Rule("!has(self.captionColumn) || self.layout == 'captions' || (self.layout == 'edit-pairs' "
+         "&& self.format != 'files')",
+         lambda data: data.caption_column is None or data.layout == "captions"
+         or (data.layout == "edit-pairs" and data.format != "files"),
+         "spec.data.captionColumn names the captions of the captions layout, or the instructions of edit pairs "
+         "stored as parquet or webdataset: remove it for this layout"),
+    Rule("!has(self.controlColumn) || (self.layout == 'edit-pairs' && self.format != 'files')",
+         lambda data: data.control_column is None or (data.layout == "edit-pairs" and data.format != "files"),
+         "spec.data.controlColumn names the control images of edit pairs stored as parquet or webdataset: "
+         "remove it (loose edit pairs keep them in control_images/)"),
     Rule("!has(self.imageColumn) || self.layout == 'captions' || self.format != 'files'",
          lambda data: data.image_column is None or data.layout == "captions" or data.format != "files",
          "spec.data.imageColumn names metadata.jsonl's image key in the captions layout, or the image column of "
@@ -317,8 +327,15 @@ class DataSpec(_Model):
     )
     caption_column: Optional[str] = Field(
         default=None, min_length=1, max_length=253,
-        description="captions layout: the metadata.jsonl key (files) or column (parquet) holding each caption, or "
-        "the field of KEY.json when a WebDataset sample has no KEY.txt (unset: text).",
+        description="captions layout (and edit-pairs as parquet or webdataset: the instruction): the "
+        "metadata.jsonl key (files) or column (parquet) holding each caption, or the field of KEY.json when a "
+        "WebDataset sample has no KEY.txt (unset: text).",
+    )
+    control_column: Optional[str] = Field(
+        default=None, min_length=1, max_length=253,
+        description="edit-pairs layout as parquet: the column of each sample's control image, or of a list of "
+        "them in order (unset: control_image); as webdataset: the member name before the image extension, "
+        "KEY.control.png or KEY.control_0.png, KEY.control_1.png, ... (unset: control).",
     )
     label_column: Optional[str] = Field(
         default=None, min_length=1, max_length=253,

@@ -30,17 +30,17 @@ class Layout:
     # The held-out samples when the layout names a file of them, else None (a fraction is split off).
     held_out: Callable[[TrainingJobSpec, Screen], list | None] = lambda spec, screen: None
     # Its samples from the records of spec.data.format parquet or webdataset (None: loose files only).
-    from_stored: Callable[[list[stored.Stored], Screen], list] | None = None
+    from_stored: Callable[[list[stored.Stored], TrainingJobSpec, Screen], list] | None = None
 
     def read_samples(self, spec: TrainingJobSpec, screen: Screen) -> list:
         """Every sample, from loose files or from the format spec.data.format names."""
         if spec.data.format == "files":
             return self.read(spec, screen)
-        return self.from_stored(stored.read_stored(spec, screen), screen)
+        return self.from_stored(stored.read_stored(spec, screen), spec, screen)
 
 
 def _read_captions(spec: TrainingJobSpec, screen: Screen) -> list:
-    image_column, caption_column, _ = data_columns(spec.data)
+    image_column, caption_column, *_ = data_columns(spec.data)
     return captions.read_captions(Path(spec.data.uri), screen, image_column, caption_column)
 
 
@@ -87,7 +87,7 @@ def _pmg_dataset(samples: list, transform: ImageTransform, spec: TrainingJobSpec
 
 LAYOUTS: dict[str, Layout] = {
     "captions": Layout(_read_captions, _captions_dataset, captions.collate, from_stored=stored.captioned),
-    "edit-pairs": Layout(_read_edit_pairs, _edit_pairs_dataset, edit_pairs.collate),
+    "edit-pairs": Layout(_read_edit_pairs, _edit_pairs_dataset, edit_pairs.collate, from_stored=stored.edit_pairs),
     "image-folder": Layout(_read_image_folder, _image_folder_dataset, image_folder.collate,
                            from_stored=stored.labelled),
     "pmg": Layout(_read_pmg, _pmg_dataset, pmg.collate, held_out=_pmg_held_out),

@@ -80,6 +80,16 @@ def _image_column(file: Path, row_group: int, column: str) -> list:
         return pq.ParquetFile(handle).read_row_group(row_group, columns=[column]).column(0).to_pylist()
 
 
+@dataclass(frozen=True)
+class ImageColumn:
+    """One column of images in one file: how it stores them, and the path each row names (or None)."""
+
+    name: str
+    field: str          # the spec field naming it
+    stored_as: str      # "struct", "bytes" or "path" (_stored_as)
+    paths: list
+
+
 def _index(root: Path, file: Path, columns: Columns) -> list:
     """The file's samples as Stored records, and (where, why) for each bad row."""
     import pyarrow as pa
@@ -87,6 +97,7 @@ def _index(root: Path, file: Path, columns: Columns) -> list:
 
     text_column = columns.label if columns.wanted == "label" else columns.caption
     text_field = "labelColumn" if columns.wanted == "label" else "captionColumn"
+    image_fields = [(columns.image, "imageColumn")] + ([(columns.control, "controlColumn")] if columns.edits else [])
     with open_container(file) as handle:
         try:
             parquet = pq.ParquetFile(handle)
@@ -94,48 +105,62 @@ def _index(root: Path, file: Path, columns: Columns) -> list:
             raise ConfigError(f"{file}: not a readable parquet file ({err}); write it again (e.g. "
                               "datasets' Dataset.to_parquet) or remove it") from None
         schema = parquet.schema_arrow
-        for column, field in ((columns.image, "imageColumn"), (text_column, text_field)):
+        for column, field in (*image_fields, (text_column, text_field)):
             if column not in schema.names:
                 raise ConfigError(f"{file}: no column {column!r} (spec.data.{field}); its columns are "
                                   f"{', '.join(schema.names)}: name the right one in spec.data.{field}")
-        image_type = schema.field(columns.image).type
-        stored_as = _stored_as(image_type)
-        if stored_as is None:
-            raise ConfigError(f"{file}: column {columns.image!r} (spec.data.imageColumn) holds {image_type}, not "
-                              "images: it needs {bytes, path} structs (datasets' Image feature), bytes or paths")
+        images = [_image_column_of(parquet, file, column, field) for column, field in image_fields]
         texts = parquet.read(columns=[text_column]).column(0).to_pylist()
-        paths = (parquet.read(columns=[f"{columns.image}.path"]).column(0).to_pylist()
-                 if stored_as == "struct" else parquet.read(columns=[columns.image]).column(0).to_pylist()
-                 if stored_as == "path" else [None] * len(texts))
         metadata = parquet.metadata
         classes = _class_names(schema, text_column) if columns.wanted == "label" else None
     found, row = [], 0
     relative = file.relative_to(root).as_posix()
     for group in range(metadata.num_row_groups):
         rows = metadata.row_group(group).num_rows
-        share = _image_bytes(metadata.row_group(group), columns.image) // max(rows, 1)
         for index in range(rows):
             where = f"{file} row {row}"
-            path = paths[row]["path"] if stored_as == "struct" and paths[row] else paths[row]
-            text = texts[row]
-            record = {"label": text, "classes": classes} if columns.wanted == "label" else {"caption": text}
-            if stored_as == "path":
-                try:
-                    image = confined(root, path or "", f"image path in {where}")
-                except UnsafePath as err:
-                    found.append((where, str(err)))
-                    row += 1
-                    continue
-                if not image.is_file():
-                    found.append((where, f"its image {path} does not exist in {root}"))
-                else:
-                    found.append(Stored(image, where, **record))
+            refs = [_image_of(root, file, relative, column, metadata.row_group(group), group, index, row, where)
+                    for column in images]
+            problem = next((ref for ref in refs if isinstance(ref, tuple)), None)
+            if problem is not None:
+                found.append(problem)
             else:
-                member = Member(file, f"row {row}", path or f"{relative}:{row}", share,
-                                ParquetRow(group, index, columns.image, root))
-                found.append(Stored(MEMBERS.add(member, f"row-{row}"), where, **record))
+                text = texts[row]
+                record = {"label": text, "classes": classes} if columns.wanted == "label" else {"caption": text}
+                found.append(Stored(refs[0], where, controls=tuple(refs[1:]), **record))
             row += 1
     return found
+
+
+def _image_column_of(parquet, file: Path, column: str, field: str) -> ImageColumn:
+    image_type = parquet.schema_arrow.field(column).type
+    stored_as = _stored_as(image_type)
+    if stored_as is None:
+        raise ConfigError(f"{file}: column {column!r} (spec.data.{field}) holds {image_type}, not images: it "
+                          "needs {bytes, path} structs (datasets' Image feature), bytes or paths")
+    if stored_as == "bytes":
+        return ImageColumn(column, field, stored_as, [None] * parquet.metadata.num_rows)
+    read = f"{column}.path" if stored_as == "struct" else column  # a struct's paths, never its bytes
+    values = parquet.read(columns=[read]).column(0).to_pylist()
+    return ImageColumn(column, field, stored_as,
+                       [v and v.get("path") for v in values] if stored_as == "struct" else values)
+
+
+def _image_of(root: Path, file: Path, relative: str, column: ImageColumn, row_group, group: int, index: int,
+              row: int, where: str) -> Path | tuple[str, str]:
+    """The path of one row's image in COLUMN: a loose file it names, or a member of the file; or
+    (where, why) it cannot be."""
+    path = column.paths[row]
+    if column.stored_as == "path":
+        try:
+            image = confined(root, path or "", f"image path in {where}")
+        except UnsafePath as err:
+            return where, str(err)
+        return image if image.is_file() else (where, f"its image {path} does not exist in {root}")
+    share = _image_bytes(row_group, column.name) // max(row_group.num_rows, 1)
+    member = Member(file, f"row {row}" + ("" if column.field == "imageColumn" else f" column {column.name}"),
+                    path or f"{relative}:{row}", share, ParquetRow(group, index, column.name, root))
+    return MEMBERS.add(member, f"row-{row}" + ("" if column.field == "imageColumn" else f".{column.name}"))
 
 
 def _stored_as(image_type) -> str | None:

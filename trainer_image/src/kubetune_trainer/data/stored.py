@@ -23,6 +23,7 @@ class Stored:
     caption: object = None    # as stored (a caption must be text)
     label: object = None      # as stored: a class index, or a class name
     classes: tuple[str, ...] | None = None  # the names of the class indices, where the file has them
+    controls: tuple[Path, ...] = ()         # edit pairs: the control images, in order
 
 
 @dataclass(frozen=True)
@@ -30,12 +31,15 @@ class Columns:
     image: str | None
     caption: str
     label: str | None
+    control: str | None
     wanted: str               # "caption" or "label": which of the two the layout reads
+    edits: bool = False       # edit pairs: control images too (the caption is the instruction)
 
 
 def columns_of(spec: TrainingJobSpec) -> Columns:
-    image, caption, label = data_columns(spec.data)
-    return Columns(image, caption, label, "label" if spec.data.layout == "image-folder" else "caption")
+    image, caption, label, control = data_columns(spec.data)
+    return Columns(image, caption, label, control, "label" if spec.data.layout == "image-folder" else "caption",
+                   edits=spec.data.layout == "edit-pairs")
 
 
 def read_stored(spec: TrainingJobSpec, screen: Screen) -> list[Stored]:
@@ -49,7 +53,7 @@ def read_stored(spec: TrainingJobSpec, screen: Screen) -> list[Stored]:
     return records
 
 
-def captioned(records: list[Stored], screen: Screen) -> list:
+def captioned(records: list[Stored], spec: TrainingJobSpec, screen: Screen) -> list:
     from kubetune_trainer.data.captions import CaptionedImage
 
     samples = []
@@ -62,7 +66,7 @@ def captioned(records: list[Stored], screen: Screen) -> list:
     return samples
 
 
-def labelled(records: list[Stored], screen: Screen) -> list:
+def labelled(records: list[Stored], spec: TrainingJobSpec, screen: Screen) -> list:
     return labelled_and_classes(records, screen)[0]
 
 
@@ -90,3 +94,26 @@ def labelled_and_classes(records: list[Stored], screen: Screen) -> tuple[list, l
     named = next((r.classes for r in usable if r.classes), None)
     classes = list(named) if named and len(named) >= count else [str(i) for i in range(count)]
     return [LabelledImage(r.image, r.label) for r in usable], classes
+
+
+def edit_pairs(records: list[Stored], spec: TrainingJobSpec, screen: Screen) -> list:
+    """Edit pairs: a target image, its control images (as many as the family's row allows) and a
+    non-empty instruction, as loose edit pairs are checked (data.edit_pairs)."""
+    from kubetune_api.families import FAMILIES
+    from kubetune_trainer.data.edit_pairs import EditPair
+
+    family = spec.model.family
+    most = FAMILIES[family].max_references
+    pairs = []
+    for record in records:
+        if not record.controls:
+            screen.reject(record.where, "has no control image (spec.data.controlColumn names where they are)")
+        elif len(record.controls) > most:
+            screen.reject(record.where, f"has {len(record.controls)} control images; spec.model.family {family} "
+                                        f"takes at most {most}")
+        elif not isinstance(record.caption, str) or not record.caption.strip():
+            screen.reject(record.where, "has no instruction: an edit pair needs its instruction "
+                                        "(spec.data.captionColumn names where it is)")
+        else:
+            pairs.append(EditPair(record.controls, record.image, record.caption.strip()))
+    return pairs

@@ -4,7 +4,9 @@ the standard library's tarfile.
 WebDataset's convention: a member's key is its name up to the first dot of its base name, the rest
 its extension (`0003.jpg`, `0003.txt`, `0003.json`, `0003.cls`). A sample takes its image from the
 member with an image extension (spec.data.imageColumn: one extension only), its caption from
-KEY.txt or from KEY.json's caption column, its label from KEY.cls or KEY.json's label column.
+KEY.txt or from KEY.json's caption column, its label from KEY.cls or KEY.json's label column; an
+edit pair its control images from KEY.control.png, or KEY.control_0.png, KEY.control_1.png, ...
+(spec.data.controlColumn names the part before the image extension).
 
 Indexing a shard reads its headers and its small text members; tarfile skips image data by
 seeking, so a streamed shard is read by ranges (storage.members) and each image stays in the shard
@@ -105,9 +107,30 @@ def _index(shard: Path, columns: Columns) -> list:
         except ValueError as err:
             found.append((where, str(err)))
             continue
-        member = Member(shard, f"member {image.name}", image.name, image.size, TarRange(image.offset_data, image.size))
-        found.append(Stored(MEMBERS.add(member, image.name), where, **{columns.wanted: value}))
+        controls = tuple(_member_path(shard, info) for info in _controls(members, columns.control)) \
+            if columns.edits else ()
+        found.append(Stored(_member_path(shard, image), where, controls=controls, **{columns.wanted: value}))
     return problems + found
+
+
+def _member_path(shard: Path, info: tarfile.TarInfo) -> Path:
+    member = Member(shard, f"member {info.name}", info.name, info.size, TarRange(info.offset_data, info.size))
+    return MEMBERS.add(member, info.name)
+
+
+def _controls(members: dict[str, tarfile.TarInfo], control: str) -> list[tarfile.TarInfo]:
+    """An edit pair's control images: KEY.CONTROL.png, else KEY.CONTROL_0.png, KEY.CONTROL_1.png, ... in order."""
+    numbered = []
+    for extension, info in members.items():
+        stem, _, suffix = extension.rpartition(".")
+        if suffix not in IMAGE_EXTENSIONS:
+            continue
+        if stem == control:
+            return [info]
+        name, _, number = stem.rpartition("_")
+        if name == control and number.isdigit():
+            numbered.append((int(number), info))
+    return [info for _, info in sorted(numbered)]
 
 
 def _text(data: bytes, name: str) -> str:
