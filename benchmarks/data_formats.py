@@ -3,6 +3,7 @@ files: time to the first batch and steady samples/s.
 
     .venv/bin/python benchmarks/data_formats.py                  # 4,000 images of 256 px
     .venv/bin/python benchmarks/data_formats.py --images 800     # a quick look
+    .venv/bin/python benchmarks/data_formats.py --delay-ms 40    # every S3 request 40 ms later
 
 Starts a real S3 server (versitygw, built by devcluster/build.sh) on loopback and writes one captioned
 data set of --images JPEGs (noise, so they weigh what photos weigh) three ways: loose files with
@@ -13,7 +14,9 @@ trainer process does before and during training, without the model: lay out (or 
 its samples, screen them where they are not streamed, plan the prefetcher, then load --steps batches
 of --batch-size through a DataLoader of --workers workers (decoded and transformed to
 --resolution px). Time to the first batch runs from the case's start; steady samples/s is over
-the batches after --warmup. A benchmark, not a test: nothing is asserted.
+the batches after --warmup. With --delay-ms the cases reach the server through a proxy on loopback
+that holds every request that long (benchmarks/delay_proxy.py), as an object store across a network
+answers. A benchmark, not a test: nothing is asserted.
 """
 from __future__ import annotations
 
@@ -52,6 +55,7 @@ def parse_args(argv=None):
     parser.add_argument("--workers", type=int, default=2, help="spec.data.numWorkers")
     parser.add_argument("--rows-per-file", type=int, default=500)
     parser.add_argument("--row-group", type=int, default=100)
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="added to every S3 request of the cases")
     parser.add_argument("--workdir", type=Path, help="keep data here (default: a temporary directory)")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # internal: one case, in its own process
     parser.add_argument("--uri", help=argparse.SUPPRESS)
@@ -149,6 +153,13 @@ def main(argv=None) -> None:
         print(f"{args.images} JPEGs of {args.side} px ({size / 1e6:.0f} MB); parquet files of {args.rows_per_file} rows "
               f"in row groups of {args.row_group}, shards of {args.rows_per_file} samples; batches of {args.batch_size} "
               f"at {args.resolution} px, {args.workers} loader workers, {args.steps} batches")
+        if args.delay_ms:  # the upload went straight to the server; the cases go through the delay
+            from delay_proxy import DelayProxy
+
+            proxy = DelayProxy("127.0.0.1", int(settings["AWS_ENDPOINT_URL"].rsplit(":", 1)[1]), args.delay_ms / 1000)
+            proxy.start()
+            os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{proxy.port}"
+            print(f"every S3 request of the cases {args.delay_ms:.0f} ms later (a delaying proxy on loopback)")
         results = {}
         for name, (where, data_format, _) in CASES.items():
             uri = str(sets[data_format]) if where == "local" else f"s3://{bucket}/{data_format}"

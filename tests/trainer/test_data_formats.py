@@ -19,7 +19,7 @@ from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.restore_data import loose_samples, write_parquet, write_webdataset
 from kubetune_trainer.storage.members import MEMBERS
-from kubetune_trainer.storage.stream import read_bytes
+from kubetune_trainer.storage.stream import image_size, read_bytes
 from kubetune_trainer.tiny_data import write_tiny_data
 from tests.trainer.conftest import family_job, tiny_sd15, trainer_command, trainer_env, write_manifest  # noqa: F401
 from tests.trainer.test_hostile_input import no_traceback
@@ -64,6 +64,8 @@ def test_each_format_holds_the_samples_of_the_loose_files_in_their_order_and_nam
     assert [stored_name(getattr(s, image), stored) for s in samples] == \
         [stored_name(getattr(s, image), loose) for s in expected]
     assert [read_bytes(getattr(s, image)) for s in samples] == [getattr(s, image).read_bytes() for s in expected]
+    assert [image_size(getattr(s, image)) for s in samples] == [image_size(getattr(s, image)) for s in expected], \
+        "aspect-ratio buckets see the sizes loose files have"
     assert [getattr(s, text) for s in samples] == [getattr(s, text) for s in expected]
     if layout == "edit-pairs":
         assert [[read_bytes(c) for c in s.controls] for s in samples] == \

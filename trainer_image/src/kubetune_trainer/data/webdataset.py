@@ -38,6 +38,10 @@ class TarRange:
     def read(self, member: Member) -> bytes:
         return read_range(member.container, self.offset, self.size)
 
+    def head(self, member: Member, count: int) -> bytes:
+        """The member's first COUNT bytes (where an image keeps its size)."""
+        return read_range(member.container, self.offset, min(count, self.size))
+
 
 def read_webdataset(root: Path, screen: Screen, columns: Columns) -> list[Stored]:
     shards = data_files(root, ".tar")
