@@ -76,6 +76,19 @@ VARIATIONS = [
     {"spec.resources.gpusPerNode": 0, "spec.model.encoderDevice": "gpu"},
     {"spec.data.imageColumn": "image", "spec.data.captionColumn": "prompt"},
     {"spec.model.family": "flux-kontext", "spec.data.layout": "edit-pairs", "spec.data.captionColumn": "prompt"},
+    {"spec.data.format": "parquet", "spec.data.imageColumn": "picture", "spec.data.captionColumn": "prompt"},
+    {"spec.data.format": "webdataset", "spec.data.labelColumn": "label"},
+    {"spec.model.family": "flux-kontext", "spec.data.layout": "edit-pairs", "spec.data.format": "webdataset"},
+    {"spec.model.family": "pmg", "spec.data.layout": "pmg", "spec.data.format": "parquet"},
+    {"spec.model.family": "classifier", "spec.data.layout": "image-folder", "spec.data.imageColumn": "img"},
+    {"spec.model.family": "classifier", "spec.data.layout": "image-folder", "spec.data.format": "parquet",
+     "spec.data.imageColumn": "img", "spec.data.labelColumn": "fine_label"},
+    {"spec.model.family": "classifier", "spec.data.layout": "image-folder", "spec.data.labelColumn": "fine_label"},
+    {"spec.model.family": "flux-kontext", "spec.data.layout": "edit-pairs", "spec.data.format": "parquet",
+     "spec.data.controlColumn": "input_image", "spec.data.imageColumn": "edited_image",
+     "spec.data.captionColumn": "edit_prompt"},
+    {"spec.model.family": "flux-kontext", "spec.data.layout": "edit-pairs", "spec.data.controlColumn": "input_image"},
+    {"spec.data.format": "webdataset", "spec.data.controlColumn": "control"},
 ] + [
     # Every family whose patches need a coarser resolution: one it refuses, one it takes.
     {**with_family(family), "spec.data.resolution": FAMILIES[family].resolution_multiple * k + 8 * (k % 2)}

@@ -253,18 +253,70 @@ def _frames_ok(value: Frames) -> bool:
         and all(1 <= count <= MAX_FRAMES for count in counts)
 
 
-DEFAULT_IMAGE_COLUMN, DEFAULT_CAPTION_COLUMN = "file_name", "text"
+@dataclass(frozen=True)
+class DataFormat:
+    """How one spec.data.format stores samples: the layouts it can hold, and the names its columns go by
+    when the spec names none (the Hugging Face conventions of each)."""
+
+    layouts: tuple[str, ...]
+    image_column: str | None    # None: a WebDataset sample's image member, whatever its extension
+    caption_column: str
+    label_column: str | None    # None: labels are not in columns (files: the class folders)
+    control_column: str | None  # edit-pairs: where the control images are (None: control_images/)
+    description: str
+
+
+DATA_FORMATS: dict[str, DataFormat] = {
+    "files": DataFormat(("captions", "edit-pairs", "pmg", "image-folder", "video-captions"), "file_name", "text",
+                        None, None, "loose files as the layout describes them"),
+    "parquet": DataFormat(("captions", "image-folder", "edit-pairs"), "image", "text", "label", "control_image",
+                          "*.parquet files as Hugging Face datasets saves them: an image column of {bytes, path} "
+                          "structs, bytes, or paths relative to the data folder, and a caption (or label) column; "
+                          "edit pairs add a control image column (one image or a list of them)"),
+    "webdataset": DataFormat(("captions", "image-folder", "edit-pairs"), None, "text", "label", "control",
+                             "WebDataset *.tar shards: each sample is the members sharing a KEY, KEY.jpg/png/webp "
+                             "with KEY.txt (or KEY.json's caption column) or KEY.cls (or KEY.json's label column); "
+                             "edit pairs add KEY.control.png (or KEY.control_0.png, KEY.control_1.png, ...)"),
+}
+DataFormatName = Literal[tuple(DATA_FORMATS)]
+
+
+def data_columns(data: "DataSpec") -> tuple[str | None, str, str | None, str | None]:
+    """(image, caption, label, control) column names of the data: the spec's, else its format's defaults."""
+    row = DATA_FORMATS[data.format]
+    return (data.image_column or row.image_column, data.caption_column or row.caption_column,
+            data.label_column or row.label_column, data.control_column or row.control_column)
+
+
 DATA_RULES = [
     Rule(None,  # the CRD leaves the number-or-list untyped: CEL cannot name it (rules.Rule)
          lambda data: data.resolution is None or _resolution_ok(data.resolution),
          "spec.data.resolution: give one side for a square (512, 1024) or [width, height] (e.g. [832, 576]), "
          "each 8 to 4096 pixels in multiples of 8"),
-    Rule(f"self.layout in {list(METADATA_LAYOUTS)} || (self.imageColumn == '{DEFAULT_IMAGE_COLUMN}' "
-         f"&& self.captionColumn == '{DEFAULT_CAPTION_COLUMN}')",
-         lambda data: data.layout in METADATA_LAYOUTS or (data.image_column, data.caption_column)
-         == (DEFAULT_IMAGE_COLUMN, DEFAULT_CAPTION_COLUMN),
-         "spec.data.imageColumn and captionColumn name metadata.jsonl's keys in the captions and video-captions "
-         "layouts only: remove them for this layout"),
+    Rule(" || ".join(f"(self.format == '{name}' && self.layout in {list(row.layouts)})"
+                     for name, row in DATA_FORMATS.items()),
+         lambda data: data.layout in DATA_FORMATS[data.format].layouts,
+         "spec.data.format does not fit spec.data.layout: "
+         + "; ".join(f"{name} stores {', '.join(row.layouts)}" for name, row in DATA_FORMATS.items())
+         + " (use format files, loose files, for the others)"),
+    Rule(f"!has(self.captionColumn) || self.layout in {list(METADATA_LAYOUTS)} || (self.layout == 'edit-pairs' "
+         "&& self.format != 'files')",
+         lambda data: data.caption_column is None or data.layout in METADATA_LAYOUTS
+         or (data.layout == "edit-pairs" and data.format != "files"),
+         "spec.data.captionColumn names the captions of the captions and video-captions layouts, or the "
+         "instructions of edit pairs stored as parquet or webdataset: remove it for this layout"),
+    Rule("!has(self.controlColumn) || (self.layout == 'edit-pairs' && self.format != 'files')",
+         lambda data: data.control_column is None or (data.layout == "edit-pairs" and data.format != "files"),
+         "spec.data.controlColumn names the control images of edit pairs stored as parquet or webdataset: "
+         "remove it (loose edit pairs keep them in control_images/)"),
+    Rule(f"!has(self.imageColumn) || self.layout in {list(METADATA_LAYOUTS)} || self.format != 'files'",
+         lambda data: data.image_column is None or data.layout in METADATA_LAYOUTS or data.format != "files",
+         "spec.data.imageColumn names metadata.jsonl's image (clip) key in the captions and video-captions layouts, "
+         "or the image column of format parquet or webdataset: remove it for this layout's loose files"),
+    Rule("!has(self.labelColumn) || (self.layout == 'image-folder' && self.format != 'files')",
+         lambda data: data.label_column is None or (data.layout == "image-folder" and data.format != "files"),
+         "spec.data.labelColumn names the label column of the image-folder layout stored as format parquet or "
+         "webdataset: remove it (loose image-folder files are labelled by their class folders)"),
     Rule(None,  # untyped number-or-list (rules.Rule)
          lambda data: data.frames is None or _frames_ok(data.frames),
          f"spec.data.frames: give the frames per sample (81) or a list of up to 16 different counts (frame-count "
@@ -299,14 +351,39 @@ class DataSpec(_Model):
         "{file_name, text}."
     )
     uri: StorageUri = Field(description="The data directory: a local path or s3://bucket/prefix.")
-    image_column: str = Field(
-        default=DEFAULT_IMAGE_COLUMN, min_length=1, max_length=253,
-        description="captions and video-captions layouts: the metadata.jsonl key naming each image's (clip's) "
-        "file, relative to metadata.jsonl's folder or to its images/ (videos/) subfolder.",
+    format: DataFormatName = Field(
+        default="files",
+        description="How the samples are stored: "
+        + "; ".join(f"{name}: {row.description}" for name, row in DATA_FORMATS.items())
+        + ". Read from a local path or streamed from s3:// alike; parquet and webdataset hold "
+        + " and ".join(DATA_FORMATS["parquet"].layouts) + " data.",
     )
-    caption_column: str = Field(
-        default=DEFAULT_CAPTION_COLUMN, min_length=1, max_length=253,
-        description="captions and video-captions layouts: the metadata.jsonl key holding each caption.",
+    image_column: Optional[str] = Field(
+        default=None, min_length=1, max_length=253,
+        description="Where each sample's image is: files (captions and video-captions layouts): the metadata.jsonl "
+        "key naming its file (clip), relative to metadata.jsonl's folder or its images/ (videos/) subfolder "
+        "(unset: file_name); parquet: the image "
+        "column (unset: image); webdataset: the image member's extension, e.g. jpg (unset: any of jpg, jpeg, "
+        "png, webp).",
+    )
+    caption_column: Optional[str] = Field(
+        default=None, min_length=1, max_length=253,
+        description="captions and video-captions layouts (and edit-pairs as parquet or webdataset: the "
+        "instruction): the "
+        "metadata.jsonl key (files) or column (parquet) holding each caption, or the field of KEY.json when a "
+        "WebDataset sample has no KEY.txt (unset: text).",
+    )
+    control_column: Optional[str] = Field(
+        default=None, min_length=1, max_length=253,
+        description="edit-pairs layout as parquet: the column of each sample's control image, or of a list of "
+        "them in order (unset: control_image); as webdataset: the member name before the image extension, "
+        "KEY.control.png or KEY.control_0.png, KEY.control_1.png, ... (unset: control).",
+    )
+    label_column: Optional[str] = Field(
+        default=None, min_length=1, max_length=253,
+        description="image-folder layout as parquet: the label column (unset: label; class names from the "
+        "dataset's ClassLabel feature when it has one); as webdataset: the field of KEY.json when a sample has "
+        "no KEY.cls (unset: label). Labels that are names are numbered in sorted order, as class folders are.",
     )
     resolution: Optional[Resolution] = Field(
         default=None,

@@ -49,6 +49,7 @@ from kubetune_trainer.run_directory import claim_run, local_start_checkpoint, pl
 from kubetune_trainer.storage import runs
 from kubetune_trainer.storage.checkpoint_store import CheckpointStore, local_path_for
 from kubetune_trainer.storage.inputs import local_copy, origin, version_of
+from kubetune_trainer.storage.members import MEMBERS
 from kubetune_trainer.storage.stream import Prefetcher, open_stream, streamed
 from kubetune_trainer.storage.uri import is_s3
 from kubetune_trainer.storage.uploader import UploadFailed
@@ -492,8 +493,10 @@ class Run:
         if self.prefetcher is not None:
             self.prefetcher.close()
             stream = streamed(Path(self.spec.data.uri))
+            # Images inside parquet files and shards are fetched as members (storage.members).
             log.info("data stream: %d images fetched (%.1f MB), at most %.1f MB of planned images on disk",
-                     stream.fetched_images, stream.fetched_bytes / 1e6, self.prefetcher.peak / 1e6)
+                     stream.fetched_images + MEMBERS.fetched_images,
+                     (stream.fetched_bytes + MEMBERS.fetched_bytes) / 1e6, self.prefetcher.peak / 1e6)
 
     def _epoch_steps(self) -> list:
         groups = getattr(self.dataset, "groups", None)

@@ -13,7 +13,7 @@ import torch
 from kubetune_trainer.data.buckets import assign_buckets, buckets_of_sizes
 from kubetune_trainer.data.images import Crop, ImageTransform
 from kubetune_trainer.errors import ConfigError
-from kubetune_trainer.storage.stream import open_image
+from kubetune_trainer.storage.stream import describe, open_image
 
 Sample = TypeVar("Sample")
 
@@ -77,7 +77,7 @@ class KeyedDataset(torch.utils.data.Dataset):
             with open_image(path) as image:
                 pixels = image.convert("RGB")  # decodes: a broken file fails here
         except (OSError, SyntaxError, ValueError) as err:  # screened before training unless streamed
-            raise ConfigError(f"{path}: cannot be read as an image ({type(err).__name__}: {err}); streamed images "
+            raise ConfigError(f"{describe(path)}: cannot be read as an image ({type(err).__name__}: {err}); streamed images "
                               "are checked as training reaches them: fix or remove it (with "
                               "spec.data.streaming.enabled false every image is checked before training, "
                               "and spec.data.skipBad applies)") from None

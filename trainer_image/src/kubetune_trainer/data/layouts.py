@@ -1,6 +1,10 @@
 """The data layouts under spec.data.uri (spec.data.layout): how each is read, made into a keyed data
 set and batched. Every family builds its data through this table (ModelFamily's data methods);
 kubetune_api.families says which layouts a family takes.
+
+A layout stored as parquet or WebDataset (spec.data.format; kubetune_api.spec.DATA_FORMATS says
+which layouts each holds) is read by that format's reader (data.stored) into records, of which the
+layout's `from_stored` makes its samples; everything after reading is the same as for loose files.
 """
 from __future__ import annotations
 
@@ -9,8 +13,8 @@ from pathlib import Path
 from typing import Callable
 
 from kubetune_api.families import FAMILIES
-from kubetune_api.spec import TrainingJobSpec, frame_counts
-from kubetune_trainer.data import captions, edit_pairs, image_folder, pmg, video, video_captions
+from kubetune_api.spec import TrainingJobSpec, data_columns, frame_counts
+from kubetune_trainer.data import captions, edit_pairs, image_folder, pmg, stored, video, video_captions
 from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.data.keyed import KeyedDataset
 from kubetune_trainer.data.screening import FileCheck, Screen
@@ -27,10 +31,19 @@ class Layout:
     held_out: Callable[[TrainingJobSpec, Screen], list | None] = lambda spec, screen: None
     # How the screen checks each file of a sample before training (None: as an image).
     check: Callable[[TrainingJobSpec], FileCheck | None] = lambda spec: None
+    # Its samples from the records of spec.data.format parquet or webdataset (None: loose files only).
+    from_stored: Callable[[list[stored.Stored], TrainingJobSpec, Screen], list] | None = None
+
+    def read_samples(self, spec: TrainingJobSpec, screen: Screen) -> list:
+        """Every sample, from loose files or from the format spec.data.format names."""
+        if spec.data.format == "files":
+            return self.read(spec, screen)
+        return self.from_stored(stored.read_stored(spec, screen), spec, screen)
 
 
 def _read_captions(spec: TrainingJobSpec, screen: Screen) -> list:
-    return captions.read_captions(Path(spec.data.uri), screen, spec.data.image_column, spec.data.caption_column)
+    image_column, caption_column, *_ = data_columns(spec.data)
+    return captions.read_captions(Path(spec.data.uri), screen, image_column, caption_column)
 
 
 def _captions_dataset(samples: list, transform: ImageTransform, spec: TrainingJobSpec, training: bool) -> KeyedDataset:
@@ -75,8 +88,8 @@ def _pmg_dataset(samples: list, transform: ImageTransform, spec: TrainingJobSpec
 
 
 def _read_video_captions(spec: TrainingJobSpec, screen: Screen) -> list:
-    return video_captions.read_video_captions(Path(spec.data.uri), screen, spec.data.image_column,
-                                              spec.data.caption_column)
+    image_column, caption_column, *_ = data_columns(spec.data)
+    return video_captions.read_video_captions(Path(spec.data.uri), screen, image_column, caption_column)
 
 
 def _video_captions_dataset(samples: list, transform: ImageTransform, spec: TrainingJobSpec,
@@ -94,9 +107,10 @@ def _clip_check(spec: TrainingJobSpec) -> FileCheck:
 
 
 LAYOUTS: dict[str, Layout] = {
-    "captions": Layout(_read_captions, _captions_dataset, captions.collate),
-    "edit-pairs": Layout(_read_edit_pairs, _edit_pairs_dataset, edit_pairs.collate),
-    "image-folder": Layout(_read_image_folder, _image_folder_dataset, image_folder.collate),
+    "captions": Layout(_read_captions, _captions_dataset, captions.collate, from_stored=stored.captioned),
+    "edit-pairs": Layout(_read_edit_pairs, _edit_pairs_dataset, edit_pairs.collate, from_stored=stored.edit_pairs),
+    "image-folder": Layout(_read_image_folder, _image_folder_dataset, image_folder.collate,
+                           from_stored=stored.labelled),
     "pmg": Layout(_read_pmg, _pmg_dataset, pmg.collate, held_out=_pmg_held_out),
     "video-captions": Layout(_read_video_captions, _video_captions_dataset, video_captions.collate,
                              check=_clip_check),

@@ -19,6 +19,7 @@ from pathlib import Path
 from PIL import Image
 
 from kubetune_trainer.errors import ConfigError
+from kubetune_trainer.storage.stream import describe, open_image
 
 CHECK_THREADS = 4  # decoding releases the GIL: a few threads keep the disk and the cores busy
 # One file's check: (why it cannot be trained on or None, its (width, height) when it can).
@@ -35,9 +36,9 @@ def _checked(path: Path) -> tuple[str | None, tuple[int, int] | None]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as image:
+            with open_image(path) as image:  # a loose file, or an image inside a parquet file or shard
                 image.verify()  # the container: chunks, checksums
-            with Image.open(path) as image:
+            with open_image(path) as image:
                 image.load()  # the pixels: a truncated file fails here
                 return None, image.size
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
@@ -114,7 +115,7 @@ class Screen:
         for path in image_paths(sample):
             problem, image_size = self.check(path)
             if problem:
-                return f"{path}\0{problem}", sizes
+                return f"{describe(path)}\0{problem}", sizes
             sizes.append((path, image_size))
         return None, sizes
 

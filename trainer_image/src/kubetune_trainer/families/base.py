@@ -22,6 +22,7 @@ from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.device_copy import to_device
 from kubetune_trainer.families.trainable import Trainable, enable_gradient_checkpointing
 from kubetune_trainer.randomness import SampleRandom
+from kubetune_trainer.storage.members import MEMBERS
 
 log = logging.getLogger("kubetune.trainer")
 SAVE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -75,7 +76,7 @@ class ModelFamily(metaclass=_PlacesFrozenModels):
     def read_samples(self) -> list:
         """Every sample of the layout under spec.data.uri (paths and texts, nothing decoded); a bad
         record goes to self.screen.reject, which refuses the job or skips it (spec.data.skipBad)."""
-        return self.layout.read(self.spec, self.screen)
+        return self.layout.read_samples(self.spec, self.screen)
 
     def make_dataset(self, samples: list, training: bool) -> torch.utils.data.Dataset:
         """A data set over `samples` whose items are looked up by (epoch, index) keys.
@@ -89,6 +90,8 @@ class ModelFamily(metaclass=_PlacesFrozenModels):
         is the same wherever a node copies, streams or mounts the data set (an absolute path would
         give each node, and each restarted pod, a split of its own)."""
         path = Path(getattr(sample, "path", None) or getattr(sample, "target", None) or getattr(sample, "image"))
+        if (member := MEMBERS.member(path)) is not None:
+            return member.name  # an image inside a parquet file or a shard: the name it was stored under
         root = Path(self.spec.data.uri)
         return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kubetune_trainer.data.image_folder import read_image_folder
+from kubetune_trainer.data.image_folder import read_labelled
 from kubetune_trainer.device_copy import to_device
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.families.base import ModelFamily
@@ -63,7 +63,7 @@ class ImageClassifier(ModelFamily):
         super().__init__(spec, device, weight_dtype)
         from transformers import AutoModelForImageClassification
 
-        self.samples, self.classes = read_image_folder(Path(spec.data.uri), self.screen)
+        self.samples, self.classes = read_labelled(spec, self.screen)
         model = AutoModelForImageClassification.from_pretrained(
             spec.model.pretrained, num_labels=len(self.classes), ignore_mismatched_sizes=True,
             id2label=dict(enumerate(self.classes)), label2id={c: i for i, c in enumerate(self.classes)},

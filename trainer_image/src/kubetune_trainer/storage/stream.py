@@ -31,7 +31,11 @@ from kubetune_trainer.storage.uri import S3Location, parse_s3
 
 log = logging.getLogger(__name__)
 
-STREAMED_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+# Parquet files and tar shards hold the images of spec.data.format parquet / webdataset: they stay
+# placeholders too, and their images are read out of them by ranges (storage.members).
+CONTAINER_SUFFIXES = (".parquet", ".tar")
+STREAMED_SUFFIXES = IMAGE_SUFFIXES + CONTAINER_SUFFIXES
 FETCH_THREADS = 8
 
 
@@ -80,9 +84,55 @@ class Stream:
             _replace(path, b"")
         return size
 
+    def read(self, path: Path, key: str) -> bytes:
+        """The image's bytes, fetched first when it is a placeholder. A file emptied between the
+        check and the read (eviction) is fetched again."""
+        for _ in range(3):
+            self.fill(path, key)
+            data = Path(path).read_bytes()
+            if len(data) == self.images[key].size:
+                return data
+        raise OSError(f"{path}: {self.location.uri}/{key} did not arrive whole (is it being rewritten?)")
+
+    def read_range(self, key: str, start: int, size: int) -> bytes:
+        """SIZE bytes of the object KEY from START, without fetching the rest (nor writing it)."""
+        if size == 0:
+            return b""
+        return s3.client().get_object(Bucket=self.location.bucket, Key=self.location.prefix + key,
+                                      Range=f"bytes={start}-{start + size - 1}")["Body"].read()
+
+    def listed_size(self, key: str) -> int:
+        return self.images[key].size
+
+    def image_size(self, path: Path, key: str) -> tuple[int, int]:
+        """(width, height) from the image's header: of an image not on disk yet, only its first
+        HEADER_BYTES are fetched (aspect-ratio bucketing reads every size before training)."""
+        from PIL import Image
+
+        if _size(path) != self.images[key].size:
+            head = self.read_range(key, 0, min(HEADER_BYTES, self.images[key].size))
+            try:
+                with Image.open(io.BytesIO(head)) as image:
+                    return image.size
+            except (OSError, SyntaxError, ValueError):
+                pass  # the size is further in: read the whole image
+        with Image.open(io.BytesIO(self.read(path, key))) as image:
+            return image.size
+
+    def describe(self, path: Path) -> str:
+        return str(path)
+
 
 # Streamed trees on this node by local root (forked DataLoader workers inherit it).
 _STREAMS: dict[Path, Stream] = {}
+# Other sources of image paths with Stream's reading and prefetching methods (storage.members:
+# images inside parquet files and tar shards). Consulted after the streamed trees.
+_SOURCES: list = []
+
+
+def register_source(source) -> None:
+    if source not in _SOURCES:
+        _SOURCES.append(source)
 
 
 def _fresh_locks_in_child() -> None:
@@ -139,8 +189,17 @@ def streamed(root: Path) -> Stream | None:
     return _STREAMS.get(Path(root))
 
 
+def streamed_object(path: Path) -> tuple[Stream, str] | None:
+    """(its stream, its key) when PATH is the placeholder of a streamed object, else None."""
+    for stream in _STREAMS.values():
+        key = stream.image_key(Path(path))
+        if key is not None:
+            return stream, key
+    return None
+
+
 def _stream_of(path: Path) -> tuple[Stream, str] | None:
-    for root, stream in _STREAMS.items():
+    for stream in (*_STREAMS.values(), *_SOURCES):
         key = stream.image_key(path)
         if key is not None:
             return stream, key
@@ -148,18 +207,12 @@ def _stream_of(path: Path) -> tuple[Stream, str] | None:
 
 
 def read_bytes(path: Path) -> bytes:
-    """An image's bytes: from the disk, or from S3 first when it is a streamed placeholder. A
-    file emptied between the check and the read (eviction) is fetched again."""
+    """An image's bytes: from the disk, or from S3 first when it is a streamed placeholder (or from
+    its container, storage.members)."""
     found = _stream_of(Path(path))
     if found is None:
         return Path(path).read_bytes()
-    stream, key = found
-    for _ in range(3):
-        stream.fill(path, key)
-        data = Path(path).read_bytes()
-        if len(data) == stream.images[key].size:
-            return data
-    raise OSError(f"{path}: {stream.location.uri}/{key} did not arrive whole (is it being rewritten?)")
+    return found[0].read(Path(path), found[1])
 
 
 def open_image(path: Path):
@@ -171,24 +224,20 @@ def open_image(path: Path):
     return Image.open(io.BytesIO(read_bytes(path)))
 
 
+def describe(path: Path) -> str:
+    """How messages name an image: its path, or its container and place in it (storage.members)."""
+    found = _stream_of(Path(path))
+    return str(path) if found is None else found[0].describe(Path(path))
+
+
 HEADER_BYTES = 64 * 1024  # where PNG, JPEG and WebP keep their size (bar huge metadata blocks)
 
 
 def image_size(path: Path) -> tuple[int, int]:
-    """(width, height) from the image's header: of a streamed image not on disk yet, only its
-    first HEADER_BYTES are fetched (aspect-ratio bucketing reads every size before training)."""
-    from PIL import Image
-
+    """(width, height) of an image, of a streamed one from as few bytes as its source allows."""
     found = _stream_of(Path(path))
-    if found is not None and _size(path) != found[0].images[found[1]].size:
-        stream, key = found
-        head = s3.client().get_object(Bucket=stream.location.bucket, Key=stream.location.prefix + key,
-                                      Range=f"bytes=0-{HEADER_BYTES - 1}")["Body"].read()
-        try:
-            with Image.open(io.BytesIO(head)) as image:
-                return image.size
-        except (OSError, SyntaxError, ValueError):
-            pass  # the size is further in: read the whole image
+    if found is not None:
+        return found[0].image_size(Path(path), found[1])
     with open_image(path) as image:
         return image.size
 
@@ -272,7 +321,7 @@ def _empty(path: Path) -> int:
 
 def _listed_size(path: Path) -> int:
     found = _stream_of(path)
-    return found[0].images[found[1]].size if found else 0
+    return found[0].listed_size(found[1]) if found else 0
 
 
 def _placeholder(path: Path, stored: s3.StoredObject) -> None:

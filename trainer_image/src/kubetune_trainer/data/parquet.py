@@ -1,0 +1,195 @@
+"""spec.data.format parquet: *.parquet files as Hugging Face `datasets` saves them, read with pyarrow.
+
+The image column holds, per row, a {"bytes", "path"} struct (datasets' Image feature: the bytes,
+or only a path when they were not embedded), the bytes themselves, or a path; paths are relative
+to spec.data.uri. Bytes stay in the file: a row is a member image (storage.members) read from its
+row group when the loader or the prefetcher reaches it, so indexing a file reads its footer and
+its caption or label column only. A label column holds class indices (datasets' ClassLabel, whose
+names the imagefolder builder sorts, numbering classes as class folders are) or class names.
+"""
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubetune_trainer.data.screening import Screen
+from kubetune_trainer.data.stored import Columns, Stored
+from kubetune_trainer.errors import ConfigError
+from kubetune_trainer.storage import stream
+from kubetune_trainer.storage.confine import UnsafePath, confined
+from kubetune_trainer.storage.members import MEMBERS, MEMBERS_SUFFIX, Member, SmallCache, open_container
+
+INDEX_THREADS = 8  # files are indexed in parallel: a streamed one costs a few ranged GETs
+_ROW_GROUPS = SmallCache(entries=2)  # decoded image columns of the last row groups read, per process
+# Each file's footer, read once while indexing (forked loader workers inherit it): a row group read
+# later is then one ranged read of its column chunk, not three (a streamed file's footer costs two).
+_FOOTERS: dict[Path, object] = {}
+
+
+def data_files(root: Path, suffix: str) -> list[Path]:
+    """The data set's files with SUFFIX, by name (the order of its samples), member copies aside."""
+    if not root.is_dir():
+        raise FileNotFoundError(f"spec.data.uri: {root} is not a directory")
+    return sorted(p for p in root.rglob(f"*{suffix}") if p.is_file()
+                  and not any(part.endswith(MEMBERS_SUFFIX) or part.startswith(".")
+                              for part in p.relative_to(root).parts))
+
+
+def read_parquet(root: Path, screen: Screen, columns: Columns) -> list[Stored]:
+    files = data_files(root, ".parquet")
+    if not files:
+        raise ConfigError(f"spec.data.uri: {root} holds no *.parquet files (spec.data.format parquet reads "
+                          "Hugging Face datasets saved as parquet)")
+    with ThreadPoolExecutor(INDEX_THREADS) as pool:
+        indexed = list(pool.map(lambda file: _index(root, file, columns), files))
+    records = []
+    for found in indexed:  # problems are reported in the files' order, as they are read
+        for item in found:
+            if isinstance(item, Stored):
+                records.append(item)
+            else:
+                screen.reject(*item)
+    return records
+
+
+@dataclass(frozen=True)
+class ParquetRow:
+    """Row `index` of row group `row_group`; `root` resolves an image stored as a path."""
+
+    row_group: int
+    index: int
+    column: str
+    root: Path
+
+    def read(self, member: Member) -> bytes:
+        values = _ROW_GROUPS.get((member.container, self.row_group, self.column),
+                                 lambda: _image_column(member.container, self.row_group, self.column))
+        value = values[self.index]
+        if isinstance(value, dict):
+            if value.get("bytes") is not None:
+                return value["bytes"]
+            value = value.get("path")
+        if isinstance(value, str):
+            return stream.read_bytes(confined(self.root, value, f"image path in {member.container} {member.place}"))
+        return value or b""  # nothing stored: the image check names the row
+
+
+def _image_column(file: Path, row_group: int, column: str) -> list:
+    import pyarrow.parquet as pq
+
+    with open_container(file) as handle:
+        parquet = pq.ParquetFile(handle, metadata=_FOOTERS.get(file))
+        return parquet.read_row_group(row_group, columns=[column]).column(0).to_pylist()
+
+
+@dataclass(frozen=True)
+class ImageColumn:
+    """One column of images in one file: how it stores them, and the path each row names (or None)."""
+
+    name: str
+    field: str          # the spec field naming it
+    stored_as: str      # "struct", "bytes" or "path" (_stored_as)
+    paths: list
+
+
+def _index(root: Path, file: Path, columns: Columns) -> list:
+    """The file's samples as Stored records, and (where, why) for each bad row."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    text_column = columns.label if columns.wanted == "label" else columns.caption
+    text_field = "labelColumn" if columns.wanted == "label" else "captionColumn"
+    image_fields = [(columns.image, "imageColumn")] + ([(columns.control, "controlColumn")] if columns.edits else [])
+    with open_container(file) as handle:
+        try:
+            parquet = pq.ParquetFile(handle)
+        except (pa.ArrowInvalid, OSError) as err:
+            raise ConfigError(f"{file}: not a readable parquet file ({err}); write it again (e.g. "
+                              "datasets' Dataset.to_parquet) or remove it") from None
+        schema = parquet.schema_arrow
+        for column, field in (*image_fields, (text_column, text_field)):
+            if column not in schema.names:
+                raise ConfigError(f"{file}: no column {column!r} (spec.data.{field}); its columns are "
+                                  f"{', '.join(schema.names)}: name the right one in spec.data.{field}")
+        images = [_image_column_of(parquet, file, column, field) for column, field in image_fields]
+        texts = parquet.read(columns=[text_column]).column(0).to_pylist()
+        metadata = _FOOTERS[file] = parquet.metadata
+        classes = _class_names(schema, text_column) if columns.wanted == "label" else None
+    found, row = [], 0
+    relative = file.relative_to(root).as_posix()
+    for group in range(metadata.num_row_groups):
+        rows = metadata.row_group(group).num_rows
+        for index in range(rows):
+            where = f"{file} row {row}"
+            refs = [_image_of(root, file, relative, column, metadata.row_group(group), group, index, row, where)
+                    for column in images]
+            problem = next((ref for ref in refs if isinstance(ref, tuple)), None)
+            if problem is not None:
+                found.append(problem)
+            else:
+                text = texts[row]
+                record = {"label": text, "classes": classes} if columns.wanted == "label" else {"caption": text}
+                found.append(Stored(refs[0], where, controls=tuple(refs[1:]), **record))
+            row += 1
+    return found
+
+
+def _image_column_of(parquet, file: Path, column: str, field: str) -> ImageColumn:
+    image_type = parquet.schema_arrow.field(column).type
+    stored_as = _stored_as(image_type)
+    if stored_as is None:
+        raise ConfigError(f"{file}: column {column!r} (spec.data.{field}) holds {image_type}, not images: it "
+                          "needs {bytes, path} structs (datasets' Image feature), bytes or paths")
+    if stored_as == "bytes":
+        return ImageColumn(column, field, stored_as, [None] * parquet.metadata.num_rows)
+    read = f"{column}.path" if stored_as == "struct" else column  # a struct's paths, never its bytes
+    values = parquet.read(columns=[read]).column(0).to_pylist()
+    return ImageColumn(column, field, stored_as,
+                       [v and v.get("path") for v in values] if stored_as == "struct" else values)
+
+
+def _image_of(root: Path, file: Path, relative: str, column: ImageColumn, row_group, group: int, index: int,
+              row: int, where: str) -> Path | tuple[str, str]:
+    """The path of one row's image in COLUMN: a loose file it names, or a member of the file; or
+    (where, why) it cannot be."""
+    path = column.paths[row]
+    if column.stored_as == "path":
+        try:
+            image = confined(root, path or "", f"image path in {where}")
+        except UnsafePath as err:
+            return where, str(err)
+        return image if image.is_file() else (where, f"its image {path} does not exist in {root}")
+    share = _image_bytes(row_group, column.name) // max(row_group.num_rows, 1)
+    member = Member(file, f"row {row}" + ("" if column.field == "imageColumn" else f" column {column.name}"),
+                    path or f"{relative}:{row}", share, ParquetRow(group, index, column.name, root))
+    return MEMBERS.add(member, f"row-{row}" + ("" if column.field == "imageColumn" else f".{column.name}"))
+
+
+def _stored_as(image_type) -> str | None:
+    """How an image column stores images: "struct" ({bytes, path}), "bytes", "path", or None."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(image_type) and image_type.get_field_index("bytes") >= 0:
+        return "struct" if image_type.get_field_index("path") >= 0 else None
+    if pa.types.is_binary(image_type) or pa.types.is_large_binary(image_type):
+        return "bytes"
+    if pa.types.is_string(image_type) or pa.types.is_large_string(image_type):
+        return "path"
+    return None
+
+
+def _image_bytes(row_group, column: str) -> int:
+    return sum(row_group.column(i).total_uncompressed_size for i in range(row_group.num_columns)
+               if row_group.column(i).path_in_schema.split(".")[0] == column)
+
+
+
+def _class_names(schema, column: str) -> tuple[str, ...] | None:
+    """The names of a ClassLabel label column, from the metadata datasets writes into the schema."""
+    try:
+        names = json.loads((schema.metadata or {})[b"huggingface"])["info"]["features"][column]["names"]
+    except (KeyError, TypeError, ValueError):
+        return None
+    return tuple(names) if isinstance(names, list) and all(isinstance(n, str) for n in names) else None

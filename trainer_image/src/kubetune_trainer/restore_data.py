@@ -1,0 +1,86 @@
+"""A loose data set stored again as parquet files or WebDataset shards (spec.data.format), the way
+people's tools write them, for tests, demos and benchmarks: the same samples in the same order.
+
+Parquet as Hugging Face `datasets` writes it: an `image` column of {bytes, path} structs, a `text`
+(captions) or `label` column (image-folder: ClassLabel indices, their names in the "huggingface"
+schema metadata), edit pairs a `control_image` column too, row groups of `rows_per_group`.
+WebDataset: KEY.png + KEY.txt or KEY.cls (the class name) members, edit pairs' KEY.control.jpg (or
+KEY.control_0.jpg, ...), shards of `per_file` samples.
+"""
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+from kubetune_trainer.data.screening import Screen
+
+
+def loose_samples(layout: str, root: Path) -> list[tuple[Path, str, str, tuple[Path, ...]]]:
+    """(image, its name in the data set, caption, class name or instruction, control images) of each
+    sample, in training order."""
+    if layout == "captions":
+        from kubetune_trainer.data.captions import read_captions
+
+        return [(s.path, s.path.relative_to(root).as_posix(), s.caption, ())
+                for s in read_captions(root, Screen(skip_bad=False))]
+    if layout == "image-folder":
+        from kubetune_trainer.data.image_folder import read_image_folder
+
+        samples, classes = read_image_folder(root, Screen(skip_bad=False))
+        return [(s.path, s.path.relative_to(root).as_posix(), classes[s.label], ()) for s in samples]
+    if layout == "edit-pairs":
+        from kubetune_trainer.data.edit_pairs import read_edit_pairs
+
+        return [(s.target, s.target.relative_to(root).as_posix(), s.instruction, s.controls)
+                for s in read_edit_pairs(root, Screen(skip_bad=False), max_references=100)]
+    raise ValueError(f"no parquet or WebDataset form for layout {layout!r}")
+
+
+def _chunks(items: list, size: int) -> list[list]:
+    return [items[start:start + size] for start in range(0, len(items), size)]
+
+
+def write_parquet(layout: str, loose: Path, out: Path, per_file: int = 4, rows_per_group: int = 2) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    samples = loose_samples(layout, loose)
+    if any(len(controls) > 1 for *_, controls in samples):
+        raise ValueError("a control_image column holds one control image per pair: these pairs have several")
+    classes = sorted({text for _, _, text, _ in samples})
+    out.mkdir(parents=True, exist_ok=True)
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    if layout == "image-folder":
+        fields, features = [("label", pa.int64())], {"label": {"names": classes, "_type": "ClassLabel"}}
+    else:
+        fields, features = [("text", pa.string())], {"text": {"dtype": "string", "_type": "Value"}}
+    images = ["image"] + (["control_image"] if layout == "edit-pairs" else [])
+    metadata = {"huggingface": json.dumps({"info": {"features": {**{c: {"_type": "Image"} for c in images},
+                                                                 **features}}})}
+    schema = pa.schema([*((c, image_type) for c in images), *fields], metadata=metadata)
+    for number, part in enumerate(_chunks(samples, per_file)):
+        values = [classes.index(text) if layout == "image-folder" else text for _, _, text, _ in part]
+        columns = {"image": [{"bytes": image.read_bytes(), "path": name} for image, name, _, _ in part]}
+        if layout == "edit-pairs":
+            columns["control_image"] = [{"bytes": c[0].read_bytes(), "path": c[0].name} for *_, c in part]
+        table = pa.table({**columns, fields[0][0]: values}, schema=schema)
+        pq.write_table(table, out / f"train-{number:05d}.parquet", row_group_size=rows_per_group)
+    return out
+
+
+def write_webdataset(layout: str, loose: Path, out: Path, per_file: int = 4) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    for number, part in enumerate(_chunks(loose_samples(layout, loose), per_file)):
+        with tarfile.open(out / f"shard-{number:05d}.tar", "w") as tar:
+            for image, name, text, controls in part:
+                key = name.split(".")[0]  # a WebDataset key: the name up to its first dot
+                numbered = [f"control_{i}" for i in range(len(controls))] if len(controls) > 1 else ["control"]
+                for member, data in ((name, image.read_bytes()),
+                                     *((f"{key}.{n}{c.suffix}", c.read_bytes()) for n, c in zip(numbered, controls)),
+                                     (f"{key}.{'cls' if layout == 'image-folder' else 'txt'}", text.encode())):
+                    info = tarfile.TarInfo(member)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    return out

@@ -1,0 +1,217 @@
+"""Images stored inside other files (a parquet file's rows, a WebDataset shard's members), given
+paths of their own, so that samples, screening, the loader and the prefetcher handle them as they
+handle loose images (storage.stream reads them through MEMBERS).
+
+A member's path is <container>.members/<name>, beside its container: it names the image to the
+sampler and the prefetcher, and it is where a prefetched copy lies. Its bytes come from the
+container: a local file read where they lie, or an s3:// object that storage.stream keeps as an
+empty placeholder and that is read by ranges, never fetched whole. So a streamed data set in
+shards is fetched image by image, as loose files are: the prefetcher fills a member's path ahead
+of its step (loader workers, other processes, find the copy there) and empties it after; a reader
+that finds no copy reads the container itself.
+"""
+from __future__ import annotations
+
+import io
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+from kubetune_trainer.storage import stream
+from kubetune_trainer.storage.confine import confined
+
+MEMBERS_SUFFIX = ".members"
+# One ranged GET reads at least this much of a streamed container: indexing a shard of small
+# images reads through it, and over a network the round trip, not the bytes, is the cost.
+READ_BLOCK = 1024 * 1024
+
+
+class Locator(Protocol):
+    """Where an image is inside its container."""
+
+    def read(self, member: "Member") -> bytes: ...
+
+
+@dataclass(frozen=True)
+class Member:
+    container: Path   # the local file, or the placeholder of a streamed object
+    place: str        # how messages name it in the container: "row 3", "member 0003.jpg"
+    name: str         # the sample's own name (what the held-out split hashes)
+    size: int         # bytes, for the prefetcher's budget (a parquet row: its row group's share)
+    locator: Locator
+
+
+def member_path(container: Path, name: str) -> Path:
+    """Where the member NAME of CONTAINER is addressed (NAME from the container: confined)."""
+    return confined(container.with_name(container.name + MEMBERS_SUFFIX), name, f"name in {container}")
+
+
+def container_size(container: Path) -> int:
+    found = stream.streamed_object(container)
+    return found[0].images[found[1]].size if found else container.stat().st_size
+
+
+def read_range(container: Path, start: int, size: int) -> bytes:
+    """SIZE bytes of CONTAINER from START: a local read, or one ranged GET of a streamed object."""
+    found = stream.streamed_object(container)
+    if found is not None:
+        data = found[0].read_range(found[1], start, size)
+        with MEMBERS._lock:
+            MEMBERS.ranged_bytes += len(data)
+        return data
+    with open(container, "rb") as file:
+        return os.pread(file.fileno(), size, start)
+
+
+def open_container(container: Path) -> BinaryIO:
+    """CONTAINER as a seekable binary file (tarfile and pyarrow read it): a streamed object reads
+    the ranges asked for, READ_BLOCK at a time, instead of the whole object."""
+    found = stream.streamed_object(container)
+    if found is None:
+        return open(container, "rb")
+    return io.BufferedReader(_RangedObject(container, container_size(container)), buffer_size=READ_BLOCK)
+
+
+class _RangedObject(io.RawIOBase):
+    def __init__(self, container: Path, size: int):
+        self.container, self.size, self.position = container, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.size}[whence]
+        self.position = max(0, base + offset)
+        return self.position
+
+    def readinto(self, buffer) -> int:
+        count = max(0, min(len(buffer), self.size - self.position))
+        data = read_range(self.container, self.position, count)
+        buffer[:len(data)] = data
+        self.position += len(data)
+        return len(data)
+
+
+class MemberSet:
+    """Every member image this process has read an index of, by path (forked loader workers
+    inherit it). Has storage.stream.Stream's reading and prefetching methods."""
+
+    def __init__(self):
+        self.members: dict[str, Member] = {}
+        self.fetched_images = 0
+        self.fetched_bytes = 0
+        self.ranged_bytes = 0  # read out of streamed containers by this process (a parquet row: its row group)
+        self._lock = threading.Lock()
+
+    def add(self, member: Member, name: str) -> Path:
+        """Register MEMBER under NAME (unique in its container); its path."""
+        path = member_path(member.container, name)
+        self.members[str(path)] = member
+        return path
+
+    def member(self, path: Path) -> Member | None:
+        return self.members.get(str(path))
+
+    # --- what storage.stream asks of an image source -------------------------------------------
+
+    def image_key(self, path: Path) -> str | None:
+        key = str(path)
+        return key if key in self.members else None
+
+    def fill(self, path: Path, key: str) -> int:
+        """A copy of a streamed container's member at PATH (a local container is read in place)."""
+        member = self.members[key]
+        if stream.streamed_object(member.container) is None or _has_copy(path):
+            return 0
+        data = member.locator.read(member)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        stream._replace(path, data)
+        with self._lock:
+            self.fetched_images += 1
+            self.fetched_bytes += len(data)
+        return len(data)
+
+    def empty(self, path: Path) -> int:
+        size = stream._size(path) or 0
+        if size:
+            stream._replace(path, b"")
+        return size
+
+    def read(self, path: Path, key: str) -> bytes:
+        if _has_copy(path):
+            data = path.read_bytes()
+            if data:  # copies are written whole (a rename): empty means evicted meanwhile
+                return data
+        member = self.members[key]
+        return member.locator.read(member)
+
+    def listed_size(self, key: str) -> int:
+        return self.members[key].size
+
+    def image_size(self, path: Path, key: str) -> tuple[int, int]:
+        """(width, height) from the image's first bytes where its container can read a part of it
+        (a shard member: aspect-ratio bucketing reads every size before training), else from all."""
+        from PIL import Image
+
+        member = self.members[key]
+        head = getattr(member.locator, "head", None)
+        if head is not None and not _has_copy(path):
+            try:
+                with Image.open(io.BytesIO(head(member, stream.HEADER_BYTES))) as image:
+                    return image.size
+            except (OSError, SyntaxError, ValueError):
+                pass  # the size is further in: read the whole image
+        with Image.open(io.BytesIO(self.read(path, key))) as image:
+            return image.size
+
+    def describe(self, path: Path) -> str:
+        member = self.members[str(path)]
+        return f"{member.container} {member.place}"
+
+
+def _has_copy(path: Path) -> bool:
+    return bool(stream._size(path))
+
+
+MEMBERS = MemberSet()
+stream.register_source(MEMBERS)
+
+
+class SmallCache:
+    """The last few values computed per key, per process (a parquet row group's image column:
+    consecutive rows of one group are read once)."""
+
+    def __init__(self, entries: int):
+        self.entries, self._values, self._lock = entries, OrderedDict(), threading.Lock()
+        os.register_at_fork(after_in_child=self._fresh_lock)
+
+    def _fresh_lock(self) -> None:
+        self._lock = threading.Lock()  # one a thread held at the fork would stay held in the child
+
+    def get(self, key, compute):
+        with self._lock:
+            if key in self._values:
+                self._values.move_to_end(key)
+                return self._values[key]
+        value = compute()
+        with self._lock:
+            self._values[key] = value
+            while len(self._values) > self.entries:
+                self._values.popitem(last=False)
+        return value
+
+
+def _fresh_lock_in_child() -> None:
+    MEMBERS._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_in_child)
