@@ -1,0 +1,216 @@
+"""Wan trains on its tiny models (captioned images as 1-frame clips): the default tiny model has Wan
+2.2 A14B's two experts, and one run per expert choice shows the chosen expert alone trains, on its
+noise levels, says so in the log and in the LoRA file's metadata, and that file loads whole into
+WanPipeline's expert (the low-noise one with load_into_transformer_2=True); Wan 2.1 (one expert) and
+TI2V-5B (48-channel VAE, a timestep per token) train too; FSDP over two processes trains both
+experts; bad input is refused naming the field before anything is written."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from kubetune_trainer.families.wan import LOW_NOISE_FILE, METADATA_KEY, write_tiny_wan
+from tests.trainer.conftest import family_job, run_dir, run_trainer, run_trainer_expecting_failure
+
+pytestmark = pytest.mark.slow
+
+FAMILY, LAYOUT = "wan", "captions"
+HIGH_NOISE_FILE = "pytorch_lora_weights.safetensors"
+
+
+@pytest.fixture(scope="module")
+def variant(tmp_path_factory):
+    """variant(name): a tiny Wan model of that layout (write_tiny_wan's variants), written once."""
+    made = {}
+
+    def make(name: str):
+        if name not in made:
+            made[name] = write_tiny_wan(tmp_path_factory.mktemp(f"wan-{name}"), seed=0, variant=name)
+        return made[name]
+    return make
+
+
+def transformer_output(transformer) -> torch.Tensor:
+    """One 1-frame 4x4 latent and a 7-token caption through a tiny expert (width-16 text)."""
+    generator = torch.Generator().manual_seed(0)
+    channels = transformer.config.in_channels
+    latents = torch.randn(1, channels, 1, 4, 4, generator=generator)
+    with torch.no_grad():
+        return transformer(latents, torch.tensor([500.0]), torch.randn(1, 7, 16, generator=generator),
+                           return_dict=False)[0]
+
+
+def expert_of(file) -> str:
+    with safe_open(str(file), "pt") as opened:
+        return opened.metadata()[METADATA_KEY]
+
+
+def assert_lora_loads_whole_and_changes_the_expert(model, run, file: str, component: str):
+    """Every tensor of `file` lands in the pipeline's `component`, equal, nothing left out, and only
+    that expert's output changes."""
+    from diffusers import WanPipeline
+    from diffusers.utils import convert_unet_state_dict_to_peft
+    from peft.utils import get_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    saved = convert_unet_state_dict_to_peft({key.removeprefix("transformer."): value
+                                             for key, value in load_file(run / file).items()})
+    assert saved and all(key.startswith("blocks.") for key in saved), sorted(saved)[:3]
+    pipeline = WanPipeline.from_pretrained(model)
+    others = [name for name in ("transformer", "transformer_2")
+              if name != component and getattr(pipeline, name, None) is not None]
+    before = {name: transformer_output(getattr(pipeline, name)) for name in (component, *others)}
+    pipeline.load_lora_weights(run, weight_name=file, **({"load_into_transformer_2": True}
+                                                          if component == "transformer_2" else {}))
+    expert = getattr(pipeline, component)
+    [adapter] = expert.peft_config
+    loaded = get_peft_model_state_dict(expert, adapter_name=adapter)
+    assert loaded.keys() == saved.keys(), sorted(loaded.keys() ^ saved.keys())[:4]
+    assert all(torch.equal(loaded[key], saved[key].to(loaded[key].dtype)) for key in saved)
+    assert (transformer_output(expert) - before[component]).abs().max() > 1e-4
+    for name in others:
+        assert torch.equal(transformer_output(getattr(pipeline, name)), before[name]), f"{name} changed too"
+
+
+@pytest.fixture(scope="module")
+def expert_runs(variant, tiny_dataset, tmp_path_factory):
+    """One 2-step run per spec.model.experts choice on the two-expert tiny model: (folder, stderr)."""
+    runs = {}
+    for choice in ("high-noise", "low-noise", "both"):
+        tmp = tmp_path_factory.mktemp(choice)
+        manifest = family_job(FAMILY, LAYOUT, variant("a14b"), tiny_dataset(LAYOUT), tmp / "out",
+                              model={"experts": choice})
+        runs[choice] = (run_dir(tmp / "out"), run_trainer(manifest, tmp).stderr)
+    return runs
+
+
+@pytest.mark.parametrize("choice, files", [("high-noise", {HIGH_NOISE_FILE: "transformer"}),
+                                           ("low-noise", {LOW_NOISE_FILE: "transformer_2"}),
+                                           ("both", {HIGH_NOISE_FILE: "transformer", LOW_NOISE_FILE: "transformer_2"})])
+def test_the_chosen_experts_alone_train_say_so_and_each_lora_loads_whole_into_its_expert(
+        choice, files, expert_runs, variant):
+    run, stderr = expert_runs[choice]
+    label = {"transformer": "high-noise", "transformer_2": "low-noise"}
+    assert f"wan: training {choice} ({', '.join(files.values())})" in stderr, stderr[-2000:]
+    written = {path.name for path in run.glob("*.safetensors")}
+    assert written == set(files), written
+    for file, component in files.items():
+        assert expert_of(run / file) == label[component]
+        assert_lora_loads_whole_and_changes_the_expert(variant("a14b"), run, file, component)
+
+
+def test_a_lone_expert_trains_on_its_own_noise_levels_and_both_route_each_sample_to_its_expert(variant, tiny_dataset):
+    from kubetune_api.spec import TrainingJob
+    from kubetune_trainer.families import family_for
+    from kubetune_trainer.randomness import SampleRandom
+
+    keys = [(0, index) for index in range(64)]
+    drawn = {}
+    for choice in ("high-noise", "low-noise", "both"):
+        manifest = family_job(FAMILY, LAYOUT, variant("a14b"), tiny_dataset(LAYOUT), "/unused",
+                              model={"experts": choice})
+        family = family_for(FAMILY)(TrainingJob.model_validate(manifest).spec, torch.device("cpu"), torch.float32)
+        sigmas = family.draw_sigmas(SampleRandom.for_keys(3, keys, 0))
+        drawn[choice] = sigmas, family.routes(sigmas)
+    high, low, both = (drawn[choice][0] for choice in ("high-noise", "low-noise", "both"))
+    assert high.min() >= 0.875 and low.max() < 0.875, (high.min(), low.max())
+    routes = drawn["both"][1]
+    assert torch.equal(routes["transformer"], both >= 0.875) and torch.equal(routes["transformer_2"], ~routes["transformer"])
+    assert routes["transformer"].any() and routes["transformer_2"].any(), "64 draws reach both sides of 0.875"
+
+
+@pytest.mark.parametrize("name", ["2.1", "ti2v-5b"])
+def test_one_expert_models_train_and_their_lora_loads_whole(name, variant, tiny_dataset, tmp_path):
+    """Wan 2.1 (16-channel VAE) and Wan 2.2 TI2V-5B (48 channels, 16x VAE, a timestep per token)."""
+    manifest = family_job(FAMILY, LAYOUT, variant(name), tiny_dataset(LAYOUT), tmp_path / "out")
+    stderr = run_trainer(manifest, tmp_path).stderr
+    assert "wan: training whole (transformer)" in stderr, stderr[-2000:]
+    run = run_dir(tmp_path / "out")
+    assert expert_of(run / HIGH_NOISE_FILE) == "whole"
+    assert_lora_loads_whole_and_changes_the_expert(variant(name), run, HIGH_NOISE_FILE, "transformer")
+
+
+def test_fsdp_over_two_processes_trains_both_experts_and_publishes_their_loras(variant, tiny_dataset, tmp_path, capfd):
+    from kubetune_api.manifest import parse_manifest
+    from kubetune_trainer.launch import launch_local
+
+    manifest = family_job(FAMILY, LAYOUT, variant("a14b"), tiny_dataset(LAYOUT), tmp_path / "out",
+                          distributed={"strategy": "fsdp"}, training={"batchSize": 1})
+    assert launch_local(parse_manifest(manifest), nproc=2) == 0
+    assert "2 process(es) (fsdp)" in capfd.readouterr().err
+    run = run_dir(tmp_path / "out")
+    assert (run / "checkpoint-2" / "manifest.json").is_file()
+    assert_lora_loads_whole_and_changes_the_expert(variant("a14b"), run, HIGH_NOISE_FILE, "transformer")
+    assert_lora_loads_whole_and_changes_the_expert(variant("a14b"), run, LOW_NOISE_FILE, "transformer_2")
+
+
+@pytest.mark.parametrize("name, changes, message", [
+    ("2.1", {"model": {"experts": "low-noise"}},
+     "spec.model.experts: 'low-noise' needs a two-expert model (Wan 2.2 A14B), but {model}/model_index.json names "
+     "no transformer_2 with a boundary_ratio; remove spec.model.experts"),
+    ("ti2v-5b", {"data": {"resolution": 48}},
+     "spec.data.resolution: 48 is not a multiple of 32, which this wan model needs (its VAE's 16x times its 2x2 "
+     "patches); use 32 or 64"),
+])
+def test_a_choice_the_model_cannot_take_is_refused_in_one_line_before_anything_is_written(
+        name, changes, message, variant, tiny_dataset, tmp_path):
+    manifest = family_job(FAMILY, LAYOUT, variant(name), tiny_dataset(LAYOUT), tmp_path / "out", **changes)
+    stderr = run_trainer_expecting_failure(manifest, tmp_path)
+    assert message.format(model=variant(name)) in stderr, stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert not (tmp_path / "out").exists(), "refused before the run wrote anything"
+
+
+def test_the_api_refuses_experts_for_another_family_and_a_size_off_the_16_grid():
+    from pydantic import ValidationError
+
+    from kubetune_api.spec import TrainingJobSpec  # its validation enforces the webhook's rules too
+
+    def spec(family, **model):
+        return {"model": {"family": family, "pretrained": "/m", **model}, "training": {"maxSteps": 1},
+                "data": {"layout": "captions", "uri": "/d", "resolution": 40}, "checkpoints": {"uri": "/c"}}
+
+    with pytest.raises(ValidationError, match="spec.model.experts is not honoured by family z-image"):
+        TrainingJobSpec.model_validate(spec("z-image", experts="both"))
+    with pytest.raises(ValidationError, match="spec.data.resolution must be a multiple of 16 for family wan"):
+        TrainingJobSpec.model_validate(spec("wan"))
+
+
+def test_image_batches_and_video_batches_reach_the_vae_as_clips():
+    from kubetune_trainer.errors import ConfigError
+    from kubetune_trainer.families.wan import clips
+
+    assert clips(torch.zeros(2, 3, 32, 48)).shape == (2, 3, 1, 32, 48), "an image is a 1-frame clip"
+    video = torch.arange(2 * 5 * 3, dtype=torch.float32).view(2, 5, 3, 1, 1).expand(2, 5, 3, 8, 8)
+    assert torch.equal(clips(video)[:, :, 4], video[:, 4]), "[B, F, C, H, W] -> [B, C, F, H, W]"
+    with pytest.raises(ConfigError, match="clips of 4 frames; wan takes 4k \\+ 1 frames"):
+        clips(torch.zeros(1, 4, 3, 8, 8))
+
+
+@pytest.mark.parametrize("component, published", [
+    ("transformer", 14.29e9),    # Wan2.1-T2V-14B = each Wan2.2-T2V-A14B expert
+    ("text_encoder", 5.68e9),    # umt5-xxl's encoder
+    ("vae", 0.127e9),            # Wan 2.1's causal 3D VAE
+])
+def test_the_reference_architecture_has_the_published_sizes(component, published):
+    from kubetune_trainer.reference_models import architecture, build
+
+    with torch.device("meta"):
+        model = build(architecture(FAMILY)[component])
+    assert sum(p.numel() for p in model.parameters()) == pytest.approx(published, rel=0.01)
+
+
+def test_the_ti2v_5b_configs_have_the_published_sizes():
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+
+    from kubetune_trainer.families.wan import WAN22_VAE, WAN_5B_TRANSFORMER
+
+    with torch.device("meta"):
+        transformer = WanTransformer3DModel.from_config(WAN_5B_TRANSFORMER)
+        vae = AutoencoderKLWan.from_config(WAN22_VAE)
+    assert sum(p.numel() for p in transformer.parameters()) == pytest.approx(5.0e9, rel=0.01)
+    assert sum(p.numel() for p in vae.parameters()) == pytest.approx(0.70e9, rel=0.05)
+    assert json.loads(json.dumps(WAN22_VAE))["z_dim"] == 48
