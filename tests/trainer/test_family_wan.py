@@ -1,9 +1,11 @@
 """Wan trains on its tiny models (captioned images as 1-frame clips): the default tiny model has Wan
-2.2 A14B's two experts, and one run per expert choice shows the chosen expert alone trains, on its
+2.2 A14B's two experts, and one run per lone expert shows the chosen expert alone trains, on its
 noise levels, says so in the log and in the LoRA file's metadata, and that file loads whole into
-WanPipeline's expert (the low-noise one with load_into_transformer_2=True); Wan 2.1 (one expert) and
-TI2V-5B (48-channel VAE, a timestep per token) train too; FSDP over two processes trains both
-experts; bad input is refused naming the field before anything is written."""
+WanPipeline's expert (the low-noise one with load_into_transformer_2=True); FSDP over two processes
+trains both (the default); TI2V-5B (48-channel VAE, a timestep per token) trains too; image-to-video
+(Wan 2.2 I2V A14B, Wan 2.1 I2V with its CLIP states) trains on the first frame as condition, built
+as WanImageToVideoPipeline builds it, and loads whole there; bad input is refused naming the field
+before anything is written."""
 from __future__ import annotations
 
 import json
@@ -34,12 +36,13 @@ def variant(tmp_path_factory):
 
 
 def transformer_output(transformer) -> torch.Tensor:
-    """One 1-frame 4x4 latent and a 7-token caption through a tiny expert (width-16 text)."""
+    """One 1-frame 4x4 latent and a 512-token caption (width 16) through a tiny expert; Wan 2.1 I2V's
+    also reads 17 CLIP tokens (width 16) ahead of the caption."""
     generator = torch.Generator().manual_seed(0)
-    channels = transformer.config.in_channels
-    latents = torch.randn(1, channels, 1, 4, 4, generator=generator)
+    latents = torch.randn(1, transformer.config.in_channels, 1, 4, 4, generator=generator)
+    image = torch.randn(1, 17, 16, generator=generator) if transformer.config.image_dim else None
     with torch.no_grad():
-        return transformer(latents, torch.tensor([500.0]), torch.randn(1, 7, 16, generator=generator),
+        return transformer(latents, torch.tensor([500.0]), torch.randn(1, 512, 16, generator=generator), image,
                            return_dict=False)[0]
 
 
@@ -51,7 +54,7 @@ def expert_of(file) -> str:
 def assert_lora_loads_whole_and_changes_the_expert(model, run, file: str, component: str):
     """Every tensor of `file` lands in the pipeline's `component`, equal, nothing left out, and only
     that expert's output changes."""
-    from diffusers import WanPipeline
+    from diffusers import DiffusionPipeline
     from diffusers.utils import convert_unet_state_dict_to_peft
     from peft.utils import get_peft_model_state_dict
     from safetensors.torch import load_file
@@ -59,7 +62,9 @@ def assert_lora_loads_whole_and_changes_the_expert(model, run, file: str, compon
     saved = convert_unet_state_dict_to_peft({key.removeprefix("transformer."): value
                                              for key, value in load_file(run / file).items()})
     assert saved and all(key.startswith("blocks.") for key in saved), sorted(saved)[:3]
-    pipeline = WanPipeline.from_pretrained(model)
+    # (WanImageToVideoPipeline pads a LoRA without Wan 2.1 I2V's image projections with zeros: ours has them,
+    # so the keys below would differ if it did.)
+    pipeline = DiffusionPipeline.from_pretrained(model)  # WanPipeline, or WanImageToVideoPipeline
     others = [name for name in ("transformer", "transformer_2")
               if name != component and getattr(pipeline, name, None) is not None]
     before = {name: transformer_output(getattr(pipeline, name)) for name in (component, *others)}
@@ -77,9 +82,10 @@ def assert_lora_loads_whole_and_changes_the_expert(model, run, file: str, compon
 
 @pytest.fixture(scope="module")
 def expert_runs(variant, tiny_dataset, tmp_path_factory):
-    """One 2-step run per spec.model.experts choice on the two-expert tiny model: (folder, stderr)."""
+    """One 2-step run per lone expert of the two-expert tiny model: (folder, stderr). Both experts
+    train in the FSDP test."""
     runs = {}
-    for choice in ("high-noise", "low-noise", "both"):
+    for choice in ("high-noise", "low-noise"):
         tmp = tmp_path_factory.mktemp(choice)
         manifest = family_job(FAMILY, LAYOUT, variant("a14b"), tiny_dataset(LAYOUT), tmp / "out",
                               model={"experts": choice})
@@ -88,9 +94,8 @@ def expert_runs(variant, tiny_dataset, tmp_path_factory):
 
 
 @pytest.mark.parametrize("choice, files", [("high-noise", {HIGH_NOISE_FILE: "transformer"}),
-                                           ("low-noise", {LOW_NOISE_FILE: "transformer_2"}),
-                                           ("both", {HIGH_NOISE_FILE: "transformer", LOW_NOISE_FILE: "transformer_2"})])
-def test_the_chosen_experts_alone_train_say_so_and_each_lora_loads_whole_into_its_expert(
+                                           ("low-noise", {LOW_NOISE_FILE: "transformer_2"})])
+def test_the_chosen_expert_alone_trains_says_so_and_its_lora_loads_whole_into_its_expert_only(
         choice, files, expert_runs, variant):
     run, stderr = expert_runs[choice]
     label = {"transformer": "high-noise", "transformer_2": "low-noise"}
@@ -122,9 +127,9 @@ def test_a_lone_expert_trains_on_its_own_noise_levels_and_both_route_each_sample
     assert routes["transformer"].any() and routes["transformer_2"].any(), "64 draws reach both sides of 0.875"
 
 
-@pytest.mark.parametrize("name", ["2.1", "ti2v-5b"])
+@pytest.mark.parametrize("name", ["ti2v-5b"])  # Wan 2.1's one expert trains in the image-to-video test
 def test_one_expert_models_train_and_their_lora_loads_whole(name, variant, tiny_dataset, tmp_path):
-    """Wan 2.1 (16-channel VAE) and Wan 2.2 TI2V-5B (48 channels, 16x VAE, a timestep per token)."""
+    """Wan 2.2 TI2V-5B: 48 latent channels, a 16x VAE, a timestep per token."""
     manifest = family_job(FAMILY, LAYOUT, variant(name), tiny_dataset(LAYOUT), tmp_path / "out")
     stderr = run_trainer(manifest, tmp_path).stderr
     assert "wan: training whole (transformer)" in stderr, stderr[-2000:]
@@ -133,18 +138,62 @@ def test_one_expert_models_train_and_their_lora_loads_whole(name, variant, tiny_
     assert_lora_loads_whole_and_changes_the_expert(variant(name), run, HIGH_NOISE_FILE, "transformer")
 
 
-def test_fsdp_over_two_processes_trains_both_experts_and_publishes_their_loras(variant, tiny_dataset, tmp_path, capfd):
+@pytest.mark.parametrize("name, experts, files", [
+    ("i2v-a14b", "low-noise", {LOW_NOISE_FILE: "transformer_2"}),   # Wan 2.2 I2V A14B: no image encoder
+    ("i2v-2.1", None, {HIGH_NOISE_FILE: "transformer"}),             # Wan 2.1 I2V: CLIP states too
+])
+def test_image_to_video_trains_on_the_first_frame_as_condition_samples_from_held_out_frames_and_loads_whole(
+        name, experts, files, variant, tiny_dataset, tmp_path):
+    manifest = family_job(FAMILY, LAYOUT, variant(name), tiny_dataset(LAYOUT), tmp_path / "out",
+                          model={"experts": experts},
+                          validation={"everySteps": 2, "heldOutFraction": 0.25, "prompts": ["a red cube"],
+                                      "numInferenceSteps": 2})
+    stderr = run_trainer(manifest, tmp_path).stderr
+    assert "image-to-video (first frame as condition)" in stderr, stderr[-2000:]
+    run = run_dir(tmp_path / "out")
+    assert (run / "samples" / "step-0000002" / "0.png").is_file(), "a held-out first frame, animated by one prompt"
+    assert {path.name for path in run.glob("*.safetensors")} == set(files)
+    for file, component in files.items():
+        assert expert_of(run / file) == (experts or "whole")
+        assert_lora_loads_whole_and_changes_the_expert(variant(name), run, file, component)
+
+
+@pytest.mark.parametrize("frames", [1, 5])
+def test_the_first_frame_condition_is_the_one_wan_image_to_video_pipeline_prepares(frames, variant):
+    """Mask and condition latents as WanImageToVideoPipeline.prepare_latents makes them from the first frame
+    (a 1-frame clip, an image, is its own condition; a clip's later frames do not enter it)."""
+    from diffusers import WanImageToVideoPipeline
+
+    from kubetune_trainer.families.wan import first_frame_condition, first_frame_mask, normalised
+
+    pipeline = WanImageToVideoPipeline.from_pretrained(variant("i2v-a14b"))
+    generator = torch.Generator().manual_seed(0)
+    clip = torch.rand(1, 3, frames, 32, 32, generator=generator) * 2 - 1
+    _, expected = pipeline.prepare_latents(clip[:, :, 0], 1, 16, 32, 32, frames, torch.float32, torch.device("cpu"),
+                                           generator)
+    with torch.no_grad():
+        latents = normalised(pipeline.vae.encode(first_frame_condition(clip)).latent_dist.mode(), pipeline.vae.config)
+    mask = first_frame_mask(1, frames, 4, 4)
+    assert mask.shape == (1, 4, (frames - 1) // 4 + 1, 4, 4)
+    torch.testing.assert_close(torch.cat([mask, latents], dim=1), expected)
+
+
+def test_fsdp_over_two_processes_trains_both_experts_by_default_and_publishes_each_one_s_lora(
+        variant, tiny_dataset, tmp_path, capfd):
     from kubetune_api.manifest import parse_manifest
     from kubetune_trainer.launch import launch_local
 
     manifest = family_job(FAMILY, LAYOUT, variant("a14b"), tiny_dataset(LAYOUT), tmp_path / "out",
                           distributed={"strategy": "fsdp"}, training={"batchSize": 1})
     assert launch_local(parse_manifest(manifest), nproc=2) == 0
-    assert "2 process(es) (fsdp)" in capfd.readouterr().err
+    stderr = capfd.readouterr().err
+    assert "2 process(es) (fsdp)" in stderr and "wan: training both (transformer, transformer_2)" in stderr
     run = run_dir(tmp_path / "out")
     assert (run / "checkpoint-2" / "manifest.json").is_file()
-    assert_lora_loads_whole_and_changes_the_expert(variant("a14b"), run, HIGH_NOISE_FILE, "transformer")
-    assert_lora_loads_whole_and_changes_the_expert(variant("a14b"), run, LOW_NOISE_FILE, "transformer_2")
+    for file, component, expert in ((HIGH_NOISE_FILE, "transformer", "high-noise"),
+                                    (LOW_NOISE_FILE, "transformer_2", "low-noise")):
+        assert expert_of(run / file) == expert
+        assert_lora_loads_whole_and_changes_the_expert(variant("a14b"), run, file, component)
 
 
 @pytest.mark.parametrize("name, changes, message", [

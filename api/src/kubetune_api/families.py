@@ -213,7 +213,8 @@ FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
                             ("lora", True): Dynamic(2.311e+06, 2.163e+08, 1713),
                             ("full", False): Dynamic(7.703e+09, 2.443e+09, 1.871e+04),
                             ("full", True): Dynamic(8.328e+08, 2.525e+08, 2002)})),
-    FamilyInfo("wan", "trains a Wan 2.1/2.2 video transformer (or a Wan 2.2 expert) by flow matching",
+    FamilyInfo("wan", "trains a Wan 2.1/2.2 text- or image-to-video transformer (or a Wan 2.2 expert) by flow "
+               "matching",
                ("captions",), 480, TEXT_TO_IMAGE_METRICS,  # images train as 1-frame clips; 480: 480p's short side
                IMAGE_DIFFUSION | LORA_SHAPE | {VALIDATION_PROMPTS, CLIP_MODEL, EXPERTS},
                guidance=5.0,  # WanPipeline's default and Wan 2.1's published sampling guidance

@@ -14,6 +14,17 @@ As in diffusers' WanPipeline:
   expert trains on its own range of noise levels only (the draw is mapped into it), "both" (the
   default for such a model) routes each sample to the expert of its noise level.
 
+Image-to-video (a folder whose model_index.json names WanImageToVideoPipeline: Wan 2.1 I2V 14B,
+Wan 2.2 I2V A14B): the first frame is the condition, as WanImageToVideoPipeline prepares it: the
+clip with every frame after the first zeroed, encoded by the VAE (its mode), normalised, behind a
+4-channel mask marking the first frame's latent (4 frames wide, the VAE's temporal factor); the
+transformer takes [noisy latents, mask, condition] on its channels (36). Wan 2.1 I2V also reads the
+first frame's CLIP ViT-H penultimate states (its image_encoder) through added key/value projections,
+which its LoRA adapts too. A 1-frame clip is its own condition: the model learns to keep the frame,
+which is what a 1-frame I2V sample asks; the first-frame conditioning of longer clips is the same code.
+TI2V-5B's image-to-video (the first latent frame replaced by the clean condition, timestep 0 on its
+tokens) is not trained: its folder trains text-to-video.
+
 Training data today: the `captions` layout's images, each a 1-frame clip (one latent frame, as Wan
 itself trains on images). A video batch ([B, F, C, H, W] pixel_values, frames in [-1, 1]) takes the
 same path: clips() is the one place a batch becomes the VAE's [B, C, F, H, W].
@@ -41,7 +52,7 @@ from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.denoiser import load_denoiser
-from kubetune_trainer.families.lora import LORA_FILE, load_lora_init, lora_layers
+from kubetune_trainer.families.lora import DIFFUSERS_ATTENTION_TARGETS, LORA_FILE, load_lora_init, lora_layers
 from kubetune_trainer.families.trainable import Trainable, diffusers_denoiser, enable_gradient_checkpointing
 from kubetune_trainer.families.vae import load_vae, vae_name
 from kubetune_trainer.planning.forwards import mse
@@ -50,6 +61,7 @@ from kubetune_trainer.reference_models import Component
 log = logging.getLogger("kubetune.trainer")
 
 PIPELINE = "WanPipeline"
+I2V_PIPELINE = "WanImageToVideoPipeline"  # model_index.json's _class_name of an image-to-video folder
 MAX_TEXT_TOKENS = 512  # WanPipeline's max_sequence_length (Wan's text_len): longer captions are truncated
 LOW_NOISE_FILE = "pytorch_lora_weights_transformer_2.safetensors"
 METADATA_KEY = "kubetune.expert"  # in each LoRA file: high-noise, low-noise, or whole (a one-expert model)
@@ -100,6 +112,31 @@ def check_resolution(spec, vae_config: dict, transformer_config: dict) -> None:
                               f"use {lower} or {lower + factor}")
 
 
+def first_frame_condition(clip: torch.Tensor) -> torch.Tensor:
+    """What the VAE encodes as an image-to-video condition: the clip [B, C, F, H, W] with every frame
+    after the first zeroed (WanImageToVideoPipeline's video_condition without a last image)."""
+    condition = torch.zeros_like(clip)
+    condition[:, :, 0] = clip[:, :, 0]
+    return condition
+
+
+def first_frame_mask(batch: int, frames: int, height: int, width: int, temporal: int = 4) -> torch.Tensor:
+    """The condition's mask [B, temporal, latent frames, h, w]: 1 on the first frame, which the VAE
+    gives a latent of its own, so it fills the first latent's `temporal` mask channels."""
+    mask = torch.zeros(batch, 1, frames + temporal - 1, height, width)
+    mask[:, :, :temporal] = 1
+    return mask.view(batch, -1, temporal, height, width).transpose(1, 2)
+
+
+def normalised(latents: torch.Tensor, vae_config) -> torch.Tensor:
+    """VAE latents [B, C, F, h, w] as the transformer sees them, per channel (the pipelines' decode
+    undoes exactly this; WanImageToVideoPipeline normalises its condition so too)."""
+    shape = (1, vae_config.z_dim, 1, 1, 1)
+    mean = torch.tensor(vae_config.latents_mean).view(shape).to(latents)
+    std = torch.tensor(vae_config.latents_std).view(shape).to(latents)
+    return (latents - mean) / std
+
+
 def clips(pixels: torch.Tensor) -> torch.Tensor:
     """A batch as the VAE takes it, [B, C, F, H, W]: images [B, C, H, W] are 1-frame clips; a video
     layout's clips come as [B, F, C, H, W] and must have 4k + 1 frames (the VAE's temporal grid)."""
@@ -125,15 +162,17 @@ class Experts(torch.nn.Module):
             self.add_module(name, module)
         self.names = tuple(experts)
 
-    def forward(self, routes: dict[str, torch.Tensor], hidden_states, timestep, encoder_hidden_states):
+    def forward(self, routes: dict[str, torch.Tensor], hidden_states, timestep, encoder_hidden_states,
+                image_embeds: torch.Tensor | None = None):
         if len(self.names) == 1:
-            return getattr(self, self.names[0])(hidden_states, timestep, encoder_hidden_states, return_dict=False)[0]
+            return getattr(self, self.names[0])(hidden_states, timestep, encoder_hidden_states, image_embeds,
+                                                return_dict=False)[0]
         output, unused = None, 0.0
         for name in self.names:
             chosen = routes[name]
             rows = chosen if chosen.any() else torch.arange(len(chosen), device=chosen.device) == 0
             out = getattr(self, name)(hidden_states[rows], timestep[rows], encoder_hidden_states[rows],
-                                      return_dict=False)[0]
+                                      None if image_embeds is None else image_embeds[rows], return_dict=False)[0]
             if not chosen.any():
                 unused = unused + out.sum() * 0.0
                 continue
@@ -163,6 +202,10 @@ class Wan(ModelFamily):
 
         root = spec.model.pretrained
         self.index = DiffusionPipeline.load_config(root)
+        self.image_to_video = self.index.get("_class_name") == I2V_PIPELINE
+        if self.image_to_video and self.index.get("expand_timesteps"):
+            raise ConfigError(f"spec.model.pretrained: {root} is TI2V-5B as an image-to-video pipeline, whose "
+                              "first-frame conditioning is not trained yet; use its WanPipeline folder (text-to-video)")
         self.boundary = boundary(self.index)
         self.expert_names = trained_experts(spec, self.index)
         check_resolution(spec, AutoencoderKLWan.load_config(root, subfolder="vae"),
@@ -172,18 +215,34 @@ class Wan(ModelFamily):
         self.tokenizer = AutoTokenizer.from_pretrained(root, subfolder="tokenizer")
         self.text_encoder = UMT5EncoderModel.from_pretrained(root, subfolder="text_encoder", torch_dtype=weight_dtype)
         self.vae = load_vae(spec, AutoencoderKLWan, weight_dtype)
+        self.image_encoder, self.image_processor = self._load_image_encoder()
         self.experts = {name: load_denoiser(spec, WanTransformer3DModel, name, weight_dtype)
                         for name in self.expert_names}
-        self._per_expert = {name: diffusers_denoiser(module, spec.adapter, name, PIPELINE, load_init=False)
+        # Wan 2.1 I2V's image cross-attention (added key/value projections) adapts with the rest: a LoRA
+        # without them would load into WanImageToVideoPipeline padded with zeros for them.
+        targets = DIFFUSERS_ATTENTION_TARGETS + (["add_k_proj", "add_v_proj"] if self.image_encoder is not None else [])
+        self._per_expert = {name: diffusers_denoiser(module, spec.adapter, name, PIPELINE, load_init=False,
+                                                     targets=targets)
                             for name, module in self.experts.items()}
         if spec.adapter.init_from:
             for name, module in self.experts.items():
                 load_lora_init(module, self._init_file(spec.adapter.init_from, name), "transformer")
         module = Experts(self.experts).to(device).train()
         self.trainable = Trainable(module, self._write, publishable=spec.adapter.type == "lora")
-        log.info("wan: training %s (%s) on noise levels %.3f-%.3f%s", self.expert_label,
+        log.info("wan: training %s (%s) on noise levels %.3f-%.3f%s, %s", self.expert_label,
                  ", ".join(self.expert_names), *self.sigmas,
-                 f", boundary {self.boundary}" if self.boundary is not None else "")
+                 f", boundary {self.boundary}" if self.boundary is not None else "",
+                 "image-to-video (first frame as condition)" if self.image_to_video else "text-to-video")
+
+    def _load_image_encoder(self):
+        """Wan 2.1 I2V's CLIP vision tower and its processor (None, None where the folder has none)."""
+        if (self.index.get("image_encoder") or [None])[0] is None:
+            return None, None
+        from transformers import CLIPImageProcessor, CLIPVisionModel
+
+        root = self.spec.model.pretrained
+        return (CLIPVisionModel.from_pretrained(root, subfolder="image_encoder", torch_dtype=self.weight_dtype),
+                CLIPImageProcessor.from_pretrained(root, subfolder="image_processor"))
 
     @property
     def expert_label(self) -> str:
@@ -199,7 +258,8 @@ class Wan(ModelFamily):
         return str(path / (LOW_NOISE_FILE if name == "transformer_2" else LORA_FILE)) if path.is_dir() else source
 
     def frozen_models(self):
-        return {"text_encoder": self.text_encoder, "vae": self.vae}
+        image = {"image_encoder": self.image_encoder} if self.image_encoder is not None else {}
+        return {"text_encoder": self.text_encoder, "vae": self.vae, **image}
 
     def enable_gradient_checkpointing(self):
         for module in self.experts.values():
@@ -211,8 +271,14 @@ class Wan(ModelFamily):
         root, dtype = self.spec.model.pretrained, self.weight_dtype
         vae = model_identity(self.vae, vae_name(self.spec), self.vae.dtype)
         text = model_identity(self.text_encoder, f"{root}/text_encoder", dtype, extra=json.dumps([MAX_TEXT_TOKENS]))
-        return {"latents": Encoder("latents", vae, self._vae_moments),
-                "text": Encoder("text", text + "wan", self.encode_prompts)}
+        encoders = {"latents": Encoder("latents", vae, self._vae_moments),
+                    "text": Encoder("text", text + "wan", self.encode_prompts)}
+        if self.image_to_video:
+            encoders["condition"] = Encoder("condition", vae + "first-frame condition", self._condition_latents)
+        if self.image_encoder is not None:
+            image = model_identity(self.image_encoder, f"{root}/image_encoder", dtype, extra="hidden_states[-2]")
+            encoders["image"] = Encoder("image", image, self._image_embeds)
+        return encoders
 
     @cached_property
     def _prompt_pipeline(self):
@@ -237,16 +303,31 @@ class Wan(ModelFamily):
         used = (embeds != 0).any(-1).any(0).nonzero()
         return {"prompt_embeds": embeds[:, :int(used.max()) + 1 if len(used) else 1]}
 
+    @torch.no_grad()
+    def _condition_latents(self, pixels):
+        """The first-frame condition's latents: the VAE's mode, as the pipeline takes them (argmax)."""
+        condition = first_frame_condition(to_device(clips(torch.stack(pixels)), self.vae.device, self.vae.dtype))
+        return {"latents": self.vae.encode(condition).latent_dist.mode()}
+
+    @torch.no_grad()
+    def _image_embeds(self, pixels):
+        """The first frame through the pipeline's CLIP processor (from [-1, 1]: no rescaling of 0-255
+        values) and vision tower, its penultimate hidden states (WanImageToVideoPipeline.encode_image)."""
+        frames = [(clips(pixel[None])[0, :, 0].float() + 1) / 2 for pixel in pixels]
+        values = self.image_processor(images=frames, return_tensors="pt", do_rescale=False)["pixel_values"]
+        values = to_device(values, self.image_encoder.device, self.image_encoder.dtype)
+        return {"image_embeds": self.image_encoder(pixel_values=values, output_hidden_states=True).hidden_states[-2]}
+
     def encode_batch(self, batch):
-        return self.encode_images_and_captions(batch)
+        encoded = self.encode_images_and_captions(batch)
+        pixels = list(batch["pixel_values"])
+        for name in ("condition", "image"):
+            if name in self.encoders():
+                encoded[name] = self.encode(name, pixels, self.mirror_variants(pixels))
+        return encoded
 
     def _normalised(self, latents: torch.Tensor) -> torch.Tensor:
-        """VAE latents as the transformer sees them (the pipeline's decode undoes exactly this)."""
-        config = self.vae.config
-        shape = (1, config.z_dim, 1, 1, 1)
-        mean = torch.tensor(config.latents_mean).view(shape).to(latents)
-        std = torch.tensor(config.latents_std).view(shape).to(latents)
-        return (latents - mean) / std
+        return normalised(latents, self.vae.config)
 
     # --- loss ---------------------------------------------------------------------------------
 
@@ -274,13 +355,20 @@ class Wan(ModelFamily):
         noisy = (1 - expanded) * latents + expanded * noise
         text = encoded["text"]["prompt_embeds"]
         text = torch.nn.functional.pad(text, (0, 0, 0, MAX_TEXT_TOKENS - text.shape[1]))
+        hidden = noisy
+        if self.image_to_video:  # [noisy latents, first-frame mask, condition latents] on the channels
+            batch_size, _, frames, height, width = noisy.shape
+            mask = first_frame_mask(batch_size, clips(batch["pixel_values"]).shape[2], height, width,
+                                    self.vae.config.scale_factor_temporal).to(noisy)
+            hidden = torch.cat([noisy, mask, self._normalised(encoded["condition"]["latents"]).to(noisy)], dim=1)
+        image_embeds = encoded["image"]["image_embeds"].to(self.weight_dtype) if "image" in encoded else None
         timestep = sigmas * TIMESTEPS
         if self.index.get("expand_timesteps"):  # TI2V-5B: one timestep per token (all equal without a condition frame)
             _, patch_h, patch_w = self.experts[self.expert_names[0]].config.patch_size
             frames, height, width = noisy.shape[2:]
             timestep = timestep[:, None].expand(-1, frames * (height // patch_h) * (width // patch_w))
-        prediction = model(self.routes(sigmas), noisy.to(self.weight_dtype), timestep,
-                           text.to(self.weight_dtype))
+        prediction = model(self.routes(sigmas), hidden.to(self.weight_dtype), timestep,
+                           text.to(self.weight_dtype), image_embeds)
         return flow_matching.loss(prediction, noise - latents)
 
     # --- output -------------------------------------------------------------------------------
@@ -315,12 +403,14 @@ class Wan(ModelFamily):
                 for name in (others if self.boundary is not None else [])}
 
     def pipeline(self, experts: dict[str, torch.nn.Module]):
-        from diffusers import WanPipeline
+        import diffusers
 
-        return WanPipeline(tokenizer=self.tokenizer, text_encoder=self.text_encoder, vae=self.vae,
-                           scheduler=self.scheduler, transformer=experts.get("transformer"),
-                           transformer_2=experts.get("transformer_2"), boundary_ratio=self.boundary,
-                           expand_timesteps=bool(self.index.get("expand_timesteps")))
+        image = ({"image_encoder": self.image_encoder, "image_processor": self.image_processor}
+                 if self.image_to_video else {})
+        return getattr(diffusers, I2V_PIPELINE if self.image_to_video else PIPELINE)(
+            tokenizer=self.tokenizer, text_encoder=self.text_encoder, vae=self.vae, scheduler=self.scheduler,
+            transformer=experts.get("transformer"), transformer_2=experts.get("transformer_2"),
+            boundary_ratio=self.boundary, expand_timesteps=bool(self.index.get("expand_timesteps")), **image)
 
     def validation_prompts(self, held_out: list[dict]) -> list[str]:
         """spec.validation.prompts, else, when a CLIP model will score them, the first
@@ -332,10 +422,31 @@ class Wan(ModelFamily):
             return []
         return [caption for batch in held_out for caption in batch["captions"]][:validation.num_samples]
 
+    def condition_images(self, held_out: list[dict], count: int) -> list:
+        """Image-to-video: the first frames of the first `count` held-out samples, as PIL images."""
+        from torchvision.transforms.functional import to_pil_image
+
+        frames = [clips(pixels[None])[0, :, 0] for batch in held_out for pixels in batch["pixel_values"]]
+        return [to_pil_image((frame.float().clamp(-1, 1) + 1) / 2) for frame in frames[:count]]
+
+    def _prompt_embeds(self, prompt: str) -> dict[str, torch.Tensor | None]:
+        """A prompt (and the empty negative one under guidance) encoded as training encodes it: diffusers
+        0.42.1's WanImageToVideoPipeline cleans prompts with ftfy unguarded (a NameError without it),
+        WanPipeline only where ftfy is installed."""
+        guided = (self.spec.sample_guidance or 0) > 1
+        embeds, negative = self._prompt_pipeline.encode_prompt(
+            [prompt], negative_prompt="" if guided else None, do_classifier_free_guidance=guided,
+            max_sequence_length=MAX_TEXT_TOKENS, device=self.device)
+        return {"prompt_embeds": embeds, "negative_prompt_embeds": negative}
+
     @torch.no_grad()
     def sample_images(self, model, held_out, generator):
-        """One-frame clips of the validation prompts, as images (a video layout will render clips)."""
+        """One-frame clips of the validation prompts, as images (a video layout will render clips);
+        image-to-video: each from a held-out sample's first frame (none without held-out samples)."""
         prompts = self.validation_prompts(held_out)
+        if self.image_to_video:
+            conditions = self.condition_images(held_out, len(prompts))
+            prompts = prompts[:len(conditions)]
         if not prompts:
             return []
         others = self._untrained_experts
@@ -345,10 +456,14 @@ class Wan(ModelFamily):
             pipeline = self.pipeline({**self.experts, **others})
             pipeline.set_progress_bar_config(disable=True)
             width, height = self.spec.size
-            videos = pipeline(prompts, height=height, width=width, num_frames=1,
-                              num_inference_steps=self.spec.validation.num_inference_steps,
-                              guidance_scale=self.spec.sample_guidance, generator=generator,
-                              max_sequence_length=MAX_TEXT_TOKENS, output_type="pil").frames
+            options = dict(height=height, width=width, num_frames=1, num_inference_steps=self.spec.validation.num_inference_steps,
+                           guidance_scale=self.spec.sample_guidance, generator=generator,
+                           max_sequence_length=MAX_TEXT_TOKENS, output_type="pil")
+            if self.image_to_video:  # the pipeline takes one condition image per call
+                videos = [pipeline(image=image, **self._prompt_embeds(prompt), **options).frames[0]
+                          for image, prompt in zip(conditions, prompts)]
+            else:
+                videos = pipeline(prompts, **options).frames
         finally:
             for module in others.values():
                 module.to("cpu")
@@ -429,16 +544,20 @@ def write_tokenizers(out_dir: Path) -> None:
     tiny_models.tiny_t5_tokenizer(max_length=MAX_TEXT_TOKENS).save_pretrained(out_dir / "tokenizer")
 
 
-TINY_VARIANTS = ("a14b", "2.1", "ti2v-5b")
+TINY_VARIANTS = ("a14b", "2.1", "ti2v-5b", "i2v-a14b", "i2v-2.1")
+BOUNDARY_I2V_A14B = 0.9  # Wan2.2-I2V-A14B's boundary_ratio
 
 
 def write_tiny_wan(out_dir: Path, seed: int = 0, variant: str = "a14b") -> Path:
-    """WanPipeline with a 1-block transformer of width 24 (2 heads x 12), a 1-layer UMT5 of width 16 and a
-    4-level causal VAE of width 8 (8x spatial, 4x temporal). variant: "a14b", Wan 2.2 A14B's layout (two
-    experts split at 0.875); "2.1", one expert; "ti2v-5b", one expert on a 48-channel VAE with 2x2 pixel
-    patches (16x) and a timestep per token."""
-    from diffusers import AutoencoderKLWan, WanPipeline, WanTransformer3DModel
-    from transformers import UMT5Config, UMT5EncoderModel
+    """A Wan pipeline folder with 1-block transformers of width 24 (2 heads x 12), a 1-layer UMT5 of width 16
+    and a 4-level causal VAE of width 8 (8x spatial, 4x temporal). variant: "a14b", Wan 2.2 T2V A14B's
+    layout (two experts split at 0.875); "2.1", one expert; "ti2v-5b", one expert on a 48-channel VAE
+    with 2x2 pixel patches (16x) and a timestep per token; "i2v-a14b", Wan 2.2 I2V A14B's
+    WanImageToVideoPipeline (36 input channels, two experts split at 0.9); "i2v-2.1", Wan 2.1 I2V's
+    (one expert reading a CLIP vision tower's states through added key/value projections)."""
+    import diffusers
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel, UMT5Config, UMT5EncoderModel
 
     if variant not in TINY_VARIANTS:
         raise ValueError(f"wan tiny variant {variant!r}: use one of {', '.join(TINY_VARIANTS)}")
@@ -447,7 +566,7 @@ def write_tiny_wan(out_dir: Path, seed: int = 0, variant: str = "a14b") -> Path:
     text_encoder = UMT5EncoderModel(UMT5Config(
         vocab_size=len(tokenizer), d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
         relative_attention_num_buckets=8, feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1))
-    dense = variant == "ti2v-5b"
+    dense, i2v, clip = variant == "ti2v-5b", variant.startswith("i2v"), variant == "i2v-2.1"
     channels = 48 if dense else 16
     vae = AutoencoderKLWan(
         base_dim=8, z_dim=channels, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True],
@@ -455,15 +574,25 @@ def write_tiny_wan(out_dir: Path, seed: int = 0, variant: str = "a14b") -> Path:
                 scale_factor_spatial=16, latents_mean=WAN22_VAE["latents_mean"], latents_std=WAN22_VAE["latents_std"])
            if dense else {}))
 
-    def transformer():
+    def transformer():  # image-to-video: noisy latents + 4 mask channels + condition latents in
         return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12,
-                                     in_channels=channels, out_channels=channels, text_dim=16, freq_dim=32, ffn_dim=32,
-                                     num_layers=1, rope_max_seq_len=32)
+                                     in_channels=2 * channels + 4 if i2v else channels, out_channels=channels,
+                                     text_dim=16, freq_dim=32, ffn_dim=32, num_layers=1, rope_max_seq_len=32,
+                                     **(dict(image_dim=16, added_kv_proj_dim=24) if clip else {}))
 
-    two = variant == "a14b"
-    pipeline = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler(),
-                           transformer=transformer(), transformer_2=transformer() if two else None,
-                           boundary_ratio=BOUNDARY_T2V_A14B if two else None, expand_timesteps=dense)
+    two = variant in ("a14b", "i2v-a14b")
+    split = (BOUNDARY_I2V_A14B if i2v else BOUNDARY_T2V_A14B) if two else None
+    image = {}
+    if clip:  # a 32 px ViT with 8 px patches: 17 tokens of width 16
+        image = dict(image_encoder=CLIPVisionModel(CLIPVisionConfig(
+                         hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         image_size=32, patch_size=8)),
+                     image_processor=CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}))
+    elif i2v:
+        image = dict(image_encoder=None, image_processor=None)
+    pipeline = getattr(diffusers, I2V_PIPELINE if i2v else PIPELINE)(
+        tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler(), transformer=transformer(),
+        transformer_2=transformer() if two else None, boundary_ratio=split, expand_timesteps=dense, **image)
     pipeline.save_pretrained(out_dir, safe_serialization=True)
     return out_dir
 
