@@ -103,13 +103,13 @@ def sigma_range(experts: tuple[str, ...], split: float | None) -> tuple[float, f
 def check_resolution(spec, vae_config: dict, transformer_config: dict) -> None:
     """Refuse a size whose latents the transformer cannot cut into whole patches (the row's 16 is the
     8x VAE's; the 5B's 16x VAE needs 32): WanPipeline would round such a size down."""
-    factor = (vae_config.get("scale_factor_spatial") or 8) * transformer_config["patch_size"][1]
+    scale, patch = vae_config.get("scale_factor_spatial") or 8, transformer_config["patch_size"][1]
+    factor = scale * patch
     for side in spec.size:
         if side % factor:
             lower = side // factor * factor
             raise ConfigError(f"spec.data.resolution: {side} is not a multiple of {factor}, which this wan model needs "
-                              f"(its VAE's {factor // transformer_config['patch_size'][1]}x times its 2x2 patches); "
-                              f"use {lower} or {lower + factor}")
+                              f"(its VAE's {scale}x times its {patch}x{patch} patches); use {lower} or {lower + factor}")
 
 
 def first_frame_condition(clip: torch.Tensor) -> torch.Tensor:
