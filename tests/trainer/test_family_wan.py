@@ -263,3 +263,37 @@ def test_the_ti2v_5b_configs_have_the_published_sizes():
     assert sum(p.numel() for p in transformer.parameters()) == pytest.approx(5.0e9, rel=0.01)
     assert sum(p.numel() for p in vae.parameters()) == pytest.approx(0.70e9, rel=0.05)
     assert json.loads(json.dumps(WAN22_VAE))["z_dim"] == 48
+
+
+def test_the_planner_builds_what_the_expert_choice_trains(tmp_path):
+    """`kubetune plan` on the published configs: one 14B expert, or both of a two-expert folder in one
+    trained module (twice the weights and the LoRA); a choice the folder cannot take is refused."""
+    import shutil
+
+    from kubetune_api.spec import TrainingJobSpec
+    from kubetune_trainer.errors import ConfigError
+    from kubetune_trainer.planning.models import load_models
+    from kubetune_trainer.reference_models import write_config_only
+
+    one = write_config_only(FAMILY, tmp_path / "wan2.1")
+    two = shutil.copytree(one, tmp_path / "wan2.2-a14b")
+    shutil.copytree(two / "transformer", two / "transformer_2")
+    index = json.loads((two / "model_index.json").read_text())
+    (two / "model_index.json").write_text(json.dumps({**index, "transformer_2": ["diffusers", "WanTransformer3DModel"],
+                                                      "boundary_ratio": 0.875}))
+
+    def planned(folder, experts=None):
+        spec = TrainingJobSpec.model_validate({
+            "model": {"family": FAMILY, "pretrained": str(folder), "experts": experts},
+            "adapter": {"rank": 32}, "training": {"maxSteps": 1},
+            "data": {"layout": LAYOUT, "uri": "/d", "resolution": [832, 480]}, "checkpoints": {"uri": "/c"}})
+        trained = load_models(spec).trained_module
+        return (sum(p.numel() for p in trained.parameters() if not p.requires_grad),
+                sum(p.numel() for p in trained.parameters() if p.requires_grad))
+
+    frozen, lora = planned(one)
+    assert frozen == pytest.approx(14.29e9, rel=0.01) and lora > 0
+    assert planned(two, "low-noise") == (frozen, lora)
+    assert planned(two) == planned(two, "both") == (2 * frozen, 2 * lora)
+    with pytest.raises(ConfigError, match="spec.model.experts: 'both' needs a two-expert model"):
+        planned(one, "both")

@@ -522,7 +522,7 @@ UMT5_XXL_ENCODER = dict(
 )
 BOUNDARY_T2V_A14B = 0.875  # Wan2.2-T2V-A14B: the high-noise expert takes 1000 sigma >= 875
 # The reference: Wan2.1-T2V-14B, i.e. one Wan2.2-T2V-A14B expert as spec.model.experts high-noise or
-# low-noise trains it (`both` holds two of these; the planner plans one: see planning_forward).
+# low-noise trains it (`both` holds two of these: the planner adds a folder's transformer_2, meta_trainable).
 ARCHITECTURE = {
     "transformer": Component("transformer", "diffusers", "WanTransformer3DModel", WAN_14B_TRANSFORMER),
     "text_encoder": Component("text_encoder", "transformers", "UMT5EncoderModel", UMT5_XXL_ENCODER),
@@ -597,21 +597,55 @@ def write_tiny_wan(out_dir: Path, seed: int = 0, variant: str = "a14b") -> Path:
     return out_dir
 
 
+def meta_trainable(spec, models) -> None:
+    """The planner's trained module as the family builds it: the expert spec.model.experts trains (both
+    of a two-expert folder: the second built from its transformer_2/config.json, in one Experts module)."""
+    from diffusers import WanTransformer3DModel
+
+    folder = Path(spec.model.pretrained)
+    index = json.loads((folder / "model_index.json").read_text()) if (folder / "model_index.json").is_file() else {}
+    experts = trained_experts(spec, index)  # a choice the folder cannot take is refused here too
+    first = models["transformer"]
+    if len(experts) == 2:
+        second = WanTransformer3DModel.from_config(WanTransformer3DModel.load_config(folder, subfolder="transformer_2"))
+        models["transformer"] = Experts({"transformer": first, "transformer_2": second.to(first.dtype).eval()})
+    for name, module in expert_modules(models).items():
+        diffusers_denoiser(module.requires_grad_(False), spec.adapter, name, pipeline=None, load_init=False)
+
+
+def expert_modules(models) -> dict[str, torch.nn.Module]:
+    """The planner's expert(s), by component name."""
+    trained = models["transformer"]
+    return {name: getattr(trained, name) for name in trained.names} if isinstance(trained, Experts) else {
+        "transformer": trained}
+
+
+def planning_checkpointing(models) -> None:
+    for module in expert_modules(models).values():
+        enable_gradient_checkpointing(module)
+
+
 def planning_forward(models, spec, make, autocast, dtype: torch.dtype) -> torch.Tensor:
-    """compute_loss's transformer call for one expert: latents [B, C, F, h, w] and the 512 text tokens.
+    """compute_loss's transformer call: latents [B, C, F, h, w] and the 512 text tokens, through each
+    trained expert (both experts on the whole batch: an upper bound of the routed batch's two halves,
+    and what one sample per process costs, the idle expert running on it too).
 
     F, the latent frames: spec.data.frames (the video layout's, 4k + 1 frames -> k + 1) once the spec
     has it; until then one, an image's. A per-token timestep (TI2V-5B) is planned as one per sample."""
-    transformer, vae = models["transformer"], models["vae"]
+    experts, vae = list(expert_modules(models).values()), models["vae"]
+    transformer = experts[0]
     frames = getattr(spec.data, "frames", None) or 1
     latent_frames = (frames - 1) // vae.config.scale_factor_temporal + 1
     width, height = spec.size
     scale, batch = vae.config.scale_factor_spatial, spec.training.batch_size
     shape = (batch, transformer.config.in_channels, latent_frames, height // scale, width // scale)
     text = make((batch, MAX_TEXT_TOKENS, transformer.config.text_dim), dtype)
-    with autocast():
-        output = transformer(make(shape, dtype), make((batch,), torch.float32), text, return_dict=False)[0]
-    return mse(output, make(tuple(output.shape), dtype))
+    loss = 0.0
+    for expert in experts:
+        with autocast():
+            output = expert(make(shape, dtype), make((batch,), torch.float32), text, return_dict=False)[0]
+        loss = loss + mse(output, make(tuple(output.shape), dtype))
+    return loss
 
 
 DEFINITION = FamilyDefinition(
@@ -625,4 +659,6 @@ DEFINITION = FamilyDefinition(
     scheduler=scheduler,
     write_tokenizers=write_tokenizers,
     model_index=MODEL_INDEX,
+    meta_trainable=meta_trainable,
+    checkpointing=planning_checkpointing,
 )
