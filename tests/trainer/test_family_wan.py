@@ -127,6 +127,32 @@ def test_a_lone_expert_trains_on_its_own_noise_levels_and_both_route_each_sample
     assert routes["transformer"].any() and routes["transformer_2"].any(), "64 draws reach both sides of 0.875"
 
 
+def test_the_experts_module_runs_each_expert_on_its_samples_and_an_idle_one_on_a_sample_times_zero(variant):
+    """What keeps processes in step when their samples go to different experts: an expert without samples
+    still runs (on one) and every trained weight gets a gradient, zero for the idle expert."""
+    from diffusers import WanPipeline
+
+    from kubetune_trainer.families.wan import Experts
+
+    pipeline = WanPipeline.from_pretrained(variant("a14b"))
+    experts = Experts({"transformer": pipeline.transformer, "transformer_2": pipeline.transformer_2})
+    generator = torch.Generator().manual_seed(0)
+    latents, text = torch.randn(3, 16, 1, 4, 4, generator=generator), torch.randn(3, 512, 16, generator=generator)
+    timestep = torch.tensor([900.0, 100.0, 950.0])
+    high = torch.tensor([True, False, True])
+    routed = experts({"transformer": high, "transformer_2": ~high}, latents, timestep, text)
+    with torch.no_grad():
+        alone = {name: getattr(experts, name)(latents, timestep, text, return_dict=False)[0] for name in experts.names}
+    torch.testing.assert_close(routed[high], alone["transformer"][high])
+    torch.testing.assert_close(routed[~high], alone["transformer_2"][~high])
+    everyone_high = experts({"transformer": torch.ones(3, dtype=torch.bool), "transformer_2": torch.zeros(3, dtype=torch.bool)},
+                            latents, timestep, text)
+    everyone_high.square().mean().backward()
+    idle = [p.grad for p in experts.transformer_2.parameters()]
+    assert all(grad is not None and not grad.any() for grad in idle), "the idle expert ran, contributing zero"
+    assert any(p.grad.any() for p in experts.transformer.parameters())
+
+
 @pytest.mark.parametrize("name", ["ti2v-5b"])  # Wan 2.1's one expert trains in the image-to-video test
 def test_one_expert_models_train_and_their_lora_loads_whole(name, variant, tiny_dataset, tmp_path):
     """Wan 2.2 TI2V-5B: 48 latent channels, a 16x VAE, a timestep per token."""
@@ -178,16 +204,19 @@ def test_the_first_frame_condition_is_the_one_wan_image_to_video_pipeline_prepar
     torch.testing.assert_close(torch.cat([mask, latents], dim=1), expected)
 
 
-def test_fsdp_over_two_processes_trains_both_experts_by_default_and_publishes_each_one_s_lora(
-        variant, tiny_dataset, tmp_path, capfd):
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_two_processes_train_both_experts_by_default_and_publish_each_one_s_lora(
+        strategy, variant, tiny_dataset, tmp_path, capfd):
+    """One sample per process: the two processes' samples often go to different experts, each process
+    running the other expert on its sample times zero (else FSDP's all-gathers or DDP's reducer hang)."""
     from kubetune_api.manifest import parse_manifest
     from kubetune_trainer.launch import launch_local
 
     manifest = family_job(FAMILY, LAYOUT, variant("a14b"), tiny_dataset(LAYOUT), tmp_path / "out",
-                          distributed={"strategy": "fsdp"}, training={"batchSize": 1})
+                          distributed={"strategy": strategy}, training={"batchSize": 1})
     assert launch_local(parse_manifest(manifest), nproc=2) == 0
     stderr = capfd.readouterr().err
-    assert "2 process(es) (fsdp)" in stderr and "wan: training both (transformer, transformer_2)" in stderr
+    assert f"2 process(es) ({strategy})" in stderr and "wan: training both (transformer, transformer_2)" in stderr
     run = run_dir(tmp_path / "out")
     assert (run / "checkpoint-2" / "manifest.json").is_file()
     for file, component, expert in ((HIGH_NOISE_FILE, "transformer", "high-noise"),
