@@ -108,8 +108,9 @@ def check_resolution(spec, vae_config: dict, transformer_config: dict) -> None:
     for side in spec.size:
         if side % factor:
             lower = side // factor * factor
-            raise ConfigError(f"spec.data.resolution: {side} is not a multiple of {factor}, which this wan model needs "
-                              f"(its VAE's {scale}x times its {patch}x{patch} patches); use {lower} or {lower + factor}")
+            raise ConfigError(f"spec.data.resolution: {side} is not a multiple of {factor}, which this wan model "
+                              f"needs (its VAE's {scale}x times its {patch}x{patch} patches); use {lower} or "
+                              f"{lower + factor}")
 
 
 def first_frame_condition(clip: torch.Tensor) -> torch.Tensor:
@@ -253,7 +254,8 @@ class Wan(ModelFamily):
 
     @staticmethod
     def _init_file(source: str, name: str) -> str:
-        """spec.adapter.initFrom for one expert: a folder holds each expert's file; a file is the one trained expert's."""
+        """spec.adapter.initFrom for one expert: a folder holds each expert's file; a file is the one
+        trained expert's."""
         path = Path(source)
         return str(path / (LOW_NOISE_FILE if name == "transformer_2" else LORA_FILE)) if path.is_dir() else source
 
@@ -456,7 +458,8 @@ class Wan(ModelFamily):
             pipeline = self.pipeline({**self.experts, **others})
             pipeline.set_progress_bar_config(disable=True)
             width, height = self.spec.size
-            options = dict(height=height, width=width, num_frames=1, num_inference_steps=self.spec.validation.num_inference_steps,
+            options = dict(height=height, width=width, num_frames=1,
+                           num_inference_steps=self.spec.validation.num_inference_steps,
                            guidance_scale=self.spec.sample_guidance, generator=generator,
                            max_sequence_length=MAX_TEXT_TOKENS, output_type="pil")
             if self.image_to_video:  # the pipeline takes one condition image per call
@@ -489,7 +492,8 @@ WAN_5B_TRANSFORMER = dict(
 )
 # Wan 2.1's causal 3D VAE (Wan2.2 A14B's too): 16 channels, 8x spatial, 4x temporal, per-channel statistics.
 WAN21_VAE = dict(
-    base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[], temperal_downsample=[False, True, True],
+    base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+    temperal_downsample=[False, True, True],
     latents_mean=[-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
                   0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921],
     latents_std=[2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
@@ -535,8 +539,8 @@ def scheduler(flow_shift: float = 3.0):
     """WanPipeline's scheduler: UniPC over flow sigmas, shift 3.0 at 480p (Wan recommends 5.0 at 720p)."""
     from diffusers import UniPCMultistepScheduler
 
-    return UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, num_train_timesteps=TIMESTEPS,
-                                   flow_shift=flow_shift)
+    return UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                   num_train_timesteps=TIMESTEPS, flow_shift=flow_shift)
 
 
 def write_tokenizers(out_dir: Path) -> None:
@@ -587,7 +591,8 @@ def write_tiny_wan(out_dir: Path, seed: int = 0, variant: str = "a14b") -> Path:
         image = dict(image_encoder=CLIPVisionModel(CLIPVisionConfig(
                          hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
                          image_size=32, patch_size=8)),
-                     image_processor=CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}))
+                     image_processor=CLIPImageProcessor(size={"shortest_edge": 32},
+                                                        crop_size={"height": 32, "width": 32}))
     elif i2v:
         image = dict(image_encoder=None, image_processor=None)
     pipeline = getattr(diffusers, I2V_PIPELINE if i2v else PIPELINE)(
