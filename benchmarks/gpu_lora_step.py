@@ -11,6 +11,7 @@
     .venv/bin/python benchmarks/gpu_lora_step.py --family flux2-klein    # FLUX.2 [klein] 4B + Qwen3-4B, 1024 px
     .venv/bin/python benchmarks/gpu_lora_step.py --family flux2 --cache --quantization fp8
                                             # FLUX.2 [dev] 32B (fp8) from the cache; Mistral 24B in CPU memory
+    .venv/bin/python benchmarks/gpu_lora_step.py --family wan            # one Wan 14B expert + UMT5-XXL, 480 px, 1 frame
     .venv/bin/python benchmarks/gpu_lora_step.py --family pmg            # LLaMA-2-7B + SD1.5, 512 px
     .venv/bin/python benchmarks/gpu_lora_step.py --family classifier     # ViT-B/16, 224 px
     .venv/bin/python benchmarks/gpu_lora_step.py --family sd15 --tiny --device cpu   # the plumbing, anywhere

@@ -25,6 +25,7 @@ SETTINGS: dict[str, dict] = {
     table.VALIDATION_PROMPTS: {"spec.validation.prompts": ["a red circle"]},
     table.GUIDANCE: {"spec.validation.guidanceScale": 9.0},
     table.CLIP_MODEL: {"spec.validation.clipModel": "openai/clip-vit-base-patch32"},
+    table.EXPERTS: {"spec.model.experts": "high-noise"},
 }
 
 

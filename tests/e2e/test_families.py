@@ -19,7 +19,7 @@ from tests.e2e.waiting import eventually
 pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("backend", ["trainjob"], indirect=True)]
 
 # The families of issue 25 ("the image models people train today"); each must have an example.
-NEW_FAMILIES = ("z-image", "sd35", "qwen-image", "qwen-image-edit-plus", "flux2", "flux2-klein")
+NEW_FAMILIES = ("z-image", "sd35", "qwen-image", "qwen-image-edit-plus", "flux2", "flux2-klein", "wan")
 
 
 def example_of(family: str) -> dict:

@@ -206,4 +206,5 @@ def test_quantization_asks_for_quantized_base_weights(family, base_job, tmp_path
     manifest = set_fields(with_option(base_job(family), family, table.QUANTIZATION, tmp_path),
                           {"spec.resources.gpusPerNode": 1})
     build(manifest)
-    assert asked == [SETTINGS[table.QUANTIZATION]["spec.model.quantization"]], asked
+    # One ask per quantized denoiser the family loads (wan's two-expert tiny model trains both: two).
+    assert asked and set(asked) == {SETTINGS[table.QUANTIZATION]["spec.model.quantization"]}, asked

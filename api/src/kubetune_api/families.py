@@ -34,6 +34,7 @@ NOISE_OFFSET = "spec.training.noiseOffset"
 VALIDATION_PROMPTS = "spec.validation.prompts"
 GUIDANCE = "spec.validation.guidanceScale"     # the sample images' guidance (the family's default: its row)
 CLIP_MODEL = "spec.validation.clipModel"       # scores validation images: clip_score / clip_directional
+EXPERTS = "spec.model.experts"                 # which expert(s) of a two-expert (mixture-of-experts) denoiser train
 
 LORA_SHAPE = frozenset({LORA_RANK, LORA_ALPHA, LORA_DROPOUT, LORA_TARGETS, INIT_FROM})
 DENOISING = frozenset({SNR_GAMMA, NOISE_OFFSET})       # a DDPM noise-prediction loss's knobs
@@ -244,6 +245,22 @@ FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
                             ("lora", True): Dynamic(2.311e+06, 2.163e+08, 1713),
                             ("full", False): Dynamic(7.703e+09, 2.443e+09, 1.871e+04),
                             ("full", True): Dynamic(8.328e+08, 2.525e+08, 2002)})),
+    FamilyInfo("wan", "trains a Wan 2.1/2.2 text- or image-to-video transformer (or a Wan 2.2 expert) by flow "
+               "matching",
+               # video clips, or images as 1-frame clips; 480: 480p's short side
+               ("captions", "video-captions"), 480, TEXT_TO_IMAGE_METRICS,
+               IMAGE_DIFFUSION | LORA_SHAPE | {VALIDATION_PROMPTS, CLIP_MODEL, EXPERTS},
+               frame_rule=FrameRule(4, 1),  # the VAE's temporal grid: 1 + 4k frames (81 published)
+               guidance=5.0,  # WanPipeline's default and Wan 2.1's published sampling guidance
+               resolution_multiple=16,  # 8x VAE, 2x2 patches (the 5B's 16x VAE needs 32: the trainer checks)
+               # one 14B expert (Wan2.1-T2V-14B = each Wan2.2-T2V-A14B expert), 1-frame clips; experts both holds two
+               profile=FamilyProfile(
+                   trained_module=14_288_491_584, linear_weights=14_283_243_520, frozen=5_807_802_867,
+                   lora_per_rank=3_276_800, adapter=0, largest_unit=351_394_304, loads_fp32=False,
+                   dynamic={("lora", False): Dynamic(5.107e+07, 1.265e+09, 4.301e+04),
+                            ("lora", True): Dynamic(1.794e+06, 3.643e+07, 2970),
+                            ("full", False): Dynamic(2.852e+10, 8.644e+08, 5.712e+04),
+                            ("full", True): Dynamic(1.124e+09, 4.014e+07, 3440)})),
     FamilyInfo("pmg", "trains soft prompts, a prefix and a mapping layer for a frozen Stable Diffusion 1.5",
                ("pmg",), 512, TEXT_TO_IMAGE_METRICS,
                frozenset({QUANTIZATION, VAE, EMBEDDING_CACHE, CLIP_MODEL, GUIDANCE}) | DENOISING, own_adapter=True,
@@ -270,7 +287,7 @@ FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
 FAMILY_NAMES = tuple(FAMILIES)
 OPTIONS = (QUANTIZATION, VAE, INIT_FROM, FULL_FINE_TUNE, LORA_RANK, LORA_ALPHA, LORA_DROPOUT, LORA_TARGETS, BUCKETING,
            CAPTION_DROPOUT, CONTROL_DROPOUT, EMBEDDING_CACHE, ENCODER_DEVICE, SNR_GAMMA, NOISE_OFFSET, VALIDATION_PROMPTS,
-           GUIDANCE, CLIP_MODEL)
+           GUIDANCE, CLIP_MODEL, EXPERTS)
 
 
 def label(option: str) -> str:

@@ -152,6 +152,13 @@ class ModelSpec(_Model):
         "GPU); gpu; cpu (needs the cache). They come to the GPU for filling the cache and for validation "
         "samples, and leave it after.",
     )
+    experts: Optional[Literal["high-noise", "low-noise", "both"]] = Field(
+        default=None,
+        description="A two-expert model (Wan 2.2 A14B: transformer for high noise, transformer_2 for low noise, "
+        "split at its boundary_ratio): which expert trains, on the noise levels it denoises: high-noise, "
+        "low-noise, or both (each sample goes to the expert of its noise level). Unset: every expert the model "
+        "has. A one-expert model refuses it.",
+    )
 
 
 
@@ -1077,6 +1084,7 @@ FAMILY_OPTIONS = [
                  lambda spec: spec.validation.guidance_scale is not None),
     FamilyOption(table.CLIP_MODEL, "has(self.validation) && has(self.validation.clipModel)",
                  lambda spec: spec.validation.clip_model is not None),
+    FamilyOption(table.EXPERTS, "has(self.model.experts)", lambda spec: spec.model.experts is not None),
 ]
 
 def encoders_on_gpu(spec: "TrainingJobSpec") -> bool:

@@ -95,7 +95,7 @@ OWN_OPTIONS = {family.options: True for family in FAMILIES.values() if family.op
 def activation_key(spec: TrainingJobSpec, device: str, attention: str) -> str:
     """What the activations depend on: everything but the strategy, the optimizer and the GPU count."""
     relevant = spec.model_dump(mode="json", include={
-        "model": {"family", "pretrained"}, "adapter": True, "data": {"resolution", "layout"}, **OWN_OPTIONS,
+        "model": {"family", "pretrained", "experts"}, "adapter": True, "data": {"resolution", "layout"}, **OWN_OPTIONS,
         "training": {"batch_size", "mixed_precision", "gradient_checkpointing"},
     })
     return repr((relevant, device, attention))
@@ -118,7 +118,7 @@ class Planner:
 
     def models(self, spec: TrainingJobSpec) -> JobModels:
         key = repr(spec.model_dump(mode="json", include={  # what the models' parameters depend on
-            "model": {"family", "pretrained"}, "adapter": True, **OWN_OPTIONS, "training": {"mixed_precision"}}))
+            "model": {"family", "pretrained", "experts"}, "adapter": True, **OWN_OPTIONS, "training": {"mixed_precision"}}))
         if key not in self._models:
             self._models[key] = load_models(spec)
         return self._models[key]
