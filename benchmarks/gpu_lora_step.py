@@ -12,6 +12,7 @@
     .venv/bin/python benchmarks/gpu_lora_step.py --family flux2 --cache --quantization fp8
                                             # FLUX.2 [dev] 32B (fp8) from the cache; Mistral 24B in CPU memory
     .venv/bin/python benchmarks/gpu_lora_step.py --family wan            # one Wan 14B expert + UMT5-XXL, 480 px, 1 frame
+    .venv/bin/python benchmarks/gpu_lora_step.py --family wan --frames 81 --resolution 832,480 --gradient-checkpointing
     .venv/bin/python benchmarks/gpu_lora_step.py --family pmg            # LLaMA-2-7B + SD1.5, 512 px
     .venv/bin/python benchmarks/gpu_lora_step.py --family classifier     # ViT-B/16, 224 px
     .venv/bin/python benchmarks/gpu_lora_step.py --family sd15 --tiny --device cpu   # the plumbing, anywhere
@@ -42,15 +43,30 @@ from pathlib import Path
 import yaml
 
 from kubetune_api.families import FAMILIES, LORA_ALPHA, LORA_RANK
+from kubetune_api.spec import VIDEO_LAYOUTS
 
-def layout(family: str) -> str:
-    return FAMILIES[family].layouts[0]
+
+def layout(args) -> str:
+    """The family's first layout; with --frames, its video layout."""
+    layouts = FAMILIES[args.family].layouts
+    return next(name for name in layouts if name in VIDEO_LAYOUTS) if args.frames else layouts[0]
+
+
+def resolution(text: str) -> int | list[int]:
+    """A side (512) or WIDTH,HEIGHT (832,480), as spec.data.resolution takes them."""
+    sides = [int(side) for side in text.split(",")]
+    if len(sides) not in (1, 2):
+        raise argparse.ArgumentTypeError(f"{text!r}: give one side or WIDTH,HEIGHT")
+    return sides[0] if len(sides) == 1 else sides
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", required=True, choices=sorted(FAMILIES))
-    parser.add_argument("--resolution", type=int, help="default: the family's native one (families table)")
+    parser.add_argument("--resolution", type=resolution,
+                        help="a side or WIDTH,HEIGHT (default: the family's native side, from the families table)")
+    parser.add_argument("--frames", type=int, help="frames per sample: train on generated video clips (the "
+                        "family's video layout, e.g. wan: 81)")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--gradient-checkpointing", action="store_true")
@@ -66,6 +82,8 @@ def parse_args(argv=None):
     parser.add_argument("--tiny", action="store_true", help="the family's tiny model (a quick check of the command)")
     parser.add_argument("--workdir", type=Path, help="keep the model and data here (default: a temporary directory)")
     args = parser.parse_args(argv)
+    if args.frames and not any(name in VIDEO_LAYOUTS for name in FAMILIES[args.family].layouts):
+        parser.error(f"--frames: family {args.family} trains on no video layout")
     row = FAMILIES[args.family]  # a family without a native resolution: its reference model's own size
     native = row.native_resolution or row.profile.image_size
     args.resolution = args.resolution or (32 if args.tiny else native)
@@ -101,9 +119,11 @@ def prepare(args, workdir: Path) -> tuple[Path, Path]:
             drop_weights(model)
         else:
             write_config_only(args.family, model)
-    data = workdir / f"{layout(args.family)}-{args.resolution}"
+    side = max(args.resolution) if isinstance(args.resolution, list) else args.resolution  # cropped to size
+    data = workdir / f"{layout(args)}-{side}{f'-{args.frames}f' if args.frames else ''}"
     if not data.exists():
-        write_tiny_data(layout(args.family), data, count=4 * args.batch_size, size=args.resolution)
+        clips = {"frames": args.frames} if args.frames else {}
+        write_tiny_data(layout(args), data, count=4 * args.batch_size, size=side, **clips)
     return model, data
 
 
@@ -121,7 +141,8 @@ def manifest(args, model: Path, data: Path, out: Path) -> dict:
             "model": {"family": args.family, "pretrained": str(model),
                       **({"quantization": args.quantization} if args.quantization else {})},
             "adapter": lora_adapter(args.family, args.rank),
-            "data": {"layout": layout(args.family), "uri": str(data), "resolution": args.resolution,
+            "data": {"layout": layout(args), "uri": str(data), "resolution": args.resolution,
+                     **({"frames": args.frames} if args.frames else {}),
                      **({"cache": {"enabled": True, "uri": str(out / "cache")}} if args.cache else {})},
             "training": {"maxSteps": args.warmup_steps + args.steps, "batchSize": args.batch_size,
                          "learningRate": 1e-4, "mixedPrecision": "bf16",
@@ -178,7 +199,8 @@ def main(argv=None) -> None:
         plan = planned_peak_gib(job, args.device)
     size = "tiny" if args.tiny else "real architecture, random weights"
     adapter = f"LoRA r{args.rank}" if "rank" in job["spec"]["adapter"] else "adapter (soft prompts, prefix, mapping)"
-    print(f"{args.family} {adapter}, {size}, {args.resolution} px, batch {args.batch_size}, bf16, "
+    frames = f", {args.frames} frames" if args.frames else ""
+    print(f"{args.family} {adapter}, {size}, {args.resolution} px{frames}, batch {args.batch_size}, bf16, "
           f"gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}, "
           f"embedding cache {'filled first' if args.cache else 'off'}, compile {args.compile or 'off'}, "
           f"quantization {args.quantization or 'none'}, "

@@ -11,7 +11,8 @@
 # metrics-overhead, clip-scorer, lora-classifier, lora-pmg (about 8 minutes);
 # lora-z-image, lora-flux2-klein, lora-sd35, lora-qwen-image, lora-qwen-image-edit,
 # lora-qwen-image-edit-plus, lora-flux2 (the families of issue 25 and the Qwen-Image-Edit row still
-# empty, about 20 minutes). Default: all.
+# empty, about 20 minutes); lora-wan-81f (issue 26: one Wan 14B expert on 81-frame 832x480 clips).
+# Default: all.
 # Every model is built from its configs with random weights on the GPU (kubetune_trainer.random_weights):
 # nothing but configs is written, so the 20-32B families fit the lent machines' 64 GiB disks.
 # Writes OUT_DIR/device.txt (nvidia-smi -L, library versions) and one log per benchmark; prints
@@ -92,3 +93,7 @@ run lora-qwen-image-edit 240 benchmarks/gpu_lora_step.py --family qwen-image-edi
 run lora-qwen-image-edit-plus 240 benchmarks/gpu_lora_step.py --family qwen-image-edit-plus
 # FLUX.2 [dev]: 32B in bf16 plus Mistral 24B does not fit with activations; fp8 from the cache (planned).
 run lora-flux2 300 benchmarks/gpu_lora_step.py --family flux2 --cache --quantization fp8
+
+# Wan (issue 26): one 14B expert (Wan2.1-T2V-14B's architecture, = each Wan 2.2 A14B expert) on generated
+# 81-frame 832x480 H.264 clips, with checkpointing; the published figure to compare: ~10 s/step on an H200.
+run lora-wan-81f 360 benchmarks/gpu_lora_step.py --family wan --frames 81 --resolution 832,480 --gradient-checkpointing

@@ -45,3 +45,14 @@ def test_the_other_gpu_benchmarks_refuse_cuda_without_a_gpu(script):
     result = subprocess.run([sys.executable, script, "--device", "cuda"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 1
     assert "--device cuda: no CUDA device here; run it on a GPU machine (benchmarks/gpu_suite.sh)" in result.stderr
+
+
+def test_frames_trains_a_video_family_on_clips_and_is_refused_for_an_image_family(tmp_path):
+    refused = subprocess.run([*COMMAND, "--frames", "81"], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "--frames: family sdxl trains on no video layout" in refused.stderr
+    result = subprocess.run([sys.executable, "benchmarks/gpu_lora_step.py", "--family", "wan", "--tiny", "--device",
+                             "cpu", "--frames", "5", "--resolution", "48,32", "--steps", "1", "--warmup-steps", "2",
+                             "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "wan LoRA r16, tiny, [48, 32] px, 5 frames, batch 1" in result.stdout
+    assert list((tmp_path / "video-captions-48-5f").glob("*.mp4")), "generated clips"

@@ -110,8 +110,9 @@ def build(cls, path, kwargs: dict, build_device: str, seed: int) -> torch.nn.Mod
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     parameters = sum(p.numel() for p in model.parameters())
-    log.info("random weights (a benchmark stand-in for %s): %s, %.3fB parameters in %s, built on %s in %.1f s",
-             Path(path) / (kwargs.get("subfolder") or ""), cls.__name__, parameters / 1e9,
+    count = f"{parameters / 1e9:.2f}B" if parameters >= 1e8 else f"{parameters / 1e6:.2f}M"
+    log.info("random weights (a benchmark stand-in for %s): %s, %s parameters in %s, built on %s in %.1f s",
+             Path(path) / (kwargs.get("subfolder") or ""), cls.__name__, count,
              next(model.parameters()).dtype, build_device, time.perf_counter() - started)
     return model
 
