@@ -10,48 +10,25 @@ names the imagefolder builder sorts, numbering classes as class folders are) or 
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from kubetune_trainer.data.screening import Screen
-from kubetune_trainer.data.stored import Columns, Stored
+from kubetune_trainer.data.stored import Columns, Stored, read_containers
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.storage import stream
 from kubetune_trainer.storage.confine import UnsafePath, confined
-from kubetune_trainer.storage.members import MEMBERS, MEMBERS_SUFFIX, Member, SmallCache, open_container
+from kubetune_trainer.storage.members import MEMBERS, Member, SmallCache, open_container
 
-INDEX_THREADS = 8  # files are indexed in parallel: a streamed one costs a few ranged GETs
 _ROW_GROUPS = SmallCache(entries=2)  # decoded image columns of the last row groups read, per process
 # Each file's footer, read once while indexing (forked loader workers inherit it): a row group read
 # later is then one ranged read of its column chunk, not three (a streamed file's footer costs two).
 _FOOTERS: dict[Path, object] = {}
 
 
-def data_files(root: Path, suffix: str) -> list[Path]:
-    """The data set's files with SUFFIX, by name (the order of its samples), member copies aside."""
-    if not root.is_dir():
-        raise FileNotFoundError(f"spec.data.uri: {root} is not a directory")
-    return sorted(p for p in root.rglob(f"*{suffix}") if p.is_file()
-                  and not any(part.endswith(MEMBERS_SUFFIX) or part.startswith(".")
-                              for part in p.relative_to(root).parts))
-
-
 def read_parquet(root: Path, screen: Screen, columns: Columns) -> list[Stored]:
-    files = data_files(root, ".parquet")
-    if not files:
-        raise ConfigError(f"spec.data.uri: {root} holds no *.parquet files (spec.data.format parquet reads "
-                          "Hugging Face datasets saved as parquet)")
-    with ThreadPoolExecutor(INDEX_THREADS) as pool:
-        indexed = list(pool.map(lambda file: _index(root, file, columns), files))
-    records = []
-    for found in indexed:  # problems are reported in the files' order, as they are read
-        for item in found:
-            if isinstance(item, Stored):
-                records.append(item)
-            else:
-                screen.reject(*item)
-    return records
+    return read_containers(root, screen, ".parquet", "*.parquet files (spec.data.format parquet reads Hugging Face "
+                           "datasets saved as parquet)", lambda file: _index(root, file, columns))
 
 
 @dataclass(frozen=True)

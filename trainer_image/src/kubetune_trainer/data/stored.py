@@ -8,12 +8,17 @@ same list in the same order, so the sampler draws the same steps and training gi
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from kubetune_api.spec import TrainingJobSpec, data_columns
 from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.errors import ConfigError
+from kubetune_trainer.storage.members import MEMBERS_SUFFIX
+
+INDEX_THREADS = 8  # containers are indexed in parallel: a streamed one costs a few ranged GETs
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,35 @@ def columns_of(spec: TrainingJobSpec) -> Columns:
     image, caption, label, control = data_columns(spec.data)
     return Columns(image, caption, label, control, "label" if spec.data.layout == "image-folder" else "caption",
                    edits=spec.data.layout == "edit-pairs")
+
+
+def data_files(root: Path, suffix: str) -> list[Path]:
+    """The data set's files with SUFFIX, by name (the order of its samples), member copies aside."""
+    if not root.is_dir():
+        raise FileNotFoundError(f"spec.data.uri: {root} is not a directory")
+    return sorted(p for p in root.rglob(f"*{suffix}") if p.is_file()
+                  and not any(part.endswith(MEMBERS_SUFFIX) or part.startswith(".")
+                              for part in p.relative_to(root).parts))
+
+
+def read_containers(root: Path, screen: Screen, suffix: str, what: str,
+                    index: Callable[[Path], list]) -> list[Stored]:
+    """Every record of the data set's containers (files with SUFFIX, `what` names them when there are
+    none): each indexed in parallel into Stored records and problems, the problems reported to the
+    screen in the containers' order, as they lie."""
+    containers = data_files(root, suffix)
+    if not containers:
+        raise ConfigError(f"spec.data.uri: {root} holds no {what}")
+    with ThreadPoolExecutor(INDEX_THREADS) as pool:
+        indexed = list(pool.map(index, containers))
+    records = []
+    for found in indexed:
+        for item in found:
+            if isinstance(item, Stored):
+                records.append(item)
+            else:
+                screen.reject(*item)
+    return records
 
 
 def read_stored(spec: TrainingJobSpec, screen: Screen) -> list[Stored]:

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import json
 import tarfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kubetune_trainer.data.parquet import INDEX_THREADS, data_files
 from kubetune_trainer.data.screening import Screen
-from kubetune_trainer.data.stored import Columns, Stored
+from kubetune_trainer.data.stored import Columns, Stored, read_containers
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.storage.members import MEMBERS, Member, container_size, open_container, read_range
 
@@ -44,20 +42,8 @@ class TarRange:
 
 
 def read_webdataset(root: Path, screen: Screen, columns: Columns) -> list[Stored]:
-    shards = data_files(root, ".tar")
-    if not shards:
-        raise ConfigError(f"spec.data.uri: {root} holds no *.tar shards (spec.data.format webdataset reads "
-                          "WebDataset shards: KEY.jpg + KEY.txt members)")
-    with ThreadPoolExecutor(INDEX_THREADS) as pool:
-        indexed = list(pool.map(lambda shard: _index(shard, columns), shards))
-    records = []
-    for found in indexed:  # problems are reported in the shards' order
-        for item in found:
-            if isinstance(item, Stored):
-                records.append(item)
-            else:
-                screen.reject(*item)
-    return records
+    return read_containers(root, screen, ".tar", "*.tar shards (spec.data.format webdataset reads WebDataset "
+                           "shards: KEY.jpg + KEY.txt members)", lambda shard: _index(shard, columns))
 
 
 def _split(name: str) -> tuple[str, str]:

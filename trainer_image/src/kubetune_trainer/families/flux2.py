@@ -16,7 +16,6 @@ import torch
 
 from kubetune_trainer import tiny_models
 from kubetune_trainer.families import flux2_diffusion as flux
-from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.reference_models import Component
 
@@ -69,31 +68,10 @@ class MistralText:
         return asked
 
 
-class Flux2(ModelFamily):
+class Flux2(flux.Flux2Family):
     """Trains FLUX.2 [dev]'s transformer, whole or as a LoRA on every block's attention."""
 
-    def __init__(self, spec, device, weight_dtype):
-        super().__init__(spec, device, weight_dtype)
-        self.flux = flux.Flux2Diffusion(spec, device, weight_dtype, MistralText)
-        self.trainable = self.flux.trainable
-
-    def frozen_models(self):
-        return self.flux.frozen_models()
-
-    def build_encoders(self):
-        return self.flux.encoders("flux2")  # part of every cached text entry's identity: keep it
-
-    def encode_batch(self, batch):
-        return self.flux.encode_batch(self, batch)
-
-    def compute_loss(self, model, batch, random):
-        return self.flux.loss(model, self.encode_batch(batch), random)
-
-    def sample_images(self, model, held_out, generator):
-        return self.flux.sample_images(held_out, generator)
-
-    def image_metrics(self, images, held_out, clip):
-        return self.flux.clip_metrics(images, held_out, clip)
+    TEXT = MistralText
 
 
 # --- declarations: reference architecture, folders, tiny model, planning ---------------------------

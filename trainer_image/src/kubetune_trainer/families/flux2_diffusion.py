@@ -33,6 +33,7 @@ from kubetune_trainer import diffusion, flow_matching, quantization
 from kubetune_trainer.data.cache import Encoder, model_identity
 from kubetune_trainer.device_copy import to_device
 from kubetune_trainer.errors import ConfigError
+from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.denoiser import load_denoiser, train_denoiser
 from kubetune_trainer.families.vae import load_vae, vae_name
 from kubetune_trainer.planning.forwards import mse, vae_scale
@@ -308,6 +309,37 @@ def tiny_image_models(text_width: int, guidance_embeds: bool, seed: int = 0) -> 
         vae.bn.running_mean.copy_(torch.linspace(-0.5, 0.5, 4 * latent_channels))
         vae.bn.running_var.copy_(torch.linspace(0.5, 2.0, 4 * latent_channels))
     return {"transformer": transformer, "vae": vae, "scheduler": scheduler()}
+
+
+class Flux2Family(ModelFamily):
+    """A FLUX.2 family: Flux2Diffusion composed with the family's text part, TEXT (flux2.MistralText,
+    flux2_klein.Qwen3Text); the rest of the family is its module's declarations."""
+
+    TEXT: type
+
+    def __init__(self, spec, device, weight_dtype):
+        super().__init__(spec, device, weight_dtype)
+        self.flux = Flux2Diffusion(spec, device, weight_dtype, self.TEXT)
+        self.trainable = self.flux.trainable
+
+    def frozen_models(self):
+        return self.flux.frozen_models()
+
+    def build_encoders(self):
+        # The family's name is part of every cached text entry's identity ([dev] and [klein] apart).
+        return self.flux.encoders(self.spec.model.family)
+
+    def encode_batch(self, batch):
+        return self.flux.encode_batch(self, batch)
+
+    def compute_loss(self, model, batch, random):
+        return self.flux.loss(model, self.encode_batch(batch), random)
+
+    def sample_images(self, model, held_out, generator):
+        return self.flux.sample_images(held_out, generator)
+
+    def image_metrics(self, images, held_out, clip):
+        return self.flux.clip_metrics(images, held_out, clip)
 
 
 def planning_forward(guidance: bool):
