@@ -25,7 +25,10 @@ from tests.trainer.conftest import family_job, run_dir, trained_weights, trainer
 pytestmark = pytest.mark.slow
 
 FAMILIES = [("sd15", "captions"), ("sdxl", "captions"), ("flux-kontext", "edit-pairs"),
-            ("qwen-image-edit", "edit-pairs"), ("pmg", "pmg"), ("classifier", "image-folder")]
+            ("qwen-image-edit", "edit-pairs"), ("pmg", "pmg"), ("classifier", "image-folder"),
+            ("wan", "video-captions")]  # clips: a random start per sample and epoch, both experts routed
+# What each layout's job sets besides the batch split: random draws where the layout has them.
+DRAWS = {"pmg": {}, "video-captions": {"randomFlip": True, "centerCrop": False, "frames": 5}}
 # fp32 on the CPU: the same samples and draws, summed in another order (per process, then
 # all-reduced, through kernels chosen by batch shape) differ in the last bits. Plain SGD keeps
 # such differences as small as they start (Adam would blow a near-zero gradient's noise up to a
@@ -75,7 +78,7 @@ def test_two_processes_ddp_or_fsdp_and_accumulation_train_the_weights_one_proces
                           training={"maxSteps": 3, "batchSize": batch, "gradientAccumulationSteps": accumulation,
                                     "optimizer": "sgd", "sgdMomentum": 0.0, "learningRate": 0.1,
                                     "weightDecay": 0.0},
-                          data={"randomFlip": True, "centerCrop": False} if layout != "pmg" else {},
+                          data=DRAWS.get(layout, {"randomFlip": True, "centerCrop": False}),
                           checkpoints={"everySteps": 1}, distributed={"strategy": strategy})
 
     runs = {"one": (job("one", 4), 1), "ddp": (job("ddp", 2), 2), "fsdp": (job("fsdp", 2, strategy="fsdp"), 2),

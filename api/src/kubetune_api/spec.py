@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Literal, Optional, Union
+from typing import Annotated, Any, Callable, Literal, Optional, Union, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 from pydantic.alias_generators import to_camel
@@ -274,8 +274,8 @@ class DataFormat:
 
 
 DATA_FORMATS: dict[str, DataFormat] = {
-    "files": DataFormat(("captions", "edit-pairs", "pmg", "image-folder", "video-captions"), "file_name", "text",
-                        None, None, "loose files as the layout describes them"),
+    "files": DataFormat(get_args(Layout), "file_name", "text", None, None,  # every layout's own loose files
+                        "loose files as the layout describes them"),
     "parquet": DataFormat(("captions", "image-folder", "edit-pairs"), "image", "text", "label", "control_image",
                           "*.parquet files as Hugging Face datasets saves them: an image column of {bytes, path} "
                           "structs, bytes, or paths relative to the data folder, and a caption (or label) column; "
