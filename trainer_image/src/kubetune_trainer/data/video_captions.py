@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from kubetune_trainer.data import captions
 from kubetune_trainer.data.captions import read_captions
 from kubetune_trainer.data.images import Crop, ImageTransform, cover_size, crop_origin
 from kubetune_trainer.data.keyed import KeyedDataset
@@ -113,11 +114,6 @@ class VideoCaptionsDataset(KeyedDataset):
 
 
 def collate(items: list[dict]) -> dict:
-    return {
-        # [B, frames, 3, H, W]: a batch's clips have as many frames (the sampler's groups)
-        "pixel_values": torch.stack([item["pixel_values"] for item in items]),
-        "captions": [item["caption"] for item in items],
-        "full_captions": [item["full_caption"] for item in items],  # before dropout: a cache variant
-        "crops": [item["crop"] for item in items],
-        "frame_starts": [item["frame_start"] for item in items],  # first position in the clip, at fps
-    }
+    """The captions layout's batch, its pixel_values [B, frames, 3, H, W] (a batch's clips have as many
+    frames: the sampler's groups), and each sample's first position in its clip, at fps."""
+    return {**captions.collate(items), "frame_starts": [item["frame_start"] for item in items]}
