@@ -160,18 +160,10 @@ class MemberSet:
     def image_size(self, path: Path, key: str) -> tuple[int, int]:
         """(width, height) from the image's first bytes where its container can read a part of it
         (a shard member: aspect-ratio bucketing reads every size before training), else from all."""
-        from PIL import Image
-
         member = self.members[key]
         head = getattr(member.locator, "head", None)
-        if head is not None and not _has_copy(path):
-            try:
-                with Image.open(io.BytesIO(head(member, stream.HEADER_BYTES))) as image:
-                    return image.size
-            except (OSError, SyntaxError, ValueError):
-                pass  # the size is further in: read the whole image
-        with Image.open(io.BytesIO(self.read(path, key))) as image:
-            return image.size
+        first_bytes = (lambda: head(member, stream.HEADER_BYTES)) if head is not None and not _has_copy(path) else None
+        return stream.size_from_header(first_bytes, lambda: self.read(path, key))
 
     def describe(self, path: Path) -> str:
         member = self.members[str(path)]

@@ -107,17 +107,10 @@ class Stream:
     def image_size(self, path: Path, key: str) -> tuple[int, int]:
         """(width, height) from the image's header: of an image not on disk yet, only its first
         HEADER_BYTES are fetched (aspect-ratio bucketing reads every size before training)."""
-        from PIL import Image
-
-        if _size(path) != self.images[key].size:
-            head = self.read_range(key, 0, min(HEADER_BYTES, self.images[key].size))
-            try:
-                with Image.open(io.BytesIO(head)) as image:
-                    return image.size
-            except (OSError, SyntaxError, ValueError):
-                pass  # the size is further in: read the whole image
-        with Image.open(io.BytesIO(self.read(path, key))) as image:
-            return image.size
+        size = self.images[key].size
+        on_disk = _size(path) == size
+        head = None if on_disk else (lambda: self.read_range(key, 0, min(HEADER_BYTES, size)))
+        return size_from_header(head, lambda: self.read(path, key))
 
     def describe(self, path: Path) -> str:
         return str(path)
@@ -231,6 +224,21 @@ def describe(path: Path) -> str:
 
 
 HEADER_BYTES = 64 * 1024  # where PNG, JPEG and WebP keep their size (bar huge metadata blocks)
+
+
+def size_from_header(head, whole) -> tuple[int, int]:
+    """An image's (width, height) from head() (its first bytes: most formats keep the size there),
+    else, with no head or a size further in, from whole() (all its bytes)."""
+    from PIL import Image
+
+    if head is not None:
+        try:
+            with Image.open(io.BytesIO(head())) as image:
+                return image.size
+        except (OSError, SyntaxError, ValueError):
+            pass  # the size is further in: read the whole image
+    with Image.open(io.BytesIO(whole())) as image:
+        return image.size
 
 
 def image_size(path: Path) -> tuple[int, int]:
