@@ -78,7 +78,7 @@ def build_dataset(root: Path, args):
     from kubetune_trainer.data.layouts import LAYOUTS
     from kubetune_trainer.data.screening import Screen
 
-    spec = TrainingJobSpec.model_validate({  # the layout alone: no family reads it yet
+    spec = TrainingJobSpec.model_validate({  # the layout alone, its rules left out: no model is loaded
         "model": {"family": "sd15", "pretrained": "/none"},
         "data": {"layout": "video-captions", "uri": str(root), "frames": args.frames,
                  "resolution": [args.width, args.height]},

@@ -28,7 +28,7 @@ LAYOUT = LAYOUTS["video-captions"]
 
 
 def video_spec(data_dir: Path, **data) -> TrainingJobSpec:
-    """A typed job on the layout (no family reads it yet: the layout-family rule is left out)."""
+    """A typed job on the layout, its rules left out: the data side alone, whatever a family takes."""
     return TrainingJobSpec.model_validate({
         "model": {"family": "sd15", "pretrained": "/models/none"},
         "data": {"layout": "video-captions", "uri": str(data_dir), "resolution": 32, "frames": 5, **data},
@@ -278,7 +278,7 @@ def test_a_cache_entry_is_the_frames_a_sample_took(clips, tmp_path):
     assert cache.misses == len(by_start) and cache.hits == 12, "every later epoch finds its start's entry"
 
 
-def test_kubetune_dev_tiny_data_writes_clips_though_no_family_reads_them_yet(tmp_path):
+def test_kubetune_dev_tiny_data_writes_clips(tmp_path):
     from click.testing import CliRunner
 
     from kubetune_cli.main import cli

@@ -18,7 +18,7 @@ from kubetune_api.spec import Layout
 from kubetune_cli.debug import ANOMALY_FLAG, DEBUG_STEPS, debug_overrides
 
 FAMILIES = FAMILY_NAMES
-# Every layout the API accepts (each has tiny data), also one no family reads yet (video-captions).
+# Every layout the API accepts: each has tiny data.
 LAYOUTS = sorted(get_args(Layout))
 
 
