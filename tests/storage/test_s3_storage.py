@@ -129,7 +129,7 @@ def test_run_versions_in_a_bucket_never_overwrite_and_a_restarted_run_finds_its_
 
     def claim(run_id):
         choice = runs.look_up_version(job, run_id)
-        runs.claim_version(job, choice, run_id)
+        runs.claim_version(job, choice, run_id, f"kind: TrainingJob  # {run_id}\n")
         return choice
 
     first = claim("uid-1")
@@ -138,6 +138,7 @@ def test_run_versions_in_a_bucket_never_overwrite_and_a_restarted_run_finds_its_
     assert claim("uid-1").version == 0, "a restarted pod continues v0"
     second = claim("uid-2")
     assert (second.version, second.earlier) == (1, (0,))
+    assert job.child("v1").read_text("job.yaml") == "kind: TrainingJob  # uid-2\n", "each run records its job"
     looked_up = runs.look_up_version(job, "uid-3")  # uid-2 never reached 5 steps: it goes, when claimed
     assert looked_up.abandoned == (1,) and sorted(job.children()) == ["v0", "v1"], "looking up deletes nothing"
     third = claim("uid-3")

@@ -34,7 +34,8 @@ def test_ls_lists_every_run_with_its_complete_checkpoints_and_final_weights(job_
     lines = result.output.splitlines()
     assert lines[0].startswith("v0  (finished)")
     assert any(line.split()[:2] == ["2", "0"] for line in lines), "checkpoint-2, epoch 0"
-    assert any(line.strip().startswith("final") and "pytorch_lora_weights.safetensors" in line for line in lines)
+    final = next(line for line in lines if line.strip().startswith("final"))
+    assert "pytorch_lora_weights.safetensors" in final and "job.yaml" not in final, "final weights, not the records"
     v1 = lines.index(next(line for line in lines if line.startswith("v1")))
     assert "3 steps recorded, not finished" in lines[v1]
     assert not any(line.strip().startswith("final") for line in lines[v1:]), "an unfinished run has no final weights"
@@ -57,8 +58,9 @@ def test_pull_fetches_a_verified_checkpoint_or_the_final_weights(job_dir, tmp_pa
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--step", "3"], "has no complete checkpoint-3; it has 2, 4"),
-    (["--step", "final"], "has no final weights yet (the run has not finished); use --step latest"),
+    (["--step", "3"], "has no complete checkpoint-3; it has checkpoints at steps 2, 4, no final weights"),
+    (["--step", "final"], "has no final weights (the run has not finished); it has checkpoints at steps 2, 4: "
+                          "use --step N or latest"),
     (["--step", "newest"], "--step 'newest': use a step number, latest or final"),
     (["--version", "7"], "--version 7: no such run; there are v0, v1"),
 ])
@@ -66,6 +68,16 @@ def test_pull_refuses_what_is_not_there_naming_the_option(job_dir, tmp_path, arg
     result = kubetune("checkpoints", "pull", str(job_dir), *args, "-o", str(tmp_path / "x"))
     assert result.exit_code == 1
     assert message in result.output
+
+
+def test_each_run_records_the_trainingjob_it_trained(job_dir):
+    """job.yaml: what generate, export, evaluate and report read to rebuild the run's model."""
+    from kubetune_cli.checkpoints import resolve
+    from kubetune_cli.trained import choose_run, read_job
+
+    job = read_job("generate", choose_run("generate", resolve(str(job_dir), None), 0))
+    assert job.metadata.name == "tiny" and job.spec.training.max_steps == 4
+    assert job.spec.model.family == "sd15"
 
 
 def test_an_empty_or_unknown_location_is_reported(tmp_path):

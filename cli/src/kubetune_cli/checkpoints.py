@@ -17,6 +17,8 @@ import click
 
 from kubetune_api import layout
 
+STEP_HELP = "A checkpoint's step, the newest complete one, or the run's final weights."
+
 
 @dataclass(frozen=True)
 class Target:
@@ -136,44 +138,19 @@ def ls(job: str, namespace: str | None) -> None:
 @checkpoints.command("pull")
 @click.argument("job")
 @namespace_option
-@click.option("--step", default="latest", show_default=True, metavar="N|latest|final",
-              help="A checkpoint's step, the newest complete one, or the final weights.")
+@click.option("--step", default="latest", show_default=True, metavar="N|latest|final", help=STEP_HELP)
 @click.option("--version", "version", type=int, default=None,
               help="Which run (v<N>); default: the TrainingJob's current run, else the newest.")
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Directory to download into.")
 def pull(job: str, namespace: str | None, step: str, version: int | None, out_dir: str) -> None:
     """Download a checkpoint (verified against its manifest) or the final weights of JOB."""
-    from kubetune_trainer.storage.catalog import pull_checkpoint, pull_final
+    from kubetune_cli.trained import check_step, choose_run, pull_weights, resolve_step, step_label
 
-    if step not in ("latest", "final") and not step.isdigit():
-        fail(f"--step {step!r}: use a step number, latest or final")
-    target = resolve(job, namespace)
-    found = load_runs(target)
-    if version is not None:
-        run = next((r for r in found if r.version == version), None)
-        if run is None:
-            fail(f"--version {version}: no such run; there are {', '.join(f'v{r.version}' for r in found)}")
-    else:
-        current = [r for r in found if target.current and r.uri == target.current.rstrip("/")]
-        run = current[0] if current else found[-1]
+    check_step("checkpoints", step)
+    run = choose_run("checkpoints", resolve(job, namespace), version)
+    chosen = resolve_step("checkpoints", run, step)
     out = Path(out_dir)
-    if step == "final":
-        if not run.final_files:
-            fail(f"{run.uri} has no final weights yet (the run has not finished); use --step latest")
-        with storage_errors(run.uri):
-            written = pull_final(run, out)
-        what = "final weights"
-    else:
-        steps = [c.step for c in run.checkpoints]
-        if not steps:
-            fail(f"{run.uri} has no complete checkpoint yet")
-        wanted = steps[-1] if step == "latest" else int(step)
-        entry = run.checkpoint(wanted)
-        if entry is None:
-            fail(f"--step {step}: {run.uri} has no complete checkpoint-{step}; it has {', '.join(map(str, steps))}")
-        with storage_errors(entry.uri):
-            written = pull_checkpoint(entry, out)
-        what = f"checkpoint-{wanted}"
+    written = pull_weights(run, chosen, out)
     size = sum(p.stat().st_size for p in written)
-    click.echo(f"pulled {what} of {run.uri} ({len(written)} files, {human_size(size)}) into {out}")
+    click.echo(f"pulled {step_label(chosen)} of {run.uri} ({len(written)} files, {human_size(size)}) into {out}")

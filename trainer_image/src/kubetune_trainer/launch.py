@@ -7,11 +7,10 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-import yaml
-
 from kubetune_api.ports import free_listen_port
 from kubetune_api.spec import TrainingJob
 from kubetune_trainer.launcher import NodePlace, launch
+from kubetune_trainer.run_directory import job_manifest_text
 
 
 def trainer_command(config: Path, trainer_args: tuple[str, ...] = ()) -> list[str]:
@@ -22,7 +21,7 @@ def trainer_command(config: Path, trainer_args: tuple[str, ...] = ()) -> list[st
 def write_config(job: TrainingJob, directory: Path) -> Path:
     """The resolved manifest (overrides applied), as the trainer processes will read it."""
     path = directory / "trainingjob.yaml"
-    path.write_text(yaml.safe_dump(job.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False))
+    path.write_text(job_manifest_text(job))
     return path
 
 

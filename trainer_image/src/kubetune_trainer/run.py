@@ -252,7 +252,7 @@ class Run:
         self._prepare_model()
         if self.start_checkpoint is not None:
             self.sharded.check_compatible(self.start_checkpoint)
-        self._agree(lambda: claim_run(self.run_place, self.run_id))
+        self._agree(lambda: claim_run(self.run_place, self.run_id, self.job))
         self.output = local_path_for(self.run_place.uri)
         self.last_validation: dict | None = None  # {step, metrics}: goes into each checkpoint's manifest
         self.validator = Validator(self.spec, self.family, self.held_out, self.output, self.is_main,

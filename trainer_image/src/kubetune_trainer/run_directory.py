@@ -18,9 +18,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from kubetune_api import layout
 from kubetune_api.contract import TrainerEnv
-from kubetune_api.spec import CheckpointSpec
+from kubetune_api.spec import CheckpointSpec, TrainingJob
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.storage import runs
 from kubetune_trainer.storage.checkpoint_store import fetch_intact, local_path_for, newest_intact
@@ -63,9 +65,15 @@ def place_run(checkpoints: CheckpointSpec, namespace: str, job: str, run_id: str
     return RunPlace(choice.version, run_uri, start_from, job_uri, choice)
 
 
-def claim_run(place: RunPlace, run_id: str | None) -> None:
-    """The run's first writes: abandoned versions go, run.json names this run (main process only)."""
-    runs.claim_version(open_tree(place.job_uri), place.choice, run_id)
+def claim_run(place: RunPlace, run_id: str | None, job: TrainingJob) -> None:
+    """The run's first writes: abandoned versions go, run.json names this run, job.yaml records the
+    TrainingJob it trains (main process only)."""
+    runs.claim_version(open_tree(place.job_uri), place.choice, run_id, job_manifest_text(job))
+
+
+def job_manifest_text(job: TrainingJob) -> str:
+    """The TrainingJob as YAML one could apply again (the trainer's config has the same form)."""
+    return yaml.safe_dump(job.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False)
 
 
 def local_start_checkpoint(place: RunPlace, fetch: bool) -> Path | None:

@@ -66,7 +66,7 @@ def describe_run(uri: str, version: int | None) -> RunEntry:
         entries.append(CheckpointEntry(step, manifest.get("epoch"), manifest.get("loss"), manifest.get("time"),
                                        size, layout.join(uri, name)))
     record = runs.parse_record(version if version is not None else -1, tree.read_text(layout.RUN_FILE))
-    top_level = {name: size for name, size in files.items() if "/" not in name and name != layout.RUN_FILE}
+    top_level = {name: size for name, size in files.items() if "/" not in name and name not in layout.RUN_RECORDS}
     return RunEntry(version, uri, record, entries, top_level if record.finished else {})
 
 

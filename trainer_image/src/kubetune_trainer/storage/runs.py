@@ -93,15 +93,17 @@ def look_up_version(job_tree, run_id: str | None) -> VersionChoice:
     return choose_version(found, run_id)
 
 
-def claim_version(job_tree, choice: VersionChoice, run_id: str | None) -> None:
-    """Delete the abandoned versions and make sure run.json names this run (the first writes)."""
+def claim_version(job_tree, choice: VersionChoice, run_id: str | None, job_manifest: str) -> None:
+    """Delete the abandoned versions, make sure run.json names this run, and record the TrainingJob
+    it trains (job.yaml, rewritten by a continuing run: it is what this run's weights came from)."""
     for version in choice.abandoned:
         log.info("deleting %s: its run stopped before %d steps", job_tree.child(layout.version_name(version)).uri,
                  MIN_STEPS)
         job_tree.child(layout.version_name(version)).delete()
+    run_tree = job_tree.child(layout.version_name(choice.version))
     if not choice.continuing:
-        job_tree.child(layout.version_name(choice.version)).write_text(
-            layout.RUN_FILE, run_record_text(run_id, steps=0, finished=False))
+        run_tree.write_text(layout.RUN_FILE, run_record_text(run_id, steps=0, finished=False))
+    run_tree.write_text(layout.JOB_FILE, job_manifest)
 
 
 def run_record_text(run_id: str | None, steps: int, finished: bool) -> str:

@@ -1,0 +1,95 @@
+"""A finished (or running) run as the commands that use it see it: which run of JOB, the TrainingJob
+it trained (its job.yaml) and its weights at a step, on this machine.
+
+`kubetune checkpoints pull`, `generate`, `export`, `evaluate` and `report` take JOB the same way
+(kubetune_cli.checkpoints.resolve: a TrainingJob name on the current cluster, or the URI of a job
+directory or of one run) and pick the run and the step here, so each says the same thing about a
+step that does not exist.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import yaml
+
+from kubetune_api import layout
+from kubetune_cli.checkpoints import Target, load_runs, storage_errors
+
+
+def fail(command: str, message: str) -> None:
+    click.echo(f"kubetune {command}: {message}", err=True)
+    raise SystemExit(1)
+
+
+def check_step(command: str, step: str) -> None:
+    if step not in ("latest", "final") and not step.isdigit():
+        fail(command, f"--step {step!r}: use a step number, latest or final")
+
+
+def choose_run(command: str, target: Target, version: int | None):
+    """The run `version` of the target, or the TrainingJob's current run, else the newest."""
+    found = load_runs(target)
+    if version is not None:
+        run = next((r for r in found if r.version == version), None)
+        if run is None:
+            fail(command, f"--version {version}: no such run; there are "
+                          f"{', '.join(f'v{r.version}' for r in found)}")
+        return run
+    current = [r for r in found if target.current and r.uri == target.current.rstrip("/")]
+    return current[0] if current else found[-1]
+
+
+def checkpoints_said(run) -> str:
+    steps = [str(c.step) for c in run.checkpoints]
+    return f"checkpoints at steps {', '.join(steps)}" if steps else "no complete checkpoint"
+
+
+def resolve_step(command: str, run, step: str) -> int | str:
+    """`step` (N, latest or final) as it exists in the run: a checkpoint's step number or "final"."""
+    final = " and final weights" if run.final_files else ", no final weights (the run has not finished)"
+    if step == "final":
+        if not run.final_files:
+            fail(command, f"{run.uri} has no final weights (the run has not finished); it has "
+                          f"{checkpoints_said(run)}: use --step N or latest")
+        return "final"
+    steps = [c.step for c in run.checkpoints]
+    if step == "latest":
+        if steps:
+            return steps[-1]
+        if run.final_files:
+            return "final"
+        fail(command, f"{run.uri} has no complete checkpoint and no final weights yet: nothing to use")
+    if int(step) not in steps:
+        fail(command, f"--step {step}: {run.uri} has no complete checkpoint-{step}; it has "
+                      f"{checkpoints_said(run)}{final}")
+    return int(step)
+
+
+def pull_weights(run, step: int | str, out: Path) -> list[Path]:
+    """Download the final weights or one checkpoint (verified against its manifest) into `out`."""
+    from kubetune_trainer.storage.catalog import pull_checkpoint, pull_final
+
+    if step == "final":
+        with storage_errors(run.uri):
+            return pull_final(run, out)
+    entry = run.checkpoint(step)
+    with storage_errors(entry.uri):
+        return pull_checkpoint(entry, out)
+
+
+def step_label(step: int | str) -> str:
+    return "final weights" if step == "final" else f"checkpoint-{step}"
+
+
+def read_job(command: str, run):
+    """The TrainingJob the run trained (its job.yaml), parsed by the spec it was written with."""
+    from kubetune_api.spec import TrainingJob
+    from kubetune_trainer.storage.tree import open_tree
+
+    with storage_errors(run.uri):
+        text = open_tree(run.uri).read_text(layout.JOB_FILE)
+    if text is None:
+        fail(command, f"{run.uri} has no {layout.JOB_FILE}: the run was written by a kubetune that did not "
+                      "record its TrainingJob; train it again with this version")
+    return TrainingJob.model_validate(yaml.safe_load(text))
