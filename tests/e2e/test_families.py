@@ -1,5 +1,6 @@
-"""Each family issue 25 added trains through the operator: its example manifest, pointed at its tiny
-model and data in S3, applied with kubectl; every job Succeeds and its LoRA lands in S3.
+"""Each family issues 25 and 26 added trains through the operator: its example manifest, pointed at
+its tiny model and data in S3, applied with kubectl; every job Succeeds and its LoRA lands in S3.
+Wan's example trains on video clips, so its job reads real .mp4 clips from S3.
 
 All of them are applied at once (one pod each, tiny models, two CPU steps) and run on one backend:
 what differs between families is inside the trainer pod, which both backends create alike
@@ -10,6 +11,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from kubetune_api.spec import VIDEO_LAYOUTS
 from kubetune_trainer.tiny_data import write_tiny_data
 from kubetune_trainer.tiny_models import write_tiny_model
 from tests.conftest import REPO
@@ -18,7 +20,8 @@ from tests.e2e.waiting import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("backend", ["trainjob"], indirect=True)]
 
-# The families of issue 25 ("the image models people train today"); each must have an example.
+# The families of issues 25 and 26 (today's image models, Wan video); each must have an example.
+TINY_FRAMES = 5  # frames per clip of a video layout: Wan's 4k+1, two latent frames
 NEW_FAMILIES = ("z-image", "sd35", "qwen-image", "qwen-image-edit-plus", "flux2", "flux2-klein", "wan")
 
 
@@ -41,6 +44,8 @@ def tiny_cpu_job(family: str, inputs: dict[str, str]) -> dict:
     spec["model"]["pretrained"] = inputs["model"]
     spec["model"].pop("quantization", None)
     spec["data"].update(uri=inputs["data"], resolution=32, bucketing=False)
+    if "frames" in spec["data"]:
+        spec["data"]["frames"] = TINY_FRAMES  # the clips stay in S3 and are copied by the trainer (streaming off)
     spec["data"].pop("cache", None)
     spec["training"] = {"maxSteps": 2, "batchSize": 1, "learningRate": 1e-4, "mixedPrecision": "no"}
     spec["validation"] = {}
@@ -58,8 +63,10 @@ def family_inputs(s3, tmp_path_factory):
     inputs = {}
     for family in NEW_FAMILIES:
         layout = example_of(family)["spec"]["data"]["layout"]  # one of the family's layouts
+        clips = {"frames": TINY_FRAMES} if layout in VIDEO_LAYOUTS else {}  # wan's example trains on .mp4 clips
         for local, prefix in ((write_tiny_model(family, root / family), f"models/{family}"),
-                              (write_tiny_data(layout, root / f"data-{layout}", count=4, size=32), f"data/{layout}")):
+                              (write_tiny_data(layout, root / f"data-{layout}", count=4, size=32, **clips),
+                               f"data/{layout}")):
             for path in sorted(p for p in local.rglob("*") if p.is_file()):
                 s3.upload_file(str(path), BUCKET, f"{prefix}/{path.relative_to(local)}")
         inputs[family] = {"model": f"s3://{BUCKET}/models/{family}", "data": f"s3://{BUCKET}/data/{layout}"}
