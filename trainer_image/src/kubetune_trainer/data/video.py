@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 import av
@@ -185,7 +186,7 @@ def _numbered(container, stream, keyframe: tuple[int, int] | None):
     yield from enumerate(container.decode(stream))
 
 
-def write_clip(path: Path, frames: list[np.ndarray], fps: int, codec: str = "libx264", **options: str) -> Path:
+def write_clip(path: Path, frames: list[np.ndarray], fps: int | Fraction, codec: str = "libx264", **options: str) -> Path:
     """Encode RGB uint8 frames [height, width, 3] into a clip (H.264 in .mp4 by default); for tiny data
     sets, tests and benchmarks. Sides must be even (4:2:0 chroma)."""
     height, width = frames[0].shape[:2]
