@@ -67,7 +67,8 @@ def iterate_steps(dataset, collate, num_workers: int, steps: list[list[list[Key]
 
 class SampleLog:
     """KUBETUNE_SAMPLE_LOG=FILE: every process appends which samples it trained at which step
-    (JSON lines), to check data order across restarts and world sizes."""
+    (JSON lines), to check data order across restarts and world sizes; with clips, where each
+    sample started in its clip too (frame_starts, in the keys' order)."""
 
     def __init__(self, rank: int, path: str | None = None):
         self.rank = rank
@@ -78,8 +79,11 @@ class SampleLog:
         if self.path is None:
             return
         keys = [list(key) for batch_keys, _ in micro_batches for key in batch_keys]
+        record = {"step": step, "rank": self.rank, "keys": keys}
+        if all("frame_starts" in batch for _, batch in micro_batches):
+            record["frame_starts"] = [int(start) for _, batch in micro_batches for start in batch["frame_starts"]]
         with self.path.open("a") as out:
-            out.write(json.dumps({"step": step, "rank": self.rank, "keys": keys}) + "\n")
+            out.write(json.dumps(record) + "\n")
 
 
 class Stepper:
