@@ -62,7 +62,21 @@ def iterate_steps(dataset, collate, num_workers: int, steps: list[list[list[Key]
                         generator=torch.Generator().manual_seed(loader_seed))
     batches = iter(loader)
     for step in steps:
-        yield [(keys, next(batches)) for keys in step]
+        yield [(keys, _next_batch(batches)) for keys in step]
+
+
+def _next_batch(batches: Iterator[dict]) -> dict:
+    """The loader's next batch. A ConfigError (a sample broken under the run, named in one line) raised
+    in a worker comes back as the same type whose message is the worker's whole traceback (torch's
+    ExceptionWrapper): it is raised again with the worker's own one line."""
+    try:
+        return next(batches)
+    except ConfigError as err:
+        text = str(err)
+        if "Original Traceback" not in text:
+            raise
+        own = text.rstrip().rsplit("\n", 1)[-1]
+        raise ConfigError(own.split(f"{ConfigError.__name__}: ", 1)[-1]) from None
 
 
 class SampleLog:
