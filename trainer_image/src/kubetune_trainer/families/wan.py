@@ -25,9 +25,11 @@ which is what a 1-frame I2V sample asks; the first-frame conditioning of longer 
 TI2V-5B's image-to-video (the first latent frame replaced by the clean condition, timestep 0 on its
 tokens) is not trained: its folder trains text-to-video.
 
-Training data today: the `captions` layout's images, each a 1-frame clip (one latent frame, as Wan
-itself trains on images). A video batch ([B, F, C, H, W] pixel_values, frames in [-1, 1]) takes the
-same path: clips() is the one place a batch becomes the VAE's [B, C, F, H, W].
+Training data: the `video-captions` layout's clips, or the `captions` layout's images, each a 1-frame
+clip (one latent frame, as Wan itself trains on images). A video batch ([B, F, C, H, W] pixel_values,
+frames in [-1, 1]) and an image batch take the same path: clips() is the one place a batch becomes the
+VAE's [B, C, F, H, W]. Validation renders clips of the shortest spec.data.frames (sample_clips.Clip;
+the validator writes them as .mp4 and GIF), or images when the data are images.
 
 Files: the LoRA of `transformer` is pytorch_lora_weights.safetensors, the one WanPipeline's
 load_lora_weights(folder) reads; the low-noise expert's is LOW_NOISE_FILE, which diffusers loads with
