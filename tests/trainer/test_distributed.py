@@ -264,6 +264,41 @@ def test_a_run_resumes_on_3_then_2_then_1_processes_training_each_sample_of_each
                           trained_weights(run_dir(tmp_path / "reference") / "checkpoint-12")) < TOLERANCE
 
 
+def test_clips_resumed_mid_epoch_on_two_processes_continue_with_the_same_clips_and_start_frames(
+        tiny_model, tiny_dataset, tmp_path):
+    """Wan on 8 clips of 9 frames, 5 frames a sample (5 possible starts), 2 processes x 1 clip a step:
+    4 steps an epoch. A run resumed from the uninterrupted run's checkpoint-3 (mid-epoch 0) trains
+    steps 4 and 5 (the last of epoch 0, the first of epoch 1) on the same clips from the same start
+    frames, to the same weights."""
+    def job(name: str, **checkpoints) -> dict:
+        return family_job("wan", "video-captions", tiny_model("wan"), tiny_dataset("video-captions"), tmp_path / name,
+                          data={"frames": 5}, training={"maxSteps": 5, "batchSize": 1},
+                          checkpoints={"everySteps": 3, **checkpoints})
+
+    def trained_steps(log: Path) -> dict[int, list]:
+        """step -> [(rank, key, start)] of every sample trained at it."""
+        steps: dict[int, list] = {}
+        for line in log.read_text().splitlines():
+            record = json.loads(line)
+            steps.setdefault(record["step"], []).extend(
+                sorted((record["rank"], tuple(key), start) for key, start in zip(record["keys"], record["frame_starts"])))
+        return {step: sorted(samples) for step, samples in steps.items()}
+
+    train(job("whole"), tmp_path, 2, {"KUBETUNE_SAMPLE_LOG": str(tmp_path / "whole.jsonl")})
+    checkpoint = run_dir(tmp_path / "whole") / "checkpoint-3"
+    resumed_log = train(job("resumed", resumeFrom=str(checkpoint)), tmp_path, 2,
+                        {"KUBETUNE_SAMPLE_LOG": str(tmp_path / "resumed.jsonl")})
+    assert f"resumed from {checkpoint} at step 3" in resumed_log, resumed_log[-3000:]
+    whole, resumed = trained_steps(tmp_path / "whole.jsonl"), trained_steps(tmp_path / "resumed.jsonl")
+    assert sorted(resumed) == [3, 4], "the resumed run trains the steps after checkpoint-3 only (0-based)"
+    assert {step: whole[step] for step in resumed} == resumed
+    assert {epoch for samples in resumed.values() for _, (epoch, _), _ in samples} == {0, 1}, "across an epoch"
+    starts = {start for samples in whole.values() for *_, start in samples}
+    assert len(starts) > 1, f"clips start at different frames: {starts}"
+    assert max_difference(trained_weights(run_dir(tmp_path / "whole") / "checkpoint-5"),
+                          trained_weights(run_dir(tmp_path / "resumed") / "checkpoint-5")) < TOLERANCE
+
+
 def test_a_world_too_large_for_the_checkpoints_global_batch_is_refused_and_writes_nothing(tiny_job, tmp_path):
     manifest = tiny_job(maxSteps=2, batchSize=1)  # a global batch of 2 on two processes
     train(manifest, tmp_path, 2)

@@ -8,6 +8,7 @@ as WanImageToVideoPipeline builds it, and loads whole there; bad input is refuse
 before anything is written."""
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -165,15 +166,49 @@ def test_one_expert_models_train_and_their_lora_loads_whole(name, variant, tiny_
     assert_lora_loads_whole_and_changes_the_expert(variant(name), run, HIGH_NOISE_FILE, "transformer")
 
 
-def test_real_mp4_clips_train_on_the_vae_s_time_axis_and_the_lora_loads_whole(variant, tiny_dataset, tmp_path):
+@pytest.fixture(scope="module")
+def clip_run(variant, tiny_dataset, tmp_path_factory):
+    """Wan 2.1 on the video-captions layout's H.264 clips, 5 frames a sample, validating at step 2 with
+    two prompts: (run folder, stderr)."""
+    tmp = tmp_path_factory.mktemp("clips")
+    manifest = family_job(FAMILY, "video-captions", variant("2.1"), tiny_dataset("video-captions"), tmp / "out",
+                          data={"frames": 5}, validation={"everySteps": 2, "prompts": ["a red cube", "a blue ball"],
+                                                          "numInferenceSteps": 2})
+    return run_dir(tmp / "out"), run_trainer(manifest, tmp).stderr
+
+
+def test_real_mp4_clips_train_on_the_vae_s_time_axis_and_the_lora_loads_whole(clip_run, variant):
     """The video-captions layout's H.264 clips, 5 frames a sample (two latent frames), into Wan 2.1's
     one expert (clips() hands them to the VAE as [B, C, 5, H, W])."""
-    manifest = family_job(FAMILY, "video-captions", variant("2.1"), tiny_dataset("video-captions"), tmp_path / "out",
-                          data={"frames": 5})
-    stderr = run_trainer(manifest, tmp_path).stderr
+    run, stderr = clip_run
     assert "wan: training whole (transformer)" in stderr, stderr[-2000:]
-    assert_lora_loads_whole_and_changes_the_expert(variant("2.1"), run_dir(tmp_path / "out"), HIGH_NOISE_FILE,
-                                                   "transformer")
+    assert_lora_loads_whole_and_changes_the_expert(variant("2.1"), run, HIGH_NOISE_FILE, "transformer")
+
+
+def test_validation_renders_each_prompt_as_an_h264_mp4_and_an_animated_gif_tensorboard_plays(clip_run):
+    """spec.data.frames frames per validation clip: the .mp4 decodes to them, the GIF preview and the
+    TensorBoard image summary (a GIF too) animate them, at the run's 32 px."""
+    import av
+    from PIL import Image
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run, _ = clip_run
+    folder = run / "samples" / "step-0000002"
+    assert sorted(p.name for p in folder.iterdir()) == ["0.gif", "0.mp4", "1.gif", "1.mp4"]
+    for number in (0, 1):
+        with av.open(str(folder / f"{number}.mp4")) as container:
+            stream = container.streams.video[0]
+            assert stream.codec_context.name == "h264"
+            decoded = [frame.to_ndarray(format="rgb24") for frame in container.decode(stream)]
+        assert len(decoded) == 5 and decoded[0].shape == (32, 32, 3)
+        with Image.open(folder / f"{number}.gif") as preview:
+            assert preview.is_animated and preview.n_frames == 5 and preview.size == (32, 32)
+    events = EventAccumulator(str(run / "logs"), size_guidance={"images": 0}).Reload()
+    for number in (0, 1):
+        [summary] = events.Images(f"samples/{number}")
+        assert summary.step == 2 and summary.encoded_image_string.startswith(b"GIF8")
+        with Image.open(io.BytesIO(summary.encoded_image_string)) as played:
+            assert played.n_frames == 5
 
 
 @pytest.mark.parametrize("name, experts, files", [

@@ -305,3 +305,20 @@ def test_a_sample_late_in_a_clip_decodes_from_the_keyframe_before_it_with_the_sa
         frames = read_frames(path, indices, (32, 32), (0, 0, 32, 32), False, info)
         assert [round(level / 5) for level in frames.mean(axis=(1, 2, 3))] == indices
         assert np.array_equal(frames, read_frames(path, indices, (32, 32), (0, 0, 32, 32), False)), "as from the start"
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_clip_cut_short_after_it_was_probed_stops_the_loader_in_one_line_naming_it(tmp_path, workers):
+    """Probed whole before training, then truncated under the run: decoding it names the clip in one line,
+    in the training process or from a loader worker alike (no worker traceback in the message)."""
+    from kubetune_trainer.loop import iterate_steps
+
+    for name in ("a.mp4", "b.mp4"):
+        grey_clip(tmp_path / name, 9)
+    data = dataset(video_spec(captioned(tmp_path, {"a.mp4": "a", "b.mp4": "b"}), frames=9), training=False)
+    clip = tmp_path / "b.mp4"
+    clip.write_bytes(clip.read_bytes()[:len(clip.read_bytes()) // 3])
+    with pytest.raises(ConfigError) as stopped:
+        list(iterate_steps(data, LAYOUT.collate, workers, [[[(0, 0)]], [[(0, 1)]]], loader_seed=0))
+    message = str(stopped.value)
+    assert message.startswith(f"{clip}: ") and "fix or remove it" in message and "\n" not in message, message

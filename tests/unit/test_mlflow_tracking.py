@@ -245,6 +245,28 @@ def test_metrics_go_in_batches_of_at_most_a_thousand_and_the_weights_at_the_end(
     assert client.ended == "FINISHED" and client.run[1] == "pets"
 
 
+def test_validation_samples_are_sent_while_the_run_goes_on_under_samples_step(fake_mlflow, example_manifest, tmp_path,
+                                                                             monkeypatch):
+    from kubetune_trainer import tracking
+
+    monkeypatch.setattr(tracking, "FLUSH_SECONDS", 0.1)
+    tracker = new_tracker(example_manifest)
+    folder = tmp_path / "samples" / "step-0000002"
+    folder.mkdir(parents=True)
+    clips = [folder / "0.mp4", folder / "0.gif"]
+    for clip in clips:
+        clip.write_bytes(b"clip")
+    tracker.log_artifacts(clips, tmp_path / "samples", under="samples")
+    client = fake_mlflow.instances[0]
+    deadline = time.monotonic() + 10
+    while len(client.artifacts) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert client.artifacts == [("0.mp4", "samples/step-0000002"), ("0.gif", "samples/step-0000002")]
+    assert client.ended is None, "sent before the run ends"
+    tracker.close("FINISHED")
+    assert client.ended == "FINISHED" and len(client.artifacts) == 2, "each file once"
+
+
 def test_a_server_that_is_down_is_warned_about_once_and_gets_everything_when_back(
         fake_mlflow, example_manifest, caplog):
     fake_mlflow.down_at_start = True
@@ -286,8 +308,9 @@ class RecordingTracker:
     def log_metrics(self, step, values):
         self.metrics.append((step, dict(values)))
 
-    def log_artifacts(self, files, root):
-        self.artifacts.append(([Path(f).name for f in files], root))
+    def log_artifacts(self, files, root, under="weights"):
+        self.artifacts.append(([Path(f).name for f in files], root) if under == "weights"
+                              else ([str(Path(f).relative_to(root)) for f in files], under))
 
     def close(self, status, wait=True, timeout=None):
         self.closed.append((status, wait))
@@ -302,6 +325,7 @@ def test_the_reporter_hands_the_tracker_logged_steps_validations_and_the_weights
     for step in range(1, 6):
         reporter.step(step, loss=1.0 / step, lr=1e-4, epoch=0)
     reporter.validation(4, {"loss": 0.3})
+    reporter.samples([tmp_path / "samples" / "step-0000004" / "0.mp4"], tmp_path)
     reporter.final_weights([tmp_path / "pytorch_lora_weights.safetensors"], tmp_path)
     reporter.close(wait=False)
     reporter.close()
@@ -309,7 +333,7 @@ def test_the_reporter_hands_the_tracker_logged_steps_validations_and_the_weights
         "every logEverySteps-th step and the last"
     assert tracker.metrics[2] == (5, {"train/loss": 0.2, "train/lr": 1e-4})
     assert (4, {"validation/loss": 0.3}) in tracker.metrics
-    assert tracker.artifacts == [(["pytorch_lora_weights.safetensors"], tmp_path)]
+    assert tracker.artifacts == [(["step-0000004/0.mp4"], "samples"), (["pytorch_lora_weights.safetensors"], tmp_path)]
     assert tracker.closed == [("FINISHED", False), ("FINISHED", True)]
 
 

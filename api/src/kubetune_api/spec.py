@@ -271,19 +271,25 @@ class DataFormat:
     label_column: str | None    # None: labels are not in columns (files: the class folders)
     control_column: str | None  # edit-pairs: where the control images are (None: control_images/)
     description: str
+    video_column: str | None = None  # the video layouts' image column (None: a WebDataset clip member)
 
 
 DATA_FORMATS: dict[str, DataFormat] = {
     "files": DataFormat(get_args(Layout), "file_name", "text", None, None,  # every layout's own loose files
-                        "loose files as the layout describes them"),
-    "parquet": DataFormat(("captions", "image-folder", "edit-pairs"), "image", "text", "label", "control_image",
+                        "loose files as the layout describes them", video_column="file_name"),
+    "parquet": DataFormat(("captions", "image-folder", "edit-pairs", "video-captions"), "image", "text", "label",
+                          "control_image",
                           "*.parquet files as Hugging Face datasets saves them: an image column of {bytes, path} "
                           "structs, bytes, or paths relative to the data folder, and a caption (or label) column; "
-                          "edit pairs add a control image column (one image or a list of them)"),
-    "webdataset": DataFormat(("captions", "image-folder", "edit-pairs"), None, "text", "label", "control",
+                          "edit pairs add a control image column (one image or a list of them); video-captions "
+                          "reads clips from a video column alike",
+                          video_column="video"),
+    "webdataset": DataFormat(("captions", "image-folder", "edit-pairs", "video-captions"), None, "text", "label",
+                             "control",
                              "WebDataset *.tar shards: each sample is the members sharing a KEY, KEY.jpg/png/webp "
                              "with KEY.txt (or KEY.json's caption column) or KEY.cls (or KEY.json's label column); "
-                             "edit pairs add KEY.control.png (or KEY.control_0.png, KEY.control_1.png, ...)"),
+                             "edit pairs add KEY.control.png (or KEY.control_0.png, KEY.control_1.png, ...); "
+                             "video-captions: KEY.mp4/webm/mov with KEY.txt"),
 }
 DataFormatName = Literal[tuple(DATA_FORMATS)]
 
@@ -291,7 +297,8 @@ DataFormatName = Literal[tuple(DATA_FORMATS)]
 def data_columns(data: "DataSpec") -> tuple[str | None, str, str | None, str | None]:
     """(image, caption, label, control) column names of the data: the spec's, else its format's defaults."""
     row = DATA_FORMATS[data.format]
-    return (data.image_column or row.image_column, data.caption_column or row.caption_column,
+    media = row.video_column if data.layout in VIDEO_LAYOUTS else row.image_column
+    return (data.image_column or media, data.caption_column or row.caption_column,
             data.label_column or row.label_column, data.control_column or row.control_column)
 
 
@@ -370,8 +377,8 @@ class DataSpec(_Model):
         description="Where each sample's image is: files (captions and video-captions layouts): the metadata.jsonl "
         "key naming its file (clip), relative to metadata.jsonl's folder or its images/ (videos/) subfolder "
         "(unset: file_name); parquet: the image "
-        "column (unset: image); webdataset: the image member's extension, e.g. jpg (unset: any of jpg, jpeg, "
-        "png, webp).",
+        "column (unset: image; video-captions: video); webdataset: the image member's extension, e.g. jpg (unset: "
+        "any of jpg, jpeg, png, webp; video-captions: mp4, webm, mov).",
     )
     caption_column: Optional[str] = Field(
         default=None, min_length=1, max_length=253,

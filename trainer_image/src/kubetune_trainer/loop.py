@@ -62,12 +62,27 @@ def iterate_steps(dataset, collate, num_workers: int, steps: list[list[list[Key]
                         generator=torch.Generator().manual_seed(loader_seed))
     batches = iter(loader)
     for step in steps:
-        yield [(keys, next(batches)) for keys in step]
+        yield [(keys, _next_batch(batches)) for keys in step]
+
+
+def _next_batch(batches: Iterator[dict]) -> dict:
+    """The loader's next batch. A ConfigError (a sample broken under the run, named in one line) raised
+    in a worker comes back as the same type whose message is the worker's whole traceback (torch's
+    ExceptionWrapper): it is raised again with the worker's own one line."""
+    try:
+        return next(batches)
+    except ConfigError as err:
+        text = str(err)
+        if "Original Traceback" not in text:
+            raise
+        own = text.rstrip().rsplit("\n", 1)[-1]
+        raise ConfigError(own.split(f"{ConfigError.__name__}: ", 1)[-1]) from None
 
 
 class SampleLog:
     """KUBETUNE_SAMPLE_LOG=FILE: every process appends which samples it trained at which step
-    (JSON lines), to check data order across restarts and world sizes."""
+    (JSON lines), to check data order across restarts and world sizes; with clips, where each
+    sample started in its clip too (frame_starts, in the keys' order)."""
 
     def __init__(self, rank: int, path: str | None = None):
         self.rank = rank
@@ -78,8 +93,11 @@ class SampleLog:
         if self.path is None:
             return
         keys = [list(key) for batch_keys, _ in micro_batches for key in batch_keys]
+        record = {"step": step, "rank": self.rank, "keys": keys}
+        if all("frame_starts" in batch for _, batch in micro_batches):
+            record["frame_starts"] = [int(start) for _, batch in micro_batches for start in batch["frame_starts"]]
         with self.path.open("a") as out:
-            out.write(json.dumps({"step": step, "rank": self.rank, "keys": keys}) + "\n")
+            out.write(json.dumps(record) + "\n")
 
 
 class Stepper:

@@ -139,6 +139,11 @@ class Reporter:
         if self._writer is not None:
             self._writer.flush()
 
+    def samples(self, files: list[Path], root: Path) -> None:
+        """A validation's sample files (under root/samples/): uploaded to the MLflow run as they come."""
+        if self.tracker is not None:
+            self.tracker.log_artifacts(files, root / "samples", under="samples")
+
     def final_weights(self, files: list[Path], root: Path) -> None:
         """The run's final weights (files under root): uploaded to the MLflow run when it ends."""
         if self.tracker is not None:

@@ -3,9 +3,10 @@ people's tools write them, for tests, demos and benchmarks: the same samples in 
 
 Parquet as Hugging Face `datasets` writes it: an `image` column of {bytes, path} structs, a `text`
 (captions) or `label` column (image-folder: ClassLabel indices, their names in the "huggingface"
-schema metadata), edit pairs a `control_image` column too, row groups of `rows_per_group`.
+schema metadata), edit pairs a `control_image` column too, row groups of `rows_per_group`; video-captions
+a `video` column (datasets' Video feature) instead of `image`.
 WebDataset: KEY.png + KEY.txt or KEY.cls (the class name) members, edit pairs' KEY.control.jpg (or
-KEY.control_0.jpg, ...), shards of `per_file` samples.
+KEY.control_0.jpg, ...), video-captions KEY.mp4 + KEY.txt, shards of `per_file` samples.
 """
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ def loose_samples(layout: str, root: Path) -> list[tuple[Path, str, str, tuple[P
 
         return [(s.path, s.path.relative_to(root).as_posix(), s.caption, ())
                 for s in read_captions(root, Screen(skip_bad=False))]
+    if layout == "video-captions":
+        from kubetune_trainer.data.video_captions import read_video_captions
+
+        return [(s.path, s.path.relative_to(root).as_posix(), s.caption, ())
+                for s in read_video_captions(root, Screen(skip_bad=False))]
     if layout == "image-folder":
         from kubetune_trainer.data.image_folder import read_image_folder
 
@@ -56,13 +62,14 @@ def write_parquet(layout: str, loose: Path, out: Path, per_file: int = 4, rows_p
         fields, features = [("label", pa.int64())], {"label": {"names": classes, "_type": "ClassLabel"}}
     else:
         fields, features = [("text", pa.string())], {"text": {"dtype": "string", "_type": "Value"}}
-    images = ["image"] + (["control_image"] if layout == "edit-pairs" else [])
-    metadata = {"huggingface": json.dumps({"info": {"features": {**{c: {"_type": "Image"} for c in images},
+    media = "video" if layout == "video-captions" else "image"  # datasets' Video feature: {bytes, path} too
+    images = [media] + (["control_image"] if layout == "edit-pairs" else [])
+    metadata = {"huggingface": json.dumps({"info": {"features": {**{c: {"_type": media.title()} for c in images},
                                                                  **features}}})}
     schema = pa.schema([*((c, image_type) for c in images), *fields], metadata=metadata)
     for number, part in enumerate(_chunks(samples, per_file)):
         values = [classes.index(text) if layout == "image-folder" else text for _, _, text, _ in part]
-        columns = {"image": [{"bytes": image.read_bytes(), "path": name} for image, name, _, _ in part]}
+        columns = {media: [{"bytes": image.read_bytes(), "path": name} for image, name, _, _ in part]}
         if layout == "edit-pairs":
             columns["control_image"] = [{"bytes": c[0].read_bytes(), "path": c[0].name} for *_, c in part]
         table = pa.table({**columns, fields[0][0]: values}, schema=schema)

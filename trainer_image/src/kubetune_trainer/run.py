@@ -256,7 +256,8 @@ class Run:
         self.output = local_path_for(self.run_place.uri)
         self.last_validation: dict | None = None  # {step, metrics}: goes into each checkpoint's manifest
         self.validator = Validator(self.spec, self.family, self.held_out, self.output, self.is_main,
-                                   sharded=self.parallel.sharded, from_main=self._agree)
+                                   sharded=self.parallel.sharded, from_main=self._agree,
+                                   on_samples=lambda step, files: self.reporter.samples(files, self.output))
         self.store = CheckpointStore(self.run_place.uri, on_published=self._published, on_pending=self._pending,
                                      rank=self.rank, world_size=self.world_size)
 

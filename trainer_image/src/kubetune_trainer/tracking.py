@@ -6,6 +6,8 @@ The main process logs, through `MlflowTracker`:
     (s3, scheduling, runPolicy, tracking, ...) and without any field named like a secret;
   - metrics: train/loss and train/lr at each logged step (spec.training.logEverySteps), and
     validation/<metric> at each validation;
+  - the validation samples (images; a video family's clips as .mp4 and .gif), as artifacts under
+    samples/step-NNNNNNN/, sent while the run goes on;
   - the final weights, as artifacts under weights/.
 
 Logging never slows or stops training. Values are buffered in memory and sent by one background
@@ -178,12 +180,13 @@ class MlflowTracker:
             if len(self._metrics) >= MAX_METRICS_PER_BATCH:
                 self._condition.notify()
 
-    def log_artifacts(self, files: list[Path], root: Path) -> None:
-        """Upload FILES (under ROOT, keeping their folders) as the run's weights, at the end of the run."""
+    def log_artifacts(self, files: list[Path], root: Path, under: str = WEIGHTS_ARTIFACT_PATH) -> None:
+        """Upload FILES (under ROOT, keeping their folders) under the run's artifact folder UNDER (the
+        weights by default): sent with the next batch of metrics, the final weights at the end."""
         with self._condition:
             for path in files:
                 folder = Path(path).parent.relative_to(root)
-                where = WEIGHTS_ARTIFACT_PATH if folder == Path(".") else f"{WEIGHTS_ARTIFACT_PATH}/{folder.as_posix()}"
+                where = under if folder == Path(".") else f"{under}/{folder.as_posix()}"
                 self._artifacts.append((Path(path), where))
 
     def close(self, status: str = "FINISHED", wait: bool = True, timeout: float | None = None) -> None:
@@ -234,11 +237,8 @@ class MlflowTracker:
         if self.run_id is None:
             self._start_run()
         self._send_metrics()
+        self._send_artifacts()
         if final:
-            while self._artifacts:
-                path, where = self._artifacts[0]
-                self._client.log_artifact(self.run_id, str(path), where)
-                self._artifacts.pop(0)
             self._client.set_terminated(self.run_id, self._status)
             if self._dropped:
                 log.info("MLflow: %d metric values were dropped while %s could not be reached", self._dropped,
@@ -288,6 +288,16 @@ class MlflowTracker:
             with self._condition:
                 # The oldest values may have been dropped meanwhile (MAX_BUFFERED): they were this batch's first.
                 del self._metrics[:max(0, len(batch) - (self._dropped - dropped))]
+
+    def _send_artifacts(self) -> None:
+        while True:
+            with self._condition:
+                if not self._artifacts:
+                    return
+                path, where = self._artifacts[0]
+            self._client.log_artifact(self.run_id, str(path), where)
+            with self._condition:
+                self._artifacts.pop(0)
 
     def _failed(self, error: BaseException) -> None:
         self._pause = min(self._pause * 2, MAX_RETRY_SECONDS) if self._failing else RETRY_SECONDS

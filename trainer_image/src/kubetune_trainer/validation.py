@@ -1,5 +1,9 @@
 """Validation during training: held-out metrics, sample images, early stopping, the best K weights.
 
+Samples go under the run's samples/step-NNNNNNN/ (mirrored to an s3:// run), to TensorBoard and, through
+on_samples, to the MLflow run: images as PNGs and a grid; a video family's clips (sample_clips.Clip)
+as .mp4 and animated GIF.
+
 Every process evaluates the same held-out batches with the same per-sample draws (randomness.py:
 the same noise at every validation, so checkpoints compare fairly), so all reach the same
 early-stopping decision without talking to each other; only the main process writes. The CLIP
@@ -25,6 +29,7 @@ from torch.utils.data import DataLoader
 from kubetune_api.spec import TrainingJobSpec
 from kubetune_trainer.data.sampler import in_order
 from kubetune_trainer.randomness import VALIDATION_STEP, SampleRandom
+from kubetune_trainer.sample_clips import Clip, record_clips
 
 log = logging.getLogger("kubetune.trainer")
 HIGHER_IS_BETTER = {"loss": False, "accuracy": True, "f1": True, "clip_score": True, "clip_directional": True}
@@ -45,7 +50,8 @@ class Validator:
     process: a collective (Run._agree); a single process just calls it."""
 
     def __init__(self, spec: TrainingJobSpec, family, held_out, output: Path, is_main: bool, sharded: bool = False,
-                 from_main: Callable[[Callable[[], Any]], Any] = _alone):
+                 from_main: Callable[[Callable[[], Any]], Any] = _alone,
+                 on_samples: Callable[[int, list[Path]], None] = lambda step, files: None):
         self.spec = spec.validation
         self.seed = spec.training.seed
         self.batch_size = spec.training.batch_size
@@ -58,6 +64,7 @@ class Validator:
         self.validations_without_improvement = 0
         self._writer = None
         self.from_main = from_main
+        self.on_samples = on_samples  # the sample files written at a step (the MLflow run gets them)
         self.clip = None  # the main process's CLIP scorer
         self._said_nothing_to_score = False
         if self.spec.clip_model:
@@ -144,18 +151,25 @@ class Validator:
             self._writer.add_scalar(f"validation/{name}", value, step)
         if metrics:
             log.info("validation at step %d: %s", step, ", ".join(f"{k} {v:.5f}" for k, v in metrics.items()))
-        if images:
+        folder = self.output / "samples" / f"step-{step:07d}"
+        if images and isinstance(images[0], Clip):  # a video family's samples
+            written = record_clips(images, folder, self._writer, step)
+        elif images:
             import numpy as np
 
-            folder = self.output / "samples" / f"step-{step:07d}"
             folder.mkdir(parents=True, exist_ok=True)
+            written = []
             for i, image in enumerate(images):
                 image.save(folder / f"{i}.png")
+                written.append(folder / f"{i}.png")
                 self._writer.add_image(f"samples/{i}", np.asarray(image), step, dataformats="HWC")
             grid = image_grid(images)  # the same prompts and seed every time: one picture per step to compare
             grid.save(folder / "grid.png")
+            written.append(folder / "grid.png")
             self._writer.add_image("samples/grid", np.asarray(grid), step, dataformats="HWC")
         self._writer.flush()
+        if images:
+            self.on_samples(step, written)
 
     def _keep_best(self, step: int, value: float, save_best: Callable[[Path], None]) -> None:
         """Save this step's weights under best/ if they rank among the K best; drop the rest."""

@@ -113,5 +113,5 @@ LAYOUTS: dict[str, Layout] = {
                            from_stored=stored.labelled),
     "pmg": Layout(_read_pmg, _pmg_dataset, pmg.collate, held_out=_pmg_held_out),
     "video-captions": Layout(_read_video_captions, _video_captions_dataset, video_captions.collate,
-                             check=_clip_check),
+                             check=_clip_check, from_stored=stored.captioned_clips),
 }

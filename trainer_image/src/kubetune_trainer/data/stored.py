@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from kubetune_api.spec import TrainingJobSpec, data_columns
+from kubetune_api.spec import VIDEO_LAYOUTS, TrainingJobSpec, data_columns
 from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.storage.members import MEMBERS_SUFFIX
@@ -39,12 +39,13 @@ class Columns:
     control: str | None
     wanted: str               # "caption" or "label": which of the two the layout reads
     edits: bool = False       # edit pairs: control images too (the caption is the instruction)
+    clips: bool = False       # a video layout: the "image" of a sample is a video clip
 
 
 def columns_of(spec: TrainingJobSpec) -> Columns:
     image, caption, label, control = data_columns(spec.data)
     return Columns(image, caption, label, control, "label" if spec.data.layout == "image-folder" else "caption",
-                   edits=spec.data.layout == "edit-pairs")
+                   edits=spec.data.layout == "edit-pairs", clips=spec.data.layout in VIDEO_LAYOUTS)
 
 
 def data_files(root: Path, suffix: str) -> list[Path]:
@@ -98,6 +99,13 @@ def captioned(records: list[Stored], spec: TrainingJobSpec, screen: Screen) -> l
             continue
         samples.append(CaptionedImage(record.image, record.caption))
     return samples
+
+
+def captioned_clips(records: list[Stored], spec: TrainingJobSpec, screen: Screen) -> list:
+    """Video-captions samples: captioned as images are; each clip is then probed by the layout's check."""
+    from kubetune_trainer.data.video_captions import CaptionedClip
+
+    return [CaptionedClip(sample.path, sample.caption) for sample in captioned(records, spec, screen)]
 
 
 def labelled(records: list[Stored], spec: TrainingJobSpec, screen: Screen) -> list:

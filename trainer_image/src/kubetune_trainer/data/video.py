@@ -13,13 +13,17 @@ average); upsampling repeats frames. Without fps a sample takes consecutive sour
 """
 from __future__ import annotations
 
+import io
 import math
 import threading
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 import av
 import numpy as np
+
+from kubetune_trainer.storage.stream import in_place, read_bytes
 
 # Frames are decoded on one thread per loader worker: the workers are the parallelism (one per core
 # is what benchmarks/video_decode.py measures), and FFmpeg's own threads would contend with them.
@@ -65,25 +69,37 @@ _probed: dict[tuple[str, int, int], ClipInfo] = {}
 _probed_lock = threading.Lock()
 
 
+def _source(path: Path):
+    """What av.open reads PATH from: its file name, or (a parquet row's or a shard member's clip,
+    storage.members) its bytes in memory."""
+    return str(path) if in_place(path) else io.BytesIO(read_bytes(path))
+
+
 def probe(path: Path) -> ClipInfo:
-    """What the clip holds; ClipError when it is not a usable video. Remembered per file version (the
-    screen probes every clip before the data set is built, which probes them again)."""
-    stat = path.stat()
-    memo = (str(path), stat.st_size, stat.st_mtime_ns)
+    """What the clip holds; ClipError when it is not a usable video. Remembered per file version (a
+    clip stored in a container: per path, containers do not change under a run): the screen probes
+    every clip before the data set is built, which probes them again."""
+    local = in_place(path)
+    if local:
+        stat = path.stat()
+        memo = (str(path), stat.st_size, stat.st_mtime_ns)
+    else:
+        memo = (str(path), 0, 0)
     with _probed_lock:
         if memo in _probed:
             return _probed[memo]
-    if stat.st_size == 0:
+    source = _source(path)
+    if (stat.st_size if local else len(source.getbuffer())) == 0:
         raise ClipError("is empty (0 bytes): a zero-length clip")
-    info = _probe(path)
+    info = _probe(source)
     with _probed_lock:
         _probed[memo] = info
     return info
 
 
-def _probe(path: Path) -> ClipInfo:
+def _probe(source) -> ClipInfo:
     try:
-        with av.open(str(path)) as container:
+        with av.open(source) as container:
             if not container.streams:  # a container header and nothing in it (an encoder given no frames)
                 raise ClipError("holds no stream at all: a zero-length clip")
             if not container.streams.video:
@@ -149,10 +165,10 @@ def read_frames(path: Path, indices: list[int], size: tuple[int, int], crop: tup
     keyframe = info.keyframe_before(min(indices)) if info is not None else None
     kept: dict[int, np.ndarray] = {}
     try:
-        with av.open(str(path)) as container:
-            stream = container.streams.video[0]
-            stream.codec_context.thread_count = DECODE_THREADS
-            for number, frame in _numbered(container, stream, keyframe):
+        with av.open(_source(path)) as container:
+            video = container.streams.video[0]
+            video.codec_context.thread_count = DECODE_THREADS
+            for number, frame in _numbered(container, video, keyframe):
                 if number in wanted:
                     rgb = frame.reformat(width=size[0], height=size[1], format="rgb24",
                                          interpolation="BICUBIC").to_ndarray()
@@ -185,7 +201,7 @@ def _numbered(container, stream, keyframe: tuple[int, int] | None):
     yield from enumerate(container.decode(stream))
 
 
-def write_clip(path: Path, frames: list[np.ndarray], fps: int, codec: str = "libx264", **options: str) -> Path:
+def write_clip(path: Path, frames: list[np.ndarray], fps: int | Fraction, codec: str = "libx264", **options: str) -> Path:
     """Encode RGB uint8 frames [height, width, 3] into a clip (H.264 in .mp4 by default); for tiny data
     sets, tests and benchmarks. Sides must be even (4:2:0 chroma)."""
     height, width = frames[0].shape[:2]

@@ -11,6 +11,9 @@ drawn from (seed, epoch, sample) like every augmentation (data.keyed), so it cha
 never depends on the number of processes; with the embedding cache on it is drawn once per clip,
 from (seed, sample), so its latents are reused every epoch (as a random crop is). Held-out clips
 start at their first frame.
+
+Clips stored as parquet rows or WebDataset members (spec.data.format) are read from their containers
+into memory (data.video), and named by their container and row or member.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from kubetune_trainer.data.keyed import KeyedDataset
 from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.data.video import ClipError, probe, read_frames
 from kubetune_trainer.errors import ConfigError
+from kubetune_trainer.storage.stream import describe
 
 VIDEOS_FOLDER = "videos"
 
@@ -46,7 +50,7 @@ def read_video_captions(root: Path, screen: Screen, file_column: str = "file_nam
 
 
 def _failed(path: Path, err: ClipError) -> ConfigError:
-    return ConfigError(f"{path}: {err}; fix or remove it (every clip is checked before training, and "
+    return ConfigError(f"{describe(path)}: {err}; fix or remove it (every clip is checked before training, and "
                        "spec.data.skipBad applies there)")
 
 
@@ -75,7 +79,7 @@ class VideoCaptionsDataset(KeyedDataset):
         """The longest of spec.data.frames the clip holds at fps."""
         held = [count for count in counts if count <= info.positions(self.fps)]
         if not held:
-            raise ConfigError(f"{path}: is {info.describe(self.fps)}: shorter than spec.data.frames {min(counts)}; "
+            raise ConfigError(f"{describe(path)}: is {info.describe(self.fps)}: shorter than spec.data.frames {min(counts)}; "
                               "use a longer clip, fewer spec.data.frames or a lower spec.data.fps")
         return max(held)
 

@@ -3,7 +3,8 @@ the standard library's tarfile.
 
 WebDataset's convention: a member's key is its name up to the first dot of its base name, the rest
 its extension (`0003.jpg`, `0003.txt`, `0003.json`, `0003.cls`). A sample takes its image from the
-member with an image extension (spec.data.imageColumn: one extension only), its caption from
+member with an image extension (a video layout's clip: .mp4, .webm or .mov; spec.data.imageColumn:
+one extension only), its caption from
 KEY.txt or from KEY.json's caption column, its label from KEY.cls or KEY.json's label column; an
 edit pair its control images from KEY.control.png, or KEY.control_0.png, KEY.control_1.png, ...
 (spec.data.controlColumn names the part before the image extension).
@@ -24,6 +25,7 @@ from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.storage.members import MEMBERS, Member, container_size, open_container, read_range
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+VIDEO_EXTENSIONS = ("mp4", "webm", "mov")  # a video layout's clip member (spec.data.imageColumn: one of them)
 TEXT_EXTENSIONS = ("txt", "json", "cls")  # read while indexing: they are small
 
 
@@ -86,11 +88,11 @@ def _index(shard: Path, columns: Columns) -> list:
     found = []
     for key, members in samples.items():
         where = f"{shard} sample {key}"
-        wanted = (columns.image,) if columns.image else IMAGE_EXTENSIONS
+        wanted = (columns.image,) if columns.image else VIDEO_EXTENSIONS if columns.clips else IMAGE_EXTENSIONS
         image = next((members[e] for e in wanted if e in members), None)
         if image is None:
-            found.append((where, f"has no image member {key}.{'/'.join(wanted)} (members: "
-                                 f"{', '.join(sorted(members))})"))
+            found.append((where, f"has no {'clip' if columns.clips else 'image'} member {key}.{'/'.join(wanted)} "
+                                 f"(members: {', '.join(sorted(members))})"))
             continue
         try:
             value = _caption(key, texts, columns) if columns.wanted == "caption" else _label(key, texts, columns)

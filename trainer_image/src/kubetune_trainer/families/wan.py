@@ -25,9 +25,11 @@ which is what a 1-frame I2V sample asks; the first-frame conditioning of longer 
 TI2V-5B's image-to-video (the first latent frame replaced by the clean condition, timestep 0 on its
 tokens) is not trained: its folder trains text-to-video.
 
-Training data today: the `captions` layout's images, each a 1-frame clip (one latent frame, as Wan
-itself trains on images). A video batch ([B, F, C, H, W] pixel_values, frames in [-1, 1]) takes the
-same path: clips() is the one place a batch becomes the VAE's [B, C, F, H, W].
+Training data: the `video-captions` layout's clips, or the `captions` layout's images, each a 1-frame
+clip (one latent frame, as Wan itself trains on images). A video batch ([B, F, C, H, W] pixel_values,
+frames in [-1, 1]) and an image batch take the same path: clips() is the one place a batch becomes the
+VAE's [B, C, F, H, W]. Validation renders clips of the shortest spec.data.frames (sample_clips.Clip;
+the validator writes them as .mp4 and GIF), or images when the data are images.
 
 Files: the LoRA of `transformer` is pytorch_lora_weights.safetensors, the one WanPipeline's
 load_lora_weights(folder) reads; the low-noise expert's is LOW_NOISE_FILE, which diffusers loads with
@@ -45,6 +47,7 @@ from pathlib import Path
 
 import torch
 
+from kubetune_api.spec import frame_counts
 from kubetune_trainer import diffusion, flow_matching, quantization, tiny_models
 from kubetune_trainer.data.cache import Encoder, model_identity
 from kubetune_trainer.device_copy import to_device
@@ -57,6 +60,7 @@ from kubetune_trainer.families.trainable import Trainable, diffusers_denoiser, e
 from kubetune_trainer.families.vae import load_vae, vae_name
 from kubetune_trainer.planning.forwards import mse
 from kubetune_trainer.reference_models import Component
+from kubetune_trainer.sample_clips import DEFAULT_FPS, Clip
 
 log = logging.getLogger("kubetune.trainer")
 
@@ -441,10 +445,17 @@ class Wan(ModelFamily):
             max_sequence_length=MAX_TEXT_TOKENS, device=self.device)
         return {"prompt_embeds": embeds, "negative_prompt_embeds": negative}
 
+    @property
+    def sample_frames(self) -> int:
+        """Frames of a validation clip: the fewest spec.data.frames the clips train at (one: an image
+        layout's validation draws images)."""
+        return min(frame_counts(self.spec.data.frames), default=1)
+
     @torch.no_grad()
     def sample_images(self, model, held_out, generator):
-        """One-frame clips of the validation prompts, as images (a video layout will render clips);
-        image-to-video: each from a held-out sample's first frame (none without held-out samples)."""
+        """Clips of the validation prompts (sample_clips.Clip, sample_frames long, at spec.data.fps), or
+        images where the data are images; image-to-video: each from a held-out sample's first frame
+        (none without held-out samples)."""
         prompts = self.validation_prompts(held_out)
         if self.image_to_video:
             conditions = self.condition_images(held_out, len(prompts))
@@ -458,7 +469,7 @@ class Wan(ModelFamily):
             pipeline = self.pipeline({**self.experts, **others})
             pipeline.set_progress_bar_config(disable=True)
             width, height = self.spec.size
-            options = dict(height=height, width=width, num_frames=1,
+            options = dict(height=height, width=width, num_frames=self.sample_frames,
                            num_inference_steps=self.spec.validation.num_inference_steps,
                            guidance_scale=self.spec.sample_guidance, generator=generator,
                            max_sequence_length=MAX_TEXT_TOKENS, output_type="pil")
@@ -470,9 +481,13 @@ class Wan(ModelFamily):
         finally:
             for module in others.values():
                 module.to("cpu")
-        return [video[0] for video in videos]
+        if self.sample_frames == 1:
+            return [video[0] for video in videos]
+        return [Clip(list(video), self.spec.data.fps or DEFAULT_FPS) for video in videos]
 
     def image_metrics(self, images, held_out, clip):
+        """CLIP scores of the images, or of each clip's middle frame."""
+        images = [sample.frames[len(sample.frames) // 2] if isinstance(sample, Clip) else sample for sample in images]
         return {"clip_score": clip.clip_score(images, self.validation_prompts(held_out))} if images else {}
 
 

@@ -208,6 +208,11 @@ def read_bytes(path: Path) -> bytes:
     return found[0].read(Path(path), found[1])
 
 
+def in_place(path: Path) -> bool:
+    """Whether PATH's bytes are the file at PATH (not a streamed placeholder's, nor a container member's)."""
+    return _stream_of(Path(path)) is None
+
+
 def open_image(path: Path):
     """PATH as a PIL image, its bytes fetched first when it is a streamed placeholder."""
     from PIL import Image
