@@ -54,6 +54,8 @@ def add_gif_to_tensorboard(writer, tag: str, clip: Clip, step: int) -> None:
 
     width, height = clip.frames[0].size
     image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=gif_bytes(clip))
+    # SummaryWriter has no public call for a pre-encoded image (add_image re-encodes one frame as PNG):
+    # its file writer takes the Summary proto as is. Pinned torch; test_family_wan checks the event.
     writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
 
 
