@@ -11,8 +11,13 @@ from kubetune_trainer.run_report.events import Point
 
 WIDTH_INCHES = 10.0
 DPI = 100
-SMOOTHING = 0.9  # TensorBoard's default weight: a loss curve of single steps is mostly noise
+SMOOTHING = 0.9  # TensorBoard's default weight, for short runs: a loss curve of single steps is mostly noise
+SMOOTHED_STEPS = 50  # longer runs average over about 1/50 of their steps (10,000 steps: weight 0.995)
 LOSS_COLOUR, LR_COLOUR, METRIC_COLOUR = "#1f77b4", "#d62728", "#2ca02c"
+
+
+def smoothing_for(count: int) -> float:
+    return max(SMOOTHING, 1 - SMOOTHED_STEPS / count) if count else SMOOTHING
 
 
 def smoothed(values: list[float], weight: float = SMOOTHING) -> list[float]:
@@ -49,7 +54,8 @@ def training_curves(loss: list[Point], lr: list[Point]) -> bytes:
         steps, values = [p.step for p in loss], [p.value for p in loss]
         ax.plot(steps, values, color=LOSS_COLOUR, alpha=0.3, linewidth=0.8, label="loss (each step)")
         if len(values) > 1:
-            ax.plot(steps, smoothed(values), color=LOSS_COLOUR, linewidth=1.6, label=f"smoothed ({SMOOTHING})")
+            weight = smoothing_for(len(values))
+            ax.plot(steps, smoothed(values, weight), color=LOSS_COLOUR, linewidth=1.6, label=f"smoothed ({weight:.3g})")
         ax.set_ylabel("training loss")
         ax.legend(loc="upper right")
         ax.grid(alpha=0.3)
