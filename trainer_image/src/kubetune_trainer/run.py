@@ -292,6 +292,10 @@ class Run:
     def train(self) -> None:
         """Optimizer steps until the plan is done; a stop request ends it at a step boundary."""
         self.stop.defer()  # from now on a SIGTERM waits for the step boundary
+        if self.is_main:
+            from kubetune_trainer.run_report import import_in_background
+
+            import_in_background()  # the report written as the run ends needs them
         self._cache_seen = (0, 0) if self.family.cache is None else (self.family.cache.hits, self.family.cache.misses)
         clock = PhaseClock(self.reporter, self.accelerator.device)
         stepper = Stepper(self.family, self.model, self.optimizer, self.scheduler, self.parallel, self.batching,
@@ -651,13 +655,14 @@ class Run:
         from kubetune_trainer.storage.catalog import describe_run
         from kubetune_trainer.storage.tree import LocalTree
 
+        started = time.perf_counter()
         try:
             run = describe_run(self.run_place.uri, self.run_place.version)
             path = write_report(run, self.output / layout.REPORT_FILE, local=self.output,
                                 files=LocalTree(self.output).files())
             self.store.publish_files([path], layout.REPORT_FILE)
             self.store.flush()
-            log.info("report: %s", self._store_uri(path))
+            log.info("report: %s (%.1f s)", self._store_uri(path), time.perf_counter() - started)
         except Exception as err:  # noqa: BLE001 - whatever broke, the weights are already safe
             log.warning("could not write the run's report (%s: %s); the weights and logs are saved: "
                         "`kubetune report %s` writes it", type(err).__name__, err, self.run_place.uri)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -16,6 +17,23 @@ from kubetune_trainer.run_report.facts import GRID_FILE, LOGS, SAMPLES, gather
 from kubetune_trainer.run_report.page import render
 from kubetune_trainer.storage.catalog import RunEntry
 from kubetune_trainer.storage.tree import LocalTree, open_tree
+
+
+def import_in_background() -> threading.Thread:
+    """Import matplotlib and TensorBoard's event reader on a daemon thread while the run trains (the trainer
+    calls this as training starts): about a second on a small machine that every run would otherwise spend
+    after its last step. A failure here is left to the report itself to meet and log."""
+    def load() -> None:
+        try:
+            import matplotlib.backends.backend_agg  # noqa: F401 - the PNG canvas savefig uses
+            import matplotlib.figure  # noqa: F401
+            import tensorboard.backend.event_processing.event_accumulator  # noqa: F401
+        except Exception:  # noqa: BLE001 - imported again, and reported, when the report is written
+            pass
+
+    thread = threading.Thread(target=load, name="report-imports", daemon=True)
+    thread.start()
+    return thread
 
 
 def report_inputs(files: dict[str, int]) -> list[str]:
