@@ -16,12 +16,24 @@ for tool in apt-get apt-cache dpkg-deb dpkg-query; do
   command -v "$tool" >/dev/null || { echo "devcluster/chromium.sh: $tool is not installed (needs a Debian-based machine)" >&2; exit 1; }
 done
 
-# The version apt would install now (bookworm-security carries 156.x); the cache is keyed by it.
-version="$(apt-cache policy "$package" | awk '/Candidate:/ {print $2}')"
+# apt as this machine has it configured; where its package lists are missing (images that delete
+# /var/lib/apt/lists) or lack the browser, lists of our own fetched into the cache (no root needed).
+apt=()
+candidate() { apt-cache "${apt[@]}" policy "$package" 2>/dev/null | awk '/Candidate:/ {print $2}'; }
+version="$(candidate)"
 if [ -z "$version" ] || [ "$version" = "(none)" ]; then
-  echo "devcluster/chromium.sh: apt knows no $package; run apt-get update (Debian bookworm or later)" >&2
+  lists="$cache/apt"
+  mkdir -p "$lists/lists/partial" "$lists/cache/archives/partial"
+  apt=(-o "Dir::State::Lists=$lists/lists" -o "Dir::Cache=$lists/cache" -o Debug::NoLocking=1)
+  echo "$package: not in this machine's package lists; fetching lists into $lists"
+  apt-get -q "${apt[@]}" update >/dev/null
+  version="$(candidate)"
+fi
+if [ -z "$version" ] || [ "$version" = "(none)" ]; then
+  echo "devcluster/chromium.sh: no apt source offers $package (Debian bookworm or later carries it)" >&2
   exit 1
 fi
+# The version apt would install now (bookworm-security carries 156.x); the cache is keyed by it.
 dest="$cache/$package-${version//[^A-Za-z0-9.+-]/_}"
 wrapper="$dest/bin/$package"
 mkdir -p "$cache"
@@ -39,9 +51,9 @@ debs="$(mktemp -d)"
 trap 'rm -rf "$debs"' EXIT
 # What apt would install for the browser on this machine: the package and its missing dependencies
 # (recommends left out). Debug::NoLocking lets a non-root user simulate.
-mapfile -t needed < <(apt-get -s -o Debug::NoLocking=1 install --no-install-recommends "$package" |
+mapfile -t needed < <(apt-get "${apt[@]}" -s -o Debug::NoLocking=1 install --no-install-recommends "$package" |
   awk '/^Inst / {print $2}')
-(cd "$debs" && apt-get download -q "${needed[@]}" 2>&1 | grep -v '^W: Download is performed unsandboxed' || true)
+(cd "$debs" && apt-get "${apt[@]}" download -q "${needed[@]}" 2>&1 | grep -v '^W: Download is performed unsandboxed' || true)
 for deb in "$debs"/*.deb; do
   dpkg-deb -x "$deb" "$dest/root"
 done
