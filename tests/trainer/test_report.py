@@ -182,6 +182,13 @@ def test_report_of_a_job_with_no_runs_is_one_line(tmp_path):
     assert not (tmp_path / "r.html").exists()
 
 
+def test_report_of_a_run_version_that_does_not_exist_names_those_that_do(trained, tmp_path):
+    result = kubetune("report", str(trained.parent), "--version", "7", "--out", str(tmp_path / "r.html"))
+    assert result.exit_code == 1
+    assert result.output.strip() == "kubetune report: --version 7: no such run; there are v0"
+    assert not (tmp_path / "r.html").exists()
+
+
 def test_a_report_that_cannot_be_written_never_fails_the_run(tmp_path, caplog):
     from kubetune_trainer.run import Run
 

@@ -4,7 +4,7 @@ One file, because the report travels: it is written into the run's directory in 
 there (a presigned URL, the bucket's console, a download), mailed, attached to a ticket. Pictures in a
 folder beside it would need every one of them fetched with it, and relative links do not resolve
 from an S3 object's URL. Grids wider than MAX_GRID_WIDTH are embedded scaled down as JPEG (50
-validations of a 4-image 1024 px grid would otherwise weigh hundreds of MB); the caption names the
+validations of a 4-image 512 px grid, ~2 MB each as PNG, would otherwise make a page of over 100 MB); the caption names the
 full-size grid in the run. Nothing runs in the page: no script, no external fetch.
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ import html
 import io
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from kubetune_api import layout
@@ -31,7 +32,7 @@ h1 { margin-bottom: 0.2rem; } h2 { border-bottom: 1px solid #ddd; padding-bottom
 table { border-collapse: collapse; margin: 0.5rem 0; } td, th { padding: 0.2rem 0.8rem; text-align: left; }
 th { background: #f3f3f3; } tr:nth-child(even) td { background: #fafafa; }
 td.number { text-align: right; font-variant-numeric: tabular-nums; }
-img { max-width: 100%; height: auto; } img.grid { image-rendering: pixelated; } figure { margin: 1rem 0; } figcaption { color: #555; font-size: 0.9rem; }
+img { max-width: 100%; height: auto; } img.enlarged { image-rendering: pixelated; } figure { margin: 1rem 0; } figcaption { color: #555; font-size: 0.9rem; }
 pre { background: #f6f6f6; padding: 0.8rem; overflow-x: auto; font-size: 0.85rem; }
 .missing { background: #fff6e0; border-left: 4px solid #e0a000; padding: 0.5rem 1rem; }
 code { font-size: 0.9rem; } .uri { word-break: break-all; }
@@ -46,26 +47,34 @@ def data_uri(data: bytes, mime: str) -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
 
-def embedded_grid(path: Path) -> tuple[str, int]:
-    """The grid as a data: URI (as it is when small, else scaled to MAX_GRID_WIDTH as JPEG) and the width
-    to show it at: a tiny model's 32 px samples are enlarged to MIN_GRID_WIDTH so that they can be seen."""
+@dataclass(frozen=True)
+class Picture:
+    source: str  # a data: URI
+    width: int  # to show it at
+    enlarged: bool  # shown wider than it is: drawn with sharp pixels
+
+
+def embedded_grid(path: Path) -> Picture:
+    """The grid as it is when small, else scaled to MAX_GRID_WIDTH as JPEG; a tiny model's 32 px samples
+    are shown enlarged to MIN_GRID_WIDTH so that they can be seen."""
     from PIL import Image
 
     with Image.open(path) as image:
         image.load()  # a damaged file fails here, not in the browser
         if image.width <= MAX_GRID_WIDTH:
-            return data_uri(path.read_bytes(), "image/png"), max(image.width, MIN_GRID_WIDTH)
+            return Picture(data_uri(path.read_bytes(), "image/png"), max(image.width, MIN_GRID_WIDTH),
+                           image.width < MIN_GRID_WIDTH)
         height = max(1, round(image.height * MAX_GRID_WIDTH / image.width))
         buffer = io.BytesIO()
         image.convert("RGB").resize((MAX_GRID_WIDTH, height), Image.Resampling.LANCZOS).save(
             buffer, format="JPEG", quality=JPEG_QUALITY)
-        return data_uri(buffer.getvalue(), "image/jpeg"), MAX_GRID_WIDTH
+        return Picture(data_uri(buffer.getvalue(), "image/jpeg"), MAX_GRID_WIDTH, False)
 
 
-def embedded_grids(grids: list[Grid]) -> list[tuple[str, int] | OSError]:
+def embedded_grids(grids: list[Grid]) -> list[Picture | OSError]:
     """embedded_grid of each, or the error that made one unreadable; on threads, since decoding, scaling and
     encoding release the GIL (50 grids of a long run are most of the page's time)."""
-    def one(grid: Grid) -> tuple[str, int] | OSError:
+    def one(grid: Grid) -> Picture | OSError:
         try:
             return embedded_grid(grid.path)
         except OSError as err:
@@ -155,13 +164,13 @@ def grids(facts: RunFacts) -> str:
         items = "".join(f"<li>{e(p)}</li>" for p in facts.prompts)
         prompts = f"<p>The same prompts and seed at every step, in reading order:</p><ol>{items}</ol>"
     figures = []
-    for grid, embedded in zip(facts.grids, embedded_grids(facts.grids)):
-        if isinstance(embedded, OSError):  # a damaged image: say so, never a broken picture
-            facts.missing.append(f"{grid.name} could not be read ({embedded})")
+    for grid, picture in zip(facts.grids, embedded_grids(facts.grids)):
+        if isinstance(picture, OSError):  # a damaged image: say so, never a broken picture
+            facts.missing.append(f"{grid.name} could not be read ({picture})")
             continue
-        source, width = embedded
-        figures.append(f'<figure><img class="grid" alt="validation samples at {e(step_label(grid.step))}" '
-                       f'width="{width}" src="{source}"><figcaption><b>{e(step_label(grid.step))}</b> · '
+        figures.append(f'<figure><img class="grid{" enlarged" if picture.enlarged else ""}" '
+                       f'alt="validation samples at {e(step_label(grid.step))}" width="{picture.width}" '
+                       f'src="{picture.source}"><figcaption><b>{e(step_label(grid.step))}</b> · '
                        f'<code>{e(grid.name)}</code></figcaption></figure>')
     return f"<h2>Validation grids</h2>{prompts}{''.join(figures)}"
 
