@@ -10,7 +10,7 @@ DEMO_DIR ?= out/demo
 LINT_VENV ?= .venv-lint
 LINT_STAMP := $(LINT_VENV)/.installed
 
-.PHONY: demo test unit e2e install cluster-bins crd manifests lint lint-tools bench clean
+.PHONY: demo test unit e2e install cluster-bins browser crd manifests lint lint-tools bench clean
 
 # The Python environment: one virtualenv in the checkout, rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -42,6 +42,11 @@ lint: $(STAMP) lint-tools
 cluster-bins:
 	bash devcluster/build.sh
 
+# A headless Chromium unpacked from the Debian packages (no installation), cached like the binaries
+# above: the report test opens `kubetune report`'s page in it.
+browser:
+	bash devcluster/chromium.sh
+
 # Regenerate the CRD from the typed spec (a test fails when the committed one drifts).
 crd: $(STAMP)
 	$(PY) -m kubetune_api.crd --write
@@ -61,7 +66,7 @@ e2e: $(STAMP) cluster-bins
 
 # Two workers: the control-plane tests (one control plane per machine) run in one, in file order,
 # while the other takes the unit, trainer and storage tests (tests/conftest.py schedules them).
-test: $(STAMP) cluster-bins lint-tools
+test: $(STAMP) cluster-bins browser lint-tools
 	CHECKOV=$(abspath $(LINT_VENV))/bin/checkov $(PY) -m pytest tests -q -ra -n 2
 
 bench: $(STAMP) cluster-bins

@@ -85,6 +85,9 @@ def test_an_applied_example_trains_to_succeeded_and_its_lora_lands_in_s3(
     objects = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{run}/")["Contents"]}
     assert f"{run}/pytorch_lora_weights.safetensors" in objects
     assert f"{run}/checkpoint-30/manifest.json" in objects
+    # The run's report lands beside its weights, and the status names it.
+    assert final["status"]["reportUri"] == f"s3://{BUCKET}/{run}/report.html"
+    assert f"{run}/report.html" in objects
 
     # The status ends true: the final step, 100% and no ETA, whatever the last poll saw.
     assert final["status"]["progress"]["step"] == 30 and final["status"]["progress"]["percent"] == 100
@@ -104,6 +107,9 @@ def test_an_applied_example_trains_to_succeeded_and_its_lora_lands_in_s3(
     pulled = kubetune_cli(cli_env, "checkpoints", "pull", "sd15-e2e", "-n", job_namespace, "--step", "final",
                           "-o", str(tmp_path / "lora"))
     assert (tmp_path / "lora" / "pytorch_lora_weights.safetensors").is_file(), pulled
+    page = tmp_path / "report.html"
+    kubetune_cli(cli_env, "report", "sd15-e2e", "-n", job_namespace, "--out", str(page))
+    assert 'id="training-curves"' in page.read_text() and f"s3://{BUCKET}/{run}/checkpoint-30" in page.read_text()
     missing = subprocess.run([sys.executable, "-m", "kubetune_cli.main", "checkpoints", "ls", "no-such-job", "-n",
                               job_namespace], env=cli_env, capture_output=True, text=True)
     assert missing.returncode == 1 and f"no TrainingJob 'no-such-job' in namespace '{job_namespace}'" in missing.stderr

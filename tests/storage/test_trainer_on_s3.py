@@ -55,6 +55,12 @@ def test_training_from_and_to_s3_then_resuming_on_a_fresh_machine(bucket, tiny_j
                                       "-o", str(tmp_path / "pulled")])
     assert pulled.exit_code == 0, pulled.output
     assert (tmp_path / "pulled" / "pytorch_lora_weights.safetensors").is_file()
+    # The run's report beside its weights, and one written here from the bucket (its records fetched, not its weights).
+    assert "report.html" in objects
+    page = tmp_path / "report.html"
+    reported = CliRunner().invoke(cli, ["report", f"s3://{bucket}/runs/default/tiny", "--out", str(page)])
+    assert reported.exit_code == 0, reported.output
+    assert 'id="training-curves"' in page.read_text() and f"s3://{bucket}/runs/default/tiny/v0/checkpoint-4" in page.read_text()
 
     # A restarted pod lands on another machine: nothing local, everything from the bucket.
     second_machine = tmp_path / "machine-2"

@@ -42,8 +42,11 @@ def test_a_success_patch_carries_the_final_progress_and_checkpoint():
     patch = finished_patch(SPEC, status, "Succeeded")
     assert patch["progress"]["step"] == 60 and patch["progress"]["etaSeconds"] is None
     assert patch["latestCheckpoint"] == "s3://b/runs/team-a/x/v0/checkpoint-60"
+    assert patch["reportUri"] == "s3://b/runs/team-a/x/v0/report.html"
     failed = finished_patch(SPEC, status, "Failed")
-    assert set(failed) == {"progress"}, "a failed run keeps the newest checkpoint it reported"
+    assert set(failed) == {"progress"}, "a failed run keeps the newest checkpoint it reported, and has no report"
+    unplaced = finished_patch(SPEC, {"progress": STALE}, "Succeeded")
+    assert "reportUri" not in unplaced, "no run directory was ever reported: no report to name"
 
 
 def test_a_poll_sets_progress_run_directory_and_checkpoint_from_the_gauges():

@@ -1,6 +1,6 @@
 """Where a job's runs live under spec.checkpoints.uri (pure functions, shared by every side).
 
-    <uri>/<namespace>/<job>/v<N>/               one run: run.json, job.yaml, final weights, logs
+    <uri>/<namespace>/<job>/v<N>/               one run: run.json, job.yaml, report.html, final weights, logs
     <uri>/<namespace>/<job>/v<N>/checkpoint-<S>/  one checkpoint, manifest.json written last
 
 Every run of a job gets the next version number, so a job deleted and applied again never
@@ -15,8 +15,11 @@ RUN_FILE = "run.json"
 # The TrainingJob the run trained (overrides applied), so that what reads a run later (generate,
 # export, evaluate, report) needs only its URI. Secrets are never in a spec: only their names.
 JOB_FILE = "job.yaml"
+# One page to look at (curves, validation grids, the spec, where the weights are), written by the
+# trainer when the run ends (`kubetune report` writes it again for any run); status.reportUri names it.
+REPORT_FILE = "report.html"
 # Files at a run's root that are about the run, not its weights.
-RUN_RECORDS = frozenset({RUN_FILE, JOB_FILE})
+RUN_RECORDS = frozenset({RUN_FILE, JOB_FILE, REPORT_FILE})
 _VERSION = re.compile(r"^v(\d+)$")
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 

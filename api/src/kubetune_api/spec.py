@@ -1341,6 +1341,11 @@ class TrainingJobStatus(_Model):
         "(checkpoints, final weights, logs).",
     )
     latest_checkpoint: Optional[str] = Field(default=None, description="URI of the newest complete checkpoint.")
+    report_uri: Optional[str] = Field(
+        default=None, description="URI of the run's report (report.html in the run's directory: curves, validation "
+        "grids, the resolved spec, where the weights are), set when the job succeeds. The trainer writes it last; "
+        "where writing it failed (a warning in the trainer's log) `kubetune report` writes one from the run.",
+    )
     validation: Optional[ValidationResult] = Field(
         default=None, description="The latest validation's metrics, read from the trainer while it runs "
         "(spec.validation.everySteps with held-out data).",

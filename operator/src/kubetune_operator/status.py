@@ -156,7 +156,8 @@ def final_checkpoint(spec: dict, status: dict) -> str | None:
 
 
 def finished_patch(spec: dict, status: dict, phase: str) -> dict:
-    """What else a transition to Succeeded or Failed sets: the final progress and checkpoint."""
+    """What else a transition to Succeeded or Failed sets: the final progress and checkpoint, and (Succeeded)
+    the report the trainer writes into the run's directory as it ends."""
     patch: dict = {}
     progress = final_progress(spec, status, phase)
     if progress:
@@ -165,4 +166,6 @@ def finished_patch(spec: dict, status: dict, phase: str) -> dict:
         final = final_checkpoint(spec, status)
         if final:
             patch["latestCheckpoint"] = final
+        if status.get("outputUri"):
+            patch["reportUri"] = layout.join(status["outputUri"], layout.REPORT_FILE)
     return patch

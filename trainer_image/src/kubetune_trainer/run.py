@@ -293,6 +293,10 @@ class Run:
     def train(self) -> None:
         """Optimizer steps until the plan is done; a stop request ends it at a step boundary."""
         self.stop.defer()  # from now on a SIGTERM waits for the step boundary
+        if self.is_main:
+            from kubetune_trainer.run_report import import_in_background
+
+            import_in_background()  # the report written as the run ends needs them
         self._cache_seen = (0, 0) if self.family.cache is None else (self.family.cache.hits, self.family.cache.misses)
         clock = PhaseClock(self.reporter, self.accelerator.device)
         stepper = Stepper(self.family, self.model, self.optimizer, self.scheduler, self.parallel, self.batching,
@@ -386,6 +390,7 @@ class Run:
         self.store.flush()  # raises if the final weights could not be uploaded
         if self.is_main:
             log.info("final weights: %s", ", ".join(self._store_uri(p) for p in written))
+            self._write_report()
             if self.accelerator.device.type == "cuda":
                 log.info("peak GPU memory on rank 0: %.2f GiB allocated, %.2f GiB reserved",
                          torch.cuda.max_memory_allocated() / 2**30, torch.cuda.max_memory_reserved() / 2**30)
@@ -642,6 +647,26 @@ class Run:
             if self.ema is not None:
                 self.ema.swap()
             set_optimizer_mode(self.optimizer, training=True)
+
+    def _write_report(self) -> None:
+        """report.html beside the final weights, once everything else is uploaded (it lists the
+        checkpoints as storage has them). A run that trained never fails for its report: a warning
+        says so, and `kubetune report` writes one later."""
+        from kubetune_trainer.run_report import write_report
+        from kubetune_trainer.storage.catalog import describe_run
+        from kubetune_trainer.storage.tree import LocalTree
+
+        started = time.perf_counter()
+        try:
+            run = describe_run(self.run_place.uri, self.run_place.version)
+            path = write_report(run, self.output / layout.REPORT_FILE, local=self.output,
+                                files=LocalTree(self.output).files())
+            self.store.publish_files([path], layout.REPORT_FILE)
+            self.store.flush()
+            log.info("report: %s (%.1f s)", self._store_uri(path), time.perf_counter() - started)
+        except Exception as err:  # noqa: BLE001 - whatever broke, the weights are already safe
+            log.warning("could not write the run's report (%s: %s); the weights and logs are saved: "
+                        "`kubetune report %s` writes it", type(err).__name__, err, self.run_place.uri)
 
     def _record_run(self, steps: int, finished: bool = False) -> None:
         """run.json: how far the run got (a run that stops before runs.MIN_STEPS is cleaned up)."""
