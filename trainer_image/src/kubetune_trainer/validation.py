@@ -27,7 +27,8 @@ from kubetune_trainer.data.sampler import in_order
 from kubetune_trainer.randomness import VALIDATION_STEP, SampleRandom
 
 log = logging.getLogger("kubetune.trainer")
-HIGHER_IS_BETTER = {"loss": False, "accuracy": True, "f1": True, "clip_score": True, "clip_directional": True}
+HIGHER_IS_BETTER = {"loss": False, "accuracy": True, "precision": True, "recall": True, "f1": True,
+                    "clip_score": True, "clip_directional": True}
 
 
 def improves(value: float, best: float | None, metric: str) -> bool:

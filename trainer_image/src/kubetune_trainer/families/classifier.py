@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from kubetune_trainer.classification_metrics import classification_metrics
 from kubetune_trainer.data.image_folder import read_labelled
 from kubetune_trainer.device_copy import to_device
 from kubetune_trainer.errors import ConfigError
@@ -14,17 +15,6 @@ from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.trainable import transformers_classifier
 from kubetune_trainer.reference_models import Component
-
-
-def accuracy_and_f1(predictions: torch.Tensor, labels: torch.Tensor, num_classes: int) -> dict[str, float]:
-    """Accuracy and macro F1 (the mean over classes of 2PR/(P+R); a class never predicted nor present is skipped)."""
-    scores = []
-    for c in range(num_classes):
-        true_pos = ((predictions == c) & (labels == c)).sum().item()
-        predicted, actual = (predictions == c).sum().item(), (labels == c).sum().item()
-        if predicted + actual:
-            scores.append(2 * true_pos / (predicted + actual))
-    return {"accuracy": (predictions == labels).float().mean().item(), "f1": sum(scores) / len(scores)}
 
 
 def image_processor(pretrained: str):
@@ -122,7 +112,7 @@ class ImageClassifier(ModelFamily):
             losses.append(F.cross_entropy(logits, batch["labels"].to(self.device)).item())
             predictions.append(logits.argmax(-1).cpu())
             labels.append(batch["labels"])
-        metrics = accuracy_and_f1(torch.cat(predictions), torch.cat(labels), len(self.classes))
+        metrics = classification_metrics(torch.cat(predictions), torch.cat(labels), len(self.classes))
         return {"loss": sum(losses) / len(losses), **metrics}
 
 
