@@ -142,14 +142,14 @@ def test_a_classifier_may_monitor_precision_or_recall(classifier_run):
 # ---- bad input ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args, message", [
-    (["--step", "3"], "--step 3: "),
+    (["--step", "3"], "--step 3: {run} has no complete checkpoint-3; it has checkpoints at steps 2, 4 and final weights"),
     (["--step", "soon"], "--step 'soon': use a step number, latest or final"),
+    (["--version", "2"], "--version 2: no such run; there are v0"),
 ])
-def test_a_step_that_does_not_exist_is_one_line(classifier_job, tmp_path, args, message):
+def test_a_step_or_run_that_does_not_exist_is_one_line(classifier_job, tmp_path, args, message):
     result = kubetune(str(classifier_job), *args, "--out", str(tmp_path / "x"))
-    assert result.exit_code == 1 and message in result.output
-    assert "has no complete checkpoint-3; it has checkpoints at steps 2, 4 and final weights" in result.output \
-        or "soon" in result.output
+    assert result.exit_code == 1
+    assert result.output.strip() == f"kubetune evaluate: {message.format(run=classifier_job / 'v0')}"
     assert not (tmp_path / "x").exists()
 
 
