@@ -230,6 +230,13 @@ def test_a_generating_family_reaches_the_generation_call_and_says_it_is_not_ther
     assert not (tmp_path / "x").exists()
 
 
+def test_a_model_that_is_not_clip_is_refused_before_anything_is_generated(sd15_job, tiny_sd15, tmp_path):
+    result = kubetune(str(sd15_job), "--out", str(tmp_path / "x"), "--clip-model", str(tiny_sd15))
+    assert result.exit_code == 1
+    assert result.output.startswith(f"kubetune evaluate: --clip-model: cannot load a CLIP model from {tiny_sd15}")
+    assert not (tmp_path / "x").exists()
+
+
 def test_a_generating_family_scores_each_generated_image_against_its_held_out_image(sd15_job, tiny_clip, tmp_path,
                                                                                    monkeypatch):
     """With a stand-in generation: the held-out images themselves, the first one blurred."""

@@ -132,6 +132,8 @@ def _evaluate(trained, spec, weights: Path, data: str | None, device, clip_model
         return run_evaluation.evaluate_predictions(family, weights, data, described)
     samples = run_evaluation.generation_samples(spec, data)
     clip_source = clip_model or spec.validation.clip_model
+    described["clip_model"] = clip_source
+    clip = run_evaluation.clip_scorer(clip_source and local_copy(clip_source), device,
+                                      "--clip-model" if clip_model else "spec.validation.clipModel")
     generated = run_evaluation.generate_for(trained, weights, samples, device)
-    return run_evaluation.score_generated(generated, samples, clip_source and local_copy(clip_source), device,
-                                          described)
+    return run_evaluation.score_generated(generated, samples, clip, described)

@@ -206,34 +206,58 @@ def prompt_of(sample) -> str:
 
 
 def generate_for(job: TrainingJob, weights: Path, samples: list, device: torch.device) -> list:
-    """One generated PIL image per sample (see the CLI's report of what it must do); the generation
-    module is wired here once it exists."""
-    raise ConfigError(f"generating images for family {job.spec.model.family} is not "
-                      "available yet (it comes with kubetune generate)")
+    """One generated image per sample, in the samples' order: what `kubetune evaluate` scores.
+
+    To be wired to the generation module (kubetune generate). It must:
+    - build job.spec.model.family's pipeline for inference from the job's base model (job.spec with this
+      machine's copies of its inputs, as kubetune_trainer.run.with_local_inputs gives) and the trained
+      weights in `weights`: a pulled run folder, either the final weights or a checkpoint (which holds
+      the adapter file ready to load where the run trains a LoRA, else only its sharded state/);
+    - generate on `device`, for each sample (the layout's own records: CaptionedImage, EditPair,
+      UserSample), from its prompt (run_evaluation.prompt_of: caption or instruction), with its control
+      images (EditPair.controls, opened as RGB) for edit families, and from its user's history for PMG;
+      at the training size (job.spec.size), spec.validation's numInferenceSteps and guidance, and one
+      fixed seed per sample (its index from spec.training.seed), so the same weights score the same;
+    - return RGB PIL images, exactly one per sample, in order (the scores pair image i with sample i's
+      own image, reference_path(sample)); a refusal (no control image, weights of another model) as a
+      one-line ConfigError naming what to fix.
+    """
+    raise ConfigError(f"generating images for family {job.spec.model.family} is not available yet "
+                      "(it comes with kubetune generate)")
 
 
-def score_generated(generated: list, samples: list, clip_source: str | None, device: torch.device,
-                    described: dict) -> dict[str, bytes]:
+def clip_scorer(source: str | None, device: torch.device, named: str = "spec.validation.clipModel"):
+    """The CLIP model clip_image and clip_text are measured with, or None (SSIM alone); loaded before
+    any image is generated, so a model that is not one is refused first (naming `named`, where it came from)."""
+    from kubetune_trainer.evaluation import ClipScorer
+
+    if not source:
+        return None
+    try:
+        return ClipScorer(source, device)
+    except ConfigError as err:
+        raise ConfigError(str(err).replace("spec.validation.clipModel", named, 1)) from None
+
+
+def score_generated(generated: list, samples: list, clip, described: dict) -> dict[str, bytes]:
     """The files of a generating family's evaluation: each generated image against its sample's own
-    image (ssim; with a CLIP model clip_image) and against its prompt (clip_text)."""
+    image (ssim; with a CLIP scorer clip_image) and against its prompt (clip_text)."""
     from PIL import Image
 
-    from kubetune_trainer.evaluation import ClipScorer, ssim
+    from kubetune_trainer.evaluation import ssim
 
     if len(generated) != len(samples):
         raise RuntimeError(f"generate_for returned {len(generated)} images for {len(samples)} samples")
     references = [Image.open(reference_path(sample)).convert("RGB") for sample in samples]
     prompts = [prompt_of(sample) for sample in samples]
     scores = {"ssim": ssim(generated, references)}
-    if clip_source:
-        clip = ClipScorer(clip_source, device)
+    if clip is not None:
         scores["clip_image"] = clip.image_similarity(generated, references)
         scores["clip_text"] = clip.text_similarity(generated, prompts)
     images = {f"images/{i:04d}.png": _png_image(image) for i, image in enumerate(generated)}
     rows = [[f"images/{i:04d}.png", str(reference_path(sample)), prompts[i],
              *(f"{scores[metric].per_image[i]:.6f}" for metric in scores)] for i, sample in enumerate(samples)]
-    metrics = {**{metric: found.mean for metric, found in scores.items()}, "samples": len(samples),
-               "clip_model": clip_source, **described}
+    metrics = {**{metric: found.mean for metric, found in scores.items()}, "samples": len(samples), **described}
     return {**images, "scores.csv": _csv(["image", "reference", "prompt", *scores], rows),
             "metrics.json": _json(metrics)}
 
