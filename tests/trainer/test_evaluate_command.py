@@ -292,3 +292,17 @@ def test_a_checkpoint_without_ready_weights_loads_from_its_sharded_state(classif
     untrained = family_for("classifier")(spec, torch.device("cpu"), torch.float32)
     assert not torch.allclose(untrained.predict(untrained.trainable.module.eval(), pixels)[1], from_adapter), \
         "the weights were loaded, not left as they started"
+
+
+def test_files_are_written_beside_their_place_and_renamed_never_through_a_link(tmp_path):
+    from kubetune_trainer.run_evaluation import write_files
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "images").symlink_to(elsewhere, target_is_directory=True)
+    write_files(out, {"images/0000.png": b"new", "metrics.json": b"{}"})
+    assert (out / "images" / "0000.png").read_bytes() == b"new" and not (out / "images").is_symlink()
+    assert list(elsewhere.iterdir()) == [], "nothing written through the link"
+    assert sorted(p.name for p in out.iterdir()) == ["images", "metrics.json"], "no partial file left"

@@ -68,6 +68,8 @@ def write_files(out: Path, files: dict[str, bytes]) -> list[Path]:
     written = []
     for name, content in files.items():
         target = out / name
+        if target.parent != out and target.parent.is_symlink():
+            target.parent.unlink()  # a folder of ours that is a link elsewhere: replaced, not written through
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.partial")
         partial.unlink(missing_ok=True)
