@@ -229,3 +229,67 @@ def test_every_process_of_a_sharded_run_decides_by_the_main_processs_clip_score(
     stderr = train(manifest, tmp_path, nproc=2)
     assert len(re.findall(r"validation at step \d: clip_score [\d.]+", stderr)) == 2, stderr[-3000:]
     assert len(list((run_dir(tmp_path / "out") / "best").glob("step-*/metric.json"))) == 1
+
+
+# ---- kubetune evaluate's image metrics -------------------------------------------------------------
+
+def noisy(image, strength: float, seed: int = 0):
+    import numpy as np
+
+    pixels = np.asarray(image, dtype=np.float32)
+    noise = np.random.default_rng(seed).normal(0, 255 * strength, pixels.shape)
+    return Image.fromarray(np.clip(pixels + noise, 0, 255).astype(np.uint8))
+
+
+def test_ssim_is_one_for_the_same_image_and_falls_as_noise_grows(shapes):
+    from kubetune_trainer.evaluation import ssim
+
+    image = shapes[0][0]
+    scores = ssim([image, noisy(image, 0.05), noisy(image, 0.3)], [image] * 3).per_image
+    assert scores[0] == pytest.approx(1)
+    assert 1 > scores[1] > scores[2] > -1, scores
+    assert ssim([image], [noisy(image, 0.05)]).per_image == pytest.approx(scores[1:2]), "symmetric"
+
+
+def test_ssim_resizes_the_reference_to_the_generated_size(shapes):
+    from kubetune_trainer.evaluation import ssim
+
+    image = shapes[0][0]
+    larger = image.resize((64, 64), Image.BICUBIC)
+    assert ssim([image], [larger]).per_image[0] > 0.9, "the same picture at another size"
+    assert ssim([image], [shapes[0][1]]).per_image[0] < 0.9, "another picture"
+
+
+def test_ssim_of_constant_images_follows_the_definition():
+    """Two flat images: the structure terms are 1, the luminance term is (2ab + C1) / (a^2 + b^2 + C1)."""
+    from kubetune_trainer.evaluation import SSIM_K1, ssim
+
+    a, b = 0.2, 0.6
+    flat = [Image.new("RGB", (16, 16), (round(255 * v),) * 3) for v in (a, b)]
+    a, b = round(255 * a) / 255, round(255 * b) / 255
+    expected = (2 * a * b + SSIM_K1 ** 2) / (a * a + b * b + SSIM_K1 ** 2)
+    assert ssim(flat[:1], flat[1:]).per_image[0] == pytest.approx(expected, rel=1e-6)
+
+
+def test_clip_image_similarity_is_a_symmetric_cosine_and_one_for_the_same_image(tiny_clip, shapes):
+    scorer = ClipScorer(str(tiny_clip), torch.device("cpu"))
+    first, second = shapes
+    same = scorer.image_similarity(first, first)
+    assert same.per_image == pytest.approx([1, 1], abs=1e-5) and same.mean == pytest.approx(1, abs=1e-5)
+    there = scorer.image_similarity(first, second).per_image
+    assert scorer.image_similarity(second, first).per_image == pytest.approx(there, abs=1e-6)
+    assert all(-1 <= value < 1 - 1e-4 for value in there), there
+
+
+def test_clip_text_similarity_is_the_cosine_clip_score_scales_and_clamps(tiny_clip, shapes):
+    scorer = ClipScorer(str(tiny_clip), torch.device("cpu"))
+    images, prompts = shapes[0], ["a red circle", "a blue square"]
+    found = scorer.text_similarity(images, prompts)
+    assert all(-1 <= value <= 1 for value in found.per_image)
+    assert found.mean == pytest.approx(sum(found.per_image) / 2)
+    assert scorer.clip_score(images, prompts) == pytest.approx(
+        sum(100 * max(value, 0) for value in found.per_image) / 2, rel=1e-5, abs=1e-5)
+    assert scorer.text_similarity(images, prompts[::-1]).per_image != pytest.approx(found.per_image), \
+        "another prompt, another score"
+    with pytest.raises(ValueError, match="as many images as texts"):
+        scorer.text_similarity(images, prompts[:1])

@@ -65,8 +65,8 @@ def test_classifier_validates_stops_early_and_keeps_the_best_k(tiny_model, tiny_
     )
     result = run_trainer(manifest, tmp_path)
     assert "early stop: loss did not improve in 2 validations" in result.stderr
-    steps = [int(s) for s in re.findall(r"validation at step (\d+): loss [\d.]+, accuracy [\d.]+, f1 [\d.]+",
-                                        result.stderr)]
+    steps = [int(s) for s in re.findall(r"validation at step (\d+): loss [\d.]+, accuracy [\d.]+, precision [\d.]+, "
+                                        r"recall [\d.]+, f1 [\d.]+", result.stderr)]
     assert steps and max(steps) < 30
     best = sorted((run_dir(tmp_path / "out") / "best").glob("step-*/metric.json"))
     assert len(best) == 2

@@ -273,7 +273,7 @@ FAMILIES: dict[str, FamilyInfo] = {family.name: family for family in (
                             ("full", False): Dynamic(6.291e+06, 1.097e+09, 2961),
                             ("full", True): Dynamic(1.153e+07, 6.687e+07, 931.2)})),
     FamilyInfo("classifier", "trains a transformers image classifier by cross-entropy",
-               ("image-folder",), None, ("loss", "accuracy", "f1"),
+               ("image-folder",), None, ("loss", "accuracy", "precision", "recall", "f1"),
                frozenset({FULL_FINE_TUNE, LORA_RANK, LORA_ALPHA, LORA_DROPOUT, LORA_TARGETS}),
                profile=FamilyProfile(
                    trained_module=86_567_656, linear_weights=85_702_656, frozen=0,

@@ -607,10 +607,11 @@ class ValidationSpec(_Model):
         "and prompt; edit families report clip_directional, the cosine of the edit's image direction and its "
         "instruction's text direction.",
     )
-    monitor: Literal["loss", "accuracy", "f1", "clip_score", "clip_directional"] = Field(
+    monitor: Literal["loss", "accuracy", "precision", "recall", "f1", "clip_score", "clip_directional"] = Field(
         default="loss",
         description="Metric for early stopping and keepBest: held-out loss (lower is better), the "
-        "classifier's accuracy or macro F1, or clip_score / clip_directional with clipModel (higher is better).",
+        "classifier's accuracy or macro precision, recall or F1, or clip_score / clip_directional with "
+        "clipModel (higher is better).",
     )
     early_stopping_patience: Optional[int] = Field(
         default=None, ge=1, le=100_000,

@@ -159,6 +159,21 @@ def saved_model_shapes(checkpoint: Path) -> dict[str, tuple[int, ...]]:
             if key.startswith("model.") and hasattr(item, "size")}
 
 
+def saved_trained_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The trained parameters of a checkpoint whole, read from its sharded state on one process: the
+    EMA average where the run kept one (what the run publishes), else the weights themselves. For a
+    checkpoint with no ready-to-pull weights beside it (a full fine-tune's)."""
+    import torch.distributed.checkpoint as dcp
+
+    reader = dcp.FileSystemReader(checkpoint / STATE_DIR)
+    metadata = reader.read_metadata().state_dict_metadata
+    section = "ema" if any(key.startswith("ema.") for key in metadata) else "model"
+    state = {section: {key.removeprefix(f"{section}."): torch.empty(item.size, dtype=item.properties.dtype)
+                       for key, item in metadata.items() if key.startswith(f"{section}.") and hasattr(item, "size")}}
+    dcp.load(state, storage_reader=reader, no_dist=True)
+    return state[section]
+
+
 def full_trained_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every trained parameter whole, on the CPU, on the main process ({} elsewhere).
 

@@ -32,7 +32,8 @@ from kubetune_trainer.randomness import VALIDATION_STEP, SampleRandom
 from kubetune_trainer.sample_clips import Clip, record_clips
 
 log = logging.getLogger("kubetune.trainer")
-HIGHER_IS_BETTER = {"loss": False, "accuracy": True, "f1": True, "clip_score": True, "clip_directional": True}
+HIGHER_IS_BETTER = {"loss": False, "accuracy": True, "precision": True, "recall": True, "f1": True,
+                    "clip_score": True, "clip_directional": True}
 
 
 def improves(value: float, best: float | None, metric: str) -> bool:

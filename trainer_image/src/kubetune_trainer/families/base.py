@@ -28,6 +28,29 @@ log = logging.getLogger("kubetune.trainer")
 SAVE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def reference_path(sample: Any) -> Path:
+    """The image (or clip) a sample of any layout trains towards."""
+    return Path(getattr(sample, "path", None) or getattr(sample, "target", None) or getattr(sample, "image"))
+
+
+def sample_name(spec: TrainingJobSpec, sample: Any) -> str:
+    """ModelFamily.sample_name for any sample of spec.data.uri."""
+    path = reference_path(sample)
+    if (member := MEMBERS.member(path)) is not None:
+        return member.name  # an image inside a parquet file or a shard: the name it was stored under
+    root = Path(spec.data.uri)
+    return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+
+
+def training_and_held_out(spec: TrainingJobSpec, samples: list, screen: Screen) -> tuple[list, list]:
+    """(training, held out) of the samples: the layout's held-out file where it names one, else
+    spec.validation.heldOutFraction of them by name (also what `kubetune evaluate` scores, without a model)."""
+    held_out = LAYOUTS[spec.data.layout].held_out(spec, screen)
+    if held_out is not None:
+        return samples, held_out
+    return split_held_out(samples, spec.validation.held_out_fraction, lambda sample: sample_name(spec, sample))
+
+
 class _PlacesFrozenModels(ABCMeta):
     """Calls place_frozen() once a family's __init__ has returned: no family moves its frozen models itself."""
 
@@ -89,20 +112,14 @@ class ModelFamily(metaclass=_PlacesFrozenModels):
         """What the held-out split hashes: the sample's file relative to spec.data.uri, so the split
         is the same wherever a node copies, streams or mounts the data set (an absolute path would
         give each node, and each restarted pod, a split of its own)."""
-        path = Path(getattr(sample, "path", None) or getattr(sample, "target", None) or getattr(sample, "image"))
-        if (member := MEMBERS.member(path)) is not None:
-            return member.name  # an image inside a parquet file or a shard: the name it was stored under
-        root = Path(self.spec.data.uri)
-        return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+        return sample_name(self.spec, sample)
 
     def build_datasets(self, samples: list | None = None
                        ) -> tuple[torch.utils.data.Dataset, torch.utils.data.Dataset | None]:
         """(training, held out or None) from `samples` (default: read_samples()): the layout's
         held-out file where it names one, else spec.validation.heldOutFraction of the samples."""
         samples = self.read_samples() if samples is None else samples
-        held_out = self.layout.held_out(self.spec, self.screen)
-        if held_out is None:
-            samples, held_out = split_held_out(samples, self.spec.validation.held_out_fraction, self.sample_name)
+        samples, held_out = training_and_held_out(self.spec, samples, self.screen)
         return self.make_dataset(samples, True), (self.make_dataset(held_out, False) if held_out else None)
 
     def collate(self, items: list[dict]) -> dict:
@@ -237,6 +254,11 @@ class ModelFamily(metaclass=_PlacesFrozenModels):
         draws at every validation (so two checkpoints compare fairly)."""
         total = sum(self.compute_loss(model, batch, random).item() * len(random) for batch, random in batches)
         return {"loss": total / sum(len(random) for _, random in batches)}
+
+    # What `kubetune evaluate` measures: False, images generated from held-out prompts against the
+    # held-out images (kubetune_trainer.run_evaluation); True, the family's predictions against the
+    # labels (a family with predict() and load_trained(), the classifier).
+    evaluates_predictions = False
 
     def sample_images(self, model: torch.nn.Module, held_out: list[dict], generator: torch.Generator) -> list:
         """PIL images for TensorBoard and the checkpoint folder; none by default."""

@@ -7,6 +7,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from kubetune_trainer.checkpointing import STATE_DIR, saved_trained_weights
+from kubetune_trainer.classification_metrics import classification_metrics
 from kubetune_trainer.data.image_folder import read_labelled
 from kubetune_trainer.device_copy import to_device
 from kubetune_trainer.errors import ConfigError
@@ -14,17 +16,6 @@ from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.trainable import transformers_classifier
 from kubetune_trainer.reference_models import Component
-
-
-def accuracy_and_f1(predictions: torch.Tensor, labels: torch.Tensor, num_classes: int) -> dict[str, float]:
-    """Accuracy and macro F1 (the mean over classes of 2PR/(P+R); a class never predicted nor present is skipped)."""
-    scores = []
-    for c in range(num_classes):
-        true_pos = ((predictions == c) & (labels == c)).sum().item()
-        predicted, actual = (predictions == c).sum().item(), (labels == c).sum().item()
-        if predicted + actual:
-            scores.append(2 * true_pos / (predicted + actual))
-    return {"accuracy": (predictions == labels).float().mean().item(), "f1": sum(scores) / len(scores)}
 
 
 def image_processor(pretrained: str):
@@ -122,8 +113,46 @@ class ImageClassifier(ModelFamily):
             losses.append(F.cross_entropy(logits, batch["labels"].to(self.device)).item())
             predictions.append(logits.argmax(-1).cpu())
             labels.append(batch["labels"])
-        metrics = accuracy_and_f1(torch.cat(predictions), torch.cat(labels), len(self.classes))
+        metrics = classification_metrics(torch.cat(predictions), torch.cat(labels), len(self.classes))
         return {"loss": sum(losses) / len(losses), **metrics}
+
+    # --- a trained model's predictions (kubetune evaluate) -------------------------------------
+
+    evaluates_predictions = True
+
+    def load_trained(self, weights: Path) -> torch.nn.Module:
+        """The trained module with the weights of a pulled run folder (final weights: a transformers
+        model or PEFT adapter folder; a checkpoint: its adapter, else its sharded state), in eval mode."""
+        from safetensors.torch import load_file
+
+        module = self.trainable.module
+        adapter = weights / "adapter_model.safetensors"
+        if adapter.is_file():
+            from peft import set_peft_model_state_dict
+
+            result = set_peft_model_state_dict(module, load_file(adapter))
+            unexpected = result.unexpected_keys
+        elif (weights / "model.safetensors").is_file():
+            # from_pretrained: the file's names are transformers' saved ones, which may differ from the module's
+            saved = type(module).from_pretrained(weights, dtype=torch.float32).state_dict()
+            result = module.load_state_dict(saved, strict=False)
+            unexpected = result.unexpected_keys + result.missing_keys  # a whole model: every name matches
+        elif (weights / STATE_DIR).is_dir():
+            unexpected = module.load_state_dict(saved_trained_weights(weights), strict=False).unexpected_keys
+        else:
+            raise ConfigError(f"{weights}: no classifier weights there (adapter_model.safetensors, "
+                              f"model.safetensors or a checkpoint's {STATE_DIR}/)")
+        if unexpected:
+            raise ConfigError(f"{weights}: these weights are not of this job's model ({unexpected[:3]} ...); "
+                              "was the run trained from another spec.model.pretrained or adapter?")
+        return module.eval()
+
+    @torch.no_grad()
+    def predict(self, model, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the predicted class, its softmax probability) of each image."""
+        probabilities = self.logits(model, pixels).float().softmax(-1).cpu()
+        confidence, predicted = probabilities.max(-1)
+        return predicted, confidence
 
 
 # --- declarations: reference architecture, tiny model, planning ------------------------------------
