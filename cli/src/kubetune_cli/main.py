@@ -161,9 +161,11 @@ def tiny_data(layout: str, out_dir: str, count: int, size: int, seed: int) -> No
 
 def _add_checkpoint_commands() -> None:
     from kubetune_cli.checkpoints import checkpoints
+    from kubetune_cli.generate import generate
     from kubetune_cli.plan import plan
 
     cli.add_command(checkpoints)
+    cli.add_command(generate)
     cli.add_command(plan)
 
 

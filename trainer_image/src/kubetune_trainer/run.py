@@ -293,6 +293,7 @@ class Run:
         """Optimizer steps until the plan is done; a stop request ends it at a step boundary."""
         self.stop.defer()  # from now on a SIGTERM waits for the step boundary
         self._cache_seen = (0, 0) if self.family.cache is None else (self.family.cache.hits, self.family.cache.misses)
+        self._validate_base()
         clock = PhaseClock(self.reporter, self.accelerator.device)
         stepper = Stepper(self.family, self.model, self.optimizer, self.scheduler, self.parallel, self.batching,
                           self.spec.training, clock)
@@ -537,6 +538,19 @@ class Run:
             self.save_checkpoint(force=stop)
         if stop:
             raise EarlyStop
+
+    def _validate_base(self) -> None:
+        """Validation at step 0, before the first step, when validation is on: the model the run starts
+        from (the base, for a LoRA) sampled and scored as every later validation, so each run's grids
+        and curves start there. Not a result of the run, so neither early stopping nor keepBest counts
+        it; a resumed run did it already."""
+        if self.spec.validation.every_steps is None or self.start_checkpoint is not None or self.position.step:
+            return
+        with self._weights_to_publish(), self.reporter.timed("validation"):
+            metrics = self.validator.run(self.parallel.unwrap(self.model), 0, ranked=False)
+        self.reporter.validation(0, metrics)
+        if self.is_main:
+            self.store.mirror("samples")
 
     def _epoch_done(self) -> None:
         """Say how the embedding cache served the epoch (rank 0's share of the lookups)."""
