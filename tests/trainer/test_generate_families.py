@@ -54,3 +54,18 @@ def test_each_family_draws_the_base_then_its_saved_weights(family, tiny_model, t
     assert np.abs(pixels(tuned) - pixels(base)).max() > 0, "the trained weights change what is drawn"
     if layout == "pmg":
         assert all(item.history for item in tuned), "each image drawn for a held-out user's history"
+
+
+def test_an_edit_family_edits_the_control_images_given(tiny_model, tiny_dataset, tmp_path):
+    """--control IMAGE --prompt TEXT: each given image edited by its instruction, not the held-out pairs."""
+    from kubetune_trainer.generation import Generator, Request
+
+    data = tiny_dataset("edit-pairs")
+    job = TrainingJob.model_validate(family_job("flux-kontext", "edit-pairs", tiny_model("flux-kontext"), data,
+                                                tmp_path / "out"))
+    generator = Generator(job, "cpu")
+    first, second = sorted((data / "control_images").iterdir())[:2]
+    edits = [generator.generate(Request(prompts=("make it blue",), controls=(control,), steps=2, seed=5))
+             for control in (first, second)]
+    assert [item.prompt for items in edits for item in items] == ["make it blue", "make it blue"]
+    assert np.abs(pixels(edits[0]) - pixels(edits[1])).max() > 0, "same seed and instruction: the control differs"

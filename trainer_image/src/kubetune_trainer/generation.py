@@ -133,7 +133,10 @@ class Generator:
         spec = job.spec
         # The run's own starting LoRA (initFrom) is not the base, and the trained weights replace it anyway.
         spec = spec.model_copy(update={"adapter": spec.adapter.model_copy(update={"init_from": None})})
-        spec = with_local_inputs(spec)
+        # The models are fetched now; the data set (possibly large, in S3) only when a draw reads its
+        # held-out samples (_read_held_out).
+        spec = with_local_inputs(spec.model_copy(update={"data": spec.data.model_copy(update={"uri": "."})}))
+        spec = spec.model_copy(update={"data": job.spec.data})
         check_local_inputs(spec)
         self.spec = spec
         self.family_name = spec.model.family
@@ -172,10 +175,14 @@ class Generator:
         return self._held_out
 
     def _read_held_out(self) -> list[dict]:
-        uri = self.spec.data.uri
+        from kubetune_trainer.storage.inputs import local_copy
+
+        uri = local_copy(self.spec.data.uri)
         if not Path(uri).exists():
             log.warning("spec.data.uri %s is not reachable from here: no held-out samples to draw from", uri)
             return []
+        shared = self.family.spec  # the family and its parts read the data set where this node has it
+        shared.data = shared.data.model_copy(update={"uri": uri})
         samples = self.family.read_samples()
         _, held_out = self.family.build_datasets(samples)
         if held_out is None:  # no held-out split: the first samples, as edit families' validation does
@@ -214,8 +221,9 @@ class Generator:
                 for i, image in enumerate(images)]
 
     def held_out_if_needed(self) -> list[dict]:
-        """Prompts given: a family that also reads held-out inputs with them (PMG's users' histories, an
-        image-to-video model's first frames) gets them; the others draw from the prompts alone."""
+        """Prompts given: the held-out samples where the data set is on this machine, for a family that
+        reads inputs besides the prompt (PMG's users' histories, an image-to-video model's first frames);
+        an S3 data set is not fetched for them."""
         return self.held_out() if Path(self.spec.data.uri).exists() else []
 
     def _draw(self, spec, batches: list[dict], seed: int) -> list:
@@ -236,8 +244,9 @@ class Generator:
 
     def _nothing_to_draw(self, request: Request) -> str:
         if request.prompts:
-            return (f"{self.family_name} drew nothing from --prompt alone: it also needs the job's held-out samples "
-                    f"(spec.data.uri {self.spec.data.uri}), which are not reachable from here")
+            return (f"{self.family_name} drew nothing from --prompt alone: it also reads the job's held-out samples "
+                    f"(spec.data.uri {self.spec.data.uri}), which are not on this machine; copy them here, or "
+                    "leave out --prompt to draw the job's own")
         return (f"nothing to draw: the job has no spec.validation.prompts and no samples reachable under "
                 f"spec.data.uri {self.spec.data.uri}; give --prompt (edit families: --prompt with --control)")
 
