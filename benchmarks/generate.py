@@ -4,6 +4,7 @@ and every validation's samples cost).
     .venv/bin/python benchmarks/generate.py                          # every image family's tiny model, CPU
     .venv/bin/python benchmarks/generate.py --family sd15 --family pmg
     python3 benchmarks/generate.py --full-size --family sd15 --device cuda --steps 20   # real architecture, GPU
+    .venv/bin/python benchmarks/generate.py --tiny-configs --family sd15 --steps 2     # that path, on the CPU
 
 Each family's tiny model (or, with --full-size, its real architecture from configs with random
 weights built on the device: kubetune_trainer.random_weights, as gpu_lora_step.py does) and generated data
@@ -35,6 +36,8 @@ def parse_args(argv=None):
     parser.add_argument("--family", action="append", choices=image_families(),
                         help="repeatable (default: every family that draws images)")
     parser.add_argument("--full-size", action="store_true", help="the real architecture with random weights")
+    parser.add_argument("--tiny-configs", action="store_true", help="the tiny model's configs, its weights built "
+                        "as --full-size builds them (checks that path on any device)")
     parser.add_argument("--resolution", type=int, help="default: 32 (tiny), the family's native side (--full-size)")
     parser.add_argument("--steps", type=int, default=20, help="denoising steps per image")
     parser.add_argument("--images", type=int, default=2, help="images per draw")
@@ -74,30 +77,39 @@ def request_for(family: str, data: Path, images: int, steps: int):
 
 
 def measure(family: str, args, workdir: Path) -> tuple[float, float]:
-    import torch
-
-    from kubetune_trainer.generation import Generator
     from kubetune_trainer.reference_models import write_config_only
     from kubetune_trainer.tiny_data import write_tiny_data
     from kubetune_trainer.tiny_models import write_tiny_model
 
     row = FAMILIES[family]
     resolution = args.resolution or ((row.native_resolution or row.profile.image_size) if args.full_size else 32)
-    model = workdir / f"{family}-{'full-configs' if args.full_size else 'tiny'}"
+    model = workdir / f"{family}-{'full-configs' if args.full_size else 'tiny-configs' if args.tiny_configs else 'tiny'}"
     if not model.exists():
         (write_config_only if args.full_size else write_tiny_model)(family, model)
+        if args.tiny_configs:
+            from gpu_lora_step import drop_weights
+
+            drop_weights(model)
     layout = row.layouts[0]
     data = workdir / f"{layout}-{resolution}"
     if not data.exists():
         write_tiny_data(layout, data, count=max(8, 2 * args.images), size=resolution)
     building = contextlib.nullcontext()
-    if args.full_size:
+    if args.full_size or args.tiny_configs:  # every from_pretrained of a config-only folder builds the model
         from kubetune_trainer.random_weights import built_from_configs
 
         building = built_from_configs(args.device)
-    started = time.perf_counter()
     with building:
-        generator = Generator(job(family, model, data, resolution, args.images, args.device), args.device)
+        return timed(family, args, model, data, resolution)
+
+
+def timed(family: str, args, model: Path, data: Path, resolution: int) -> tuple[float, float]:
+    import torch
+
+    from kubetune_trainer.generation import Generator
+
+    started = time.perf_counter()
+    generator = Generator(job(family, model, data, resolution, args.images, args.device), args.device)
     loaded = time.perf_counter() - started
     request = request_for(family, data, args.images, args.steps)
     generator.generate(request)  # warm-up: kernels, the pipeline's first build
@@ -117,11 +129,13 @@ def measure(family: str, args, workdir: Path) -> tuple[float, float]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     families = args.family or image_families()
+    sys.path.insert(0, str(Path(__file__).parent))  # gpu_lora_step's drop_weights
     with tempfile.TemporaryDirectory() as scratch:
         workdir = args.workdir or Path(scratch)
         workdir.mkdir(parents=True, exist_ok=True)
         print(f"{'family':22} {'load s':>8} {'s/image':>9}  ({args.steps} steps, {args.images} images a draw, "
-              f"{'full size' if args.full_size else 'tiny'}, {args.device})")
+              f"{'full size' if args.full_size else 'tiny, built from configs' if args.tiny_configs else 'tiny'}, "
+              f"{args.device})")
         for family in families:
             loaded, per_image = measure(family, args, workdir)
             print(f"{family:22} {loaded:8.2f} {per_image:9.3f}", flush=True)
