@@ -170,11 +170,10 @@ def _read_diffusers_model(module: torch.nn.Module, prefix: str, folder: Path) ->
 
 
 def _read_transformers_model(model: torch.nn.Module, folder: Path) -> None:
-    """What save_pretrained wrote (one model.safetensors: the sizes kubetune trains whole); weights it
-    leaves out as tied to others keep the loaded ones."""
-    from safetensors.torch import load_file
-
-    model.load_state_dict(load_file(folder / "model.safetensors"), strict=False)
+    """What save_pretrained wrote, read by from_pretrained (transformers renames some keys on the way
+    out and back in), copied into the loaded model."""
+    saved = type(model).from_pretrained(folder, dtype=next(model.parameters()).dtype)
+    model.load_state_dict(saved.state_dict())
 
 
 def _read_transformers_adapter(model: torch.nn.Module, folder: Path) -> None:
