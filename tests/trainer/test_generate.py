@@ -64,6 +64,16 @@ def test_validation_at_step_0_changes_no_trained_weight(trained, tiny_sd15, capt
     assert all((quiet[key] == validated[key]).all() for key in quiet), "bitwise the same training"
 
 
+def test_a_resumed_run_does_not_validate_the_base_again(trained, tiny_sd15, captions_data, tmp_path):
+    """A run that starts from a checkpoint (a restarted pod, or resumeFrom as here) starts past step 0."""
+    resumed = manifest(tiny_sd15, captions_data, tmp_path / "out", everySteps=1, prompts=[PROMPT], numInferenceSteps=2)
+    resumed["spec"]["checkpoints"]["resumeFrom"] = str(trained / "checkpoint-1")
+    result = run_trainer(resumed, tmp_path)
+    assert f"resumed from {trained / 'checkpoint-1'} at step 1" in result.stderr
+    assert "validation at step 0" not in result.stderr
+    assert sorted(p.name for p in (run_dir(tmp_path / "out") / "samples").iterdir()) == ["step-0000002"]
+
+
 def test_generate_draws_the_final_weights_the_base_and_both_side_by_side(trained, tmp_path):
     result = kubetune(trained, "--steps", 2, "--out", tmp_path / "final")
     assert result.exit_code == 0, result.output
