@@ -127,9 +127,10 @@ class Generator:
 
     def __init__(self, job: TrainingJob, device: torch.device | str = "cpu", dtype: torch.dtype | None = None):
         from kubetune_trainer.families import family_for
-        from kubetune_trainer.run import check_local_inputs, with_local_inputs
+        from kubetune_trainer.run import check_local_inputs, quiet_libraries, with_local_inputs
 
         self.job, self.device = job, torch.device(device)
+        quiet_libraries()
         spec = job.spec
         # The run's own starting LoRA (initFrom) is not the base, and the trained weights replace it anyway.
         spec = spec.model_copy(update={"adapter": spec.adapter.model_copy(update={"init_from": None})})

@@ -82,7 +82,8 @@ def setup_accelerator(spec: TrainingJobSpec):
     return Accelerator(mixed_precision=spec.training.mixed_precision, cpu=not gpus)
 
 
-def _quiet_libraries() -> None:
+def quiet_libraries() -> None:
+    """No progress bars or info logs of diffusers and transformers: the trainer logs what it loads."""
     import diffusers
     import transformers
 
@@ -177,7 +178,7 @@ class Run:
         self.accelerator = setup_accelerator(self.spec)
         logging.basicConfig(level=logging.INFO if self.is_main else logging.WARNING,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        _quiet_libraries()
+        quiet_libraries()
         log.info("attention: %s", choose_attention(self.spec.training.attention, self.accelerator.device))
         set_seed(self.spec.training.seed)
         # s3:// models and data are mirrored once per node; the node's other processes then find them.
