@@ -66,7 +66,8 @@ def test_a_run_logs_its_parameters_each_logged_step_and_its_final_weights(
     for metric, (_, loss) in zip(sorted(history, key=lambda m: m.step), logged):
         assert metric.value == pytest.approx(loss, abs=1e-5)
     assert [m.step for m in client.get_metric_history(run.info.run_id, "train/lr")] == [2, 3]
-    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "validation/loss")) == [2, 3]
+    validated = sorted(m.step for m in client.get_metric_history(run.info.run_id, "validation/loss"))
+    assert validated == [0, 2, 3], "the base model's before the first step, then every 2 and the last"
 
     downloaded = Path(client.download_artifacts(run.info.run_id, "weights/pytorch_lora_weights.safetensors",
                                                 str(tmp_path / "downloaded")))

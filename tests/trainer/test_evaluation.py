@@ -201,16 +201,18 @@ def test_a_run_monitoring_clip_score_logs_it_at_each_validation_and_keeps_the_be
     result = run_trainer(manifest, tmp_path)
     scores = {int(step): float(score) for step, score in
               re.findall(r"validation at step (\d+): clip_score ([\d.]+)", result.stderr)}
-    assert set(scores) == {1, 2}, result.stderr[-3000:]  # no held-out data: the prompts' score alone
+    # No held-out data: the prompts' score alone; at step 0 the base model's, before the first step.
+    assert set(scores) == {0, 1, 2}, result.stderr[-3000:]
     out = run_dir(tmp_path / "out")
     [best] = [json.loads(p.read_text()) for p in (out / "best").glob("step-*/metric.json")]
-    assert best["metric"] == "clip_score" and best["value"] == pytest.approx(max(scores.values()), abs=1e-5)
+    assert best["metric"] == "clip_score" and best["step"] in (1, 2), "the base is no result of the run"
+    assert best["value"] == pytest.approx(max(scores[1], scores[2]), abs=1e-5)
     events = EventAccumulator(str(out / "logs")).Reload()
-    assert [e.step for e in events.Scalars("validation/clip_score")] == [1, 2]
+    assert [e.step for e in events.Scalars("validation/clip_score")] == [0, 1, 2]
     saved = json.loads((out / "checkpoint-2" / "manifest.json").read_text())["validation"]  # the checkpoint says too
     assert saved["step"] == 2 and saved["metrics"]["clip_score"] == pytest.approx(scores[2], abs=1e-5)
     assert {tag.split("/")[0] for tag in events.Tags()["images"]} == {"samples"}
-    assert [e.step for e in events.Images("samples/grid")] == [1, 2]  # one grid of the fixed prompts per step
+    assert [e.step for e in events.Images("samples/grid")] == [0, 1, 2]  # one grid of the fixed prompts per step
     grid = Image.open(out / "samples" / "step-0000002" / "grid.png")
     single = Image.open(out / "samples" / "step-0000002" / "0.png")
     assert grid.size == (2 * single.size[0], single.size[1])
@@ -227,7 +229,7 @@ def test_every_process_of_a_sharded_run_decides_by_the_main_processs_clip_score(
                           validation={"everySteps": 1, "prompts": ["a red circle"], "numInferenceSteps": 2,
                                       "clipModel": str(tiny_clip), "monitor": "clip_score", "keepBest": 1})
     stderr = train(manifest, tmp_path, nproc=2)
-    assert len(re.findall(r"validation at step \d: clip_score [\d.]+", stderr)) == 2, stderr[-3000:]
+    assert len(re.findall(r"validation at step \d: clip_score [\d.]+", stderr)) == 3, stderr[-3000:]  # 0, 1, 2
     assert len(list((run_dir(tmp_path / "out") / "best").glob("step-*/metric.json"))) == 1
 
 

@@ -88,3 +88,23 @@ def test_a_whole_classifier_saves_a_transformers_model_folder(tmp_path):
     trainable.save(tmp_path / "out", trained)
     loaded = ViTForImageClassification.from_pretrained(tmp_path / "out")
     assert torch.equal(loaded.classifier.weight, trained["classifier.weight"])
+
+
+@pytest.mark.parametrize("kind, adapter", [("denoiser", LORA), ("denoiser", FULL), ("classifier", LORA),
+                                           ("classifier", FULL)])
+def test_what_a_trainable_saved_its_reader_loads_into_a_fresh_model(kind, adapter, tmp_path):
+    """Trainable.load, the counterpart of save: what generation and evaluation load a run's weights with."""
+    from kubetune_trainer.tiny_models import tiny_sd_unet
+
+    def make():
+        if kind == "classifier":
+            return transformers_classifier(tiny_classifier(), adapter)
+        torch.manual_seed(0)
+        return diffusers_denoiser(tiny_sd_unet(), adapter, "unet", "StableDiffusionPipeline")
+
+    trained = trained_weights(make().module)
+    make().save(tmp_path / "out", trained)
+    fresh = make()
+    fresh.load(tmp_path / "out")
+    loaded = dict(fresh.module.named_parameters())
+    assert all(torch.equal(loaded[name].detach(), value) for name, value in trained.items())

@@ -82,7 +82,8 @@ def setup_accelerator(spec: TrainingJobSpec):
     return Accelerator(mixed_precision=spec.training.mixed_precision, cpu=not gpus)
 
 
-def _quiet_libraries() -> None:
+def quiet_libraries() -> None:
+    """No progress bars or info logs of diffusers and transformers: the trainer logs what it loads."""
     import diffusers
     import transformers
 
@@ -177,7 +178,7 @@ class Run:
         self.accelerator = setup_accelerator(self.spec)
         logging.basicConfig(level=logging.INFO if self.is_main else logging.WARNING,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        _quiet_libraries()
+        quiet_libraries()
         log.info("attention: %s", choose_attention(self.spec.training.attention, self.accelerator.device))
         set_seed(self.spec.training.seed)
         # s3:// models and data are mirrored once per node; the node's other processes then find them.
@@ -298,6 +299,7 @@ class Run:
 
             import_in_background()  # the report written as the run ends needs them
         self._cache_seen = (0, 0) if self.family.cache is None else (self.family.cache.hits, self.family.cache.misses)
+        self._validate_base()
         clock = PhaseClock(self.reporter, self.accelerator.device)
         stepper = Stepper(self.family, self.model, self.optimizer, self.scheduler, self.parallel, self.batching,
                           self.spec.training, clock)
@@ -543,6 +545,19 @@ class Run:
             self.save_checkpoint(force=stop)
         if stop:
             raise EarlyStop
+
+    def _validate_base(self) -> None:
+        """Validation at step 0, before the first step, when validation is on: the model the run starts
+        from (the base, for a LoRA) sampled and scored as every later validation, so each run's grids
+        and curves start there. Not a result of the run, so neither early stopping nor keepBest counts
+        it; a resumed run did it already."""
+        if self.spec.validation.every_steps is None or self.start_checkpoint is not None or self.position.step:
+            return
+        with self._weights_to_publish(), self.reporter.timed("validation"):
+            metrics = self.validator.run(self.parallel.unwrap(self.model), 0, ranked=False)
+        self.reporter.validation(0, metrics)
+        if self.is_main:
+            self.store.mirror("samples")
 
     def _epoch_done(self) -> None:
         """Say how the embedding cache served the epoch (rank 0's share of the lookups)."""

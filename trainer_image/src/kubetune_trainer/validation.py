@@ -83,17 +83,17 @@ class Validator:
     def _held_out_batches(self) -> list[tuple[dict, SampleRandom]]:
         if self.held_out is None:
             return []
-        keys = in_order(len(self.held_out), min(self.batch_size, len(self.held_out)),
-                        getattr(self.held_out, "groups", None))
-        loader = DataLoader(self.held_out, batch_sampler=keys, collate_fn=self.family.collate)
         return [(batch, SampleRandom.for_keys(self.seed, batch_keys, VALIDATION_STEP))
-                for batch_keys, batch in zip(keys, loader)]
+                for batch_keys, batch in ordered_batches(self.held_out, self.batch_size, self.family.collate)]
 
-    def run(self, model: torch.nn.Module, step: int, trained_state: Callable[[], dict]) -> dict[str, float]:
+    def run(self, model: torch.nn.Module, step: int, trained_state: Callable[[], dict] | None = None,
+            ranked: bool = True) -> dict[str, float]:
         """Evaluate and sample at `step`; returns the metrics: the held-out ones (none without held-out
         data) and, with spec.validation.clipModel, the CLIP scores of the sample images.
 
         trained_state: the weights to publish, whole on the main process (a collective under FSDP).
+        ranked=False (the base model's validation at step 0): recorded, but no result of the run, so
+        neither early stopping nor keepBest counts it.
         """
         metrics: dict[str, float] = {}
         with torch.random.fork_rng(devices=[]):
@@ -115,6 +115,8 @@ class Validator:
                 scores = self._clip_scores(images, held_out) if self.is_main else {}
                 metrics = {**metrics, **self.from_main(lambda: scores)}
         self._record(step, metrics, images)
+        if not ranked:
+            return metrics
         monitored = metrics.get(self.spec.monitor)
         if monitored is not None and not math.isnan(monitored):
             if improves(monitored, self.best, self.spec.monitor):
@@ -197,6 +199,13 @@ class Validator:
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+
+
+def ordered_batches(dataset, batch_size: int, collate) -> list[tuple[list, dict]]:
+    """(keys, batch) for every sample of a keyed data set once, in order, batches of at most
+    batch_size within a bucket: what validation evaluates and samples from."""
+    keys = in_order(len(dataset), min(batch_size, len(dataset)), getattr(dataset, "groups", None))
+    return list(zip(keys, DataLoader(dataset, batch_sampler=keys, collate_fn=collate)))
 
 
 def image_grid(images: list, columns: int = 4):

@@ -264,6 +264,13 @@ class ModelFamily(metaclass=_PlacesFrozenModels):
         """PIL images for TensorBoard and the checkpoint folder; none by default."""
         return []
 
+    def sample_base_images(self, model: torch.nn.Module, held_out: list[dict], generator: torch.Generator) -> list:
+        """What the base model alone draws from the inputs sample_images would take (kubetune generate
+        --base): by default sample_images before any trained weights are loaded, which is the base (a
+        LoRA starts at zero; a whole model as loaded). A family whose trained parts start elsewhere says
+        how its base samples."""
+        return self.sample_images(model, held_out, generator)
+
     def image_metrics(self, images: list, held_out: list[dict], clip) -> dict[str, float]:
         """What `clip` (evaluation.ClipScorer) says of the images sample_images drew from `held_out`
         (kubetune_api.families lists each family's); none by default."""

@@ -194,7 +194,7 @@ class PersonalizedGeneration(ModelFamily):
             "num_image_prompt": self.pmg.num_image_prompt, "num_prefix_prompt": self.pmg.num_prefix_prompt,
             "cross_attention_dim": cross_attention_dim, "max_sequence_length": self.pmg.max_sequence_length,
             "prefix_projection": self.pmg.prefix_projection, "prefix_hidden_size": self.pmg.prefix_hidden_size,
-        }), publishable=True)
+        }), publishable=True, read=lambda folder: adapter.load_state_dict(load_file(folder / ADAPTER_FILE)))
 
     def frozen_models(self):
         return {**self.sd.frozen_models(), "language_model": self.language_model}
@@ -235,6 +235,15 @@ class PersonalizedGeneration(ModelFamily):
         return self.sd.sampling_pipeline()(prompt_embeds=torch.cat([text, personal], 1),
                                            negative_prompt_embeds=torch.cat([empty, personal], 1),
                                            **self.sd.sampling_options(generator)).images
+
+    @torch.no_grad()
+    def sample_base_images(self, model, held_out, generator):
+        """Stable Diffusion 1.5 alone: the same captions without any user's tokens (an untrained adapter
+        is random, not the base)."""
+        prompts = self.sd.validation_prompts(held_out)
+        if not prompts:
+            return []
+        return self.sd.sampling_pipeline()(prompts, **self.sd.sampling_options(generator)).images
 
     def image_metrics(self, images, held_out, clip):
         return self.sd.clip_metrics(images, held_out, clip)

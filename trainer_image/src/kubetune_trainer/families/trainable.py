@@ -37,10 +37,18 @@ class Trainable:
     write: Callable[[Path, Weights], list[Path]]
     # Small enough (an adapter, not a whole model) to be written ready to pull into every checkpoint.
     publishable: bool
+    # The counterpart of `write`: loads what it wrote in a folder into `module` (generation, evaluation).
+    read: Callable[[Path], None] | None = None
 
     def save(self, out_dir: Path, trained: Weights) -> list[Path]:
         out_dir.mkdir(parents=True, exist_ok=True)
         return self.write(out_dir, trained)
+
+    def load(self, folder: Path) -> None:
+        """Put the weights `save` wrote in `folder` (a checkpoint's or the run's final ones) into the module."""
+        if self.read is None:
+            raise ValueError(f"{type(self.module).__name__}: no reader for its saved weights")
+        self.read(folder)
 
 
 def diffusers_denoiser(model: torch.nn.Module, adapter: AdapterSpec, prefix: str, pipeline: str | None,
@@ -56,11 +64,13 @@ def diffusers_denoiser(model: torch.nn.Module, adapter: AdapterSpec, prefix: str
     some of its attention (FLUX.2's fused single-stream blocks); spec.adapter.targetModules overrides either."""
     if adapter.type == "full":
         model.requires_grad_(True)
-        return Trainable(model, partial(_write_diffusers_model, model, prefix), publishable=False)
+        return Trainable(model, partial(_write_diffusers_model, model, prefix), publishable=False,
+                         read=partial(_read_diffusers_model, model, prefix))
     attach_lora(model, adapter, targets or DIFFUSERS_ATTENTION_TARGETS, exclude)
     if adapter.init_from and load_init:
         load_lora_init(model, adapter.init_from, prefix)
-    return Trainable(model, partial(_write_diffusers_lora, model, prefix, pipeline), publishable=True)
+    return Trainable(model, partial(_write_diffusers_lora, model, prefix, pipeline), publishable=True,
+                     read=lambda folder: load_lora_init(model, str(folder), prefix))
 
 
 def transformers_classifier(model: torch.nn.Module, adapter: AdapterSpec) -> Trainable:
@@ -69,7 +79,8 @@ def transformers_classifier(model: torch.nn.Module, adapter: AdapterSpec) -> Tra
     (`model.load_adapter(out_dir)`)."""
     if adapter.type == "full":
         model.requires_grad_(True)
-        return Trainable(model, partial(_write_transformers_model, model), publishable=False)
+        return Trainable(model, partial(_write_transformers_model, model), publishable=False,
+                         read=partial(_read_transformers_model, model))
     from peft import LoraConfig, get_peft_model
 
     wrapped = get_peft_model(model, LoraConfig(
@@ -77,7 +88,8 @@ def transformers_classifier(model: torch.nn.Module, adapter: AdapterSpec) -> Tra
         target_modules=adapter.target_modules or TRANSFORMERS_ATTENTION_TARGETS,
         modules_to_save=[classification_head(model)],
     ))
-    return Trainable(wrapped, partial(_write_transformers_adapter, wrapped), publishable=True)
+    return Trainable(wrapped, partial(_write_transformers_adapter, wrapped), publishable=True,
+                     read=partial(_read_transformers_adapter, wrapped))
 
 
 def enable_gradient_checkpointing(module: torch.nn.Module) -> None:
@@ -147,3 +159,26 @@ def _write_transformers_adapter(model: torch.nn.Module, out_dir: Path, trained: 
 def _save_pretrained(model: torch.nn.Module, out_dir: Path, state: Weights) -> list[Path]:
     model.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
     return sorted(p for p in out_dir.iterdir() if p.is_file() and p.suffix in (".safetensors", ".json"))
+
+
+def _read_diffusers_model(module: torch.nn.Module, prefix: str, folder: Path) -> None:
+    """What _write_diffusers_model wrote under <prefix>/, into the loaded model."""
+    from diffusers.utils import SAFETENSORS_WEIGHTS_NAME
+    from safetensors.torch import load_file
+
+    module.load_state_dict(load_file(folder / prefix / SAFETENSORS_WEIGHTS_NAME))
+
+
+def _read_transformers_model(model: torch.nn.Module, folder: Path) -> None:
+    """What save_pretrained wrote, read by from_pretrained (transformers renames some keys on the way
+    out and back in), copied into the loaded model."""
+    saved = type(model).from_pretrained(folder, dtype=next(model.parameters()).dtype)
+    model.load_state_dict(saved.state_dict())
+
+
+def _read_transformers_adapter(model: torch.nn.Module, folder: Path) -> None:
+    """The PEFT adapter folder save_pretrained wrote, head included, into the wrapped model."""
+    from peft.utils import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    set_peft_model_state_dict(model, load_file(folder / "adapter_model.safetensors"))

@@ -233,7 +233,7 @@ class Wan(ModelFamily):
             for name, module in self.experts.items():
                 load_lora_init(module, self._init_file(spec.adapter.init_from, name), "transformer")
         module = Experts(self.experts).to(device).train()
-        self.trainable = Trainable(module, self._write, publishable=spec.adapter.type == "lora")
+        self.trainable = Trainable(module, self._write, publishable=spec.adapter.type == "lora", read=self._read)
         log.info("wan: training %s (%s) on noise levels %.3f-%.3f%s, %s", self.expert_label,
                  ", ".join(self.expert_names), *self.sigmas,
                  f", boundary {self.boundary}" if self.boundary is not None else "",
@@ -396,6 +396,14 @@ class Wan(ModelFamily):
             _with_expert_metadata(out_dir / file, EXPERT_OF[name] if self.boundary is not None else "whole")
             files.append(out_dir / file)
         return files
+
+    def _read(self, folder: Path) -> None:
+        """What _write wrote in `folder`, into each trained expert."""
+        for name, module in self.experts.items():
+            if self.spec.adapter.type == "full":
+                self._per_expert[name].load(folder)
+            else:
+                load_lora_init(module, self._init_file(str(folder), name), "transformer")
 
     @cached_property
     def _untrained_experts(self) -> dict[str, torch.nn.Module]:
