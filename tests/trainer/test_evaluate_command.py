@@ -206,28 +206,30 @@ def test_an_out_that_is_a_file_or_not_empty_is_refused_and_left_alone(classifier
 
 @pytest.fixture(scope="module")
 def sd15_job(tmp_path_factory, tiny_sd15, captions_data):
-    """A finished sd15 run as the trainer leaves it, written by hand (evaluate reads its job.yaml and
-    pulls its weights; the generation, which would use them, is not wired yet)."""
-    from safetensors.torch import save_file
+    """A finished 2-step sd15 run, a quarter of its captions held out."""
+    from tests.trainer.conftest import run_trainer, tiny_manifest
 
-    from tests.trainer.conftest import tiny_manifest
-
-    job_dir = tmp_path_factory.mktemp("sd15-run") / "default" / "tiny"
-    manifest = tiny_manifest(tiny_sd15, captions_data, job_dir.parent.parent)
+    tmp = tmp_path_factory.mktemp("sd15-run")
+    manifest = tiny_manifest(tiny_sd15, captions_data, tmp / "out")
     manifest["spec"]["validation"] = {"heldOutFraction": 0.25}
-    (job_dir / "v0").mkdir(parents=True)
-    (job_dir / "v0" / "job.yaml").write_text(yaml.safe_dump(manifest))
-    (job_dir / "v0" / "run.json").write_text('{"runId": null, "steps": 2, "finished": true}')
-    save_file({"unet.lora_A.weight": torch.zeros(1)}, job_dir / "v0" / "pytorch_lora_weights.safetensors")
-    return job_dir
+    run_trainer(manifest, tmp)
+    return tmp / "out" / "default" / "tiny"
 
 
-def test_a_generating_family_reaches_the_generation_call_and_says_it_is_not_there_yet(sd15_job, tmp_path):
-    result = kubetune(str(sd15_job), "--out", str(tmp_path / "x"))
-    assert result.exit_code == 1
-    assert result.output.strip() == ("kubetune evaluate: generating images for family sd15 is not available yet "
-                                     "(it comes with kubetune generate)")
-    assert not (tmp_path / "x").exists()
+def test_a_generating_family_is_scored_on_images_its_trained_weights_draw(sd15_job, tmp_path):
+    """Through kubetune generate's module: each held-out caption drawn once, with a seed of its own, the
+    same figures every time (SSIM alone without a CLIP model)."""
+    scored = []
+    for attempt in ("a", "b"):
+        result = kubetune(str(sd15_job), "--out", str(tmp_path / attempt))
+        assert result.exit_code == 0, result.output
+        with open(tmp_path / attempt / "scores.csv", newline="") as file:
+            scored.append(list(csv.DictReader(file)))
+    assert len(scored[0]) == 2, "a quarter of the 8 captioned images is held out"
+    assert scored[0] == scored[1], "the same weights, the same seeds: the same images and scores"
+    assert all(-1 <= float(row["ssim"]) < 0.999 for row in scored[0]), "a drawn image is not its reference"
+    images = [Image.open(tmp_path / "a" / "images" / f"{i:04d}.png") for i in range(2)]
+    assert images[0].tobytes() != images[1].tobytes(), "each sample its own caption and seed"
 
 
 def test_a_model_that_is_not_clip_is_refused_before_anything_is_generated(sd15_job, tiny_sd15, tmp_path):

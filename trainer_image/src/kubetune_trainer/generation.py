@@ -30,8 +30,9 @@ from kubetune_trainer.validation import image_grid, ordered_batches
 log = logging.getLogger("kubetune.trainer")
 EDIT_LAYOUT = "edit-pairs"
 # The families draw held-out samples (captions, pairs, users) when a CLIP model will score them
-# (spec.validation.clipModel); generation wants them drawn without scoring: the spec it builds names
-# this in its place, and nothing in generation loads a CLIP model.
+# (spec.validation.clipModel, read by the families' shared parts, which see only the spec); generation
+# wants them drawn without scoring: the spec it builds names this in its place, and nothing in
+# generation loads a CLIP model.
 DRAW_HELD_OUT = "kubetune-generate-draws-held-out-samples"
 
 
@@ -220,6 +221,22 @@ class Generator:
                           self.weights if step is None else step, self.family_name, self.job.metadata.name,
                           histories[i] if i < len(histories) else None)
                 for i, image in enumerate(images)]
+
+    def draw_samples(self, samples: list, seed: int) -> list:
+        """One image per sample of the job's own layout (a caption, an edit pair with its controls, a
+        user with a history), sample i drawn with seed + i, so the same weights always draw the same:
+        what `kubetune evaluate` scores against each sample's own image."""
+        spec = self._drawing_spec(Request(), prompts=[], count=1)  # the sample's own caption, not the job's prompts
+        images = []
+        for i, sample in enumerate(samples):
+            batches = [batch for _, batch in ordered_batches(self.family.make_dataset([sample], False), 1,
+                                                              self.family.collate)]
+            drawn = self._draw(spec, batches, seed + i)
+            if len(drawn) != 1:
+                raise GenerationError(f"{self.family_name} drew {len(drawn)} images for one sample "
+                                      f"({getattr(sample, 'path', sample)}); expected one")
+            images.append(drawn[0].convert("RGB"))
+        return images
 
     def held_out_if_needed(self) -> list[dict]:
         """Prompts given: the held-out samples where the data set is on this machine, for a family that

@@ -208,24 +208,18 @@ def prompt_of(sample) -> str:
 
 
 def generate_for(job: TrainingJob, weights: Path, samples: list, device: torch.device) -> list:
-    """One generated image per sample, in the samples' order: what `kubetune evaluate` scores.
+    """One RGB image per sample, in the samples' order (the scores pair image i with sample i's own
+    image): the job's family on `device` with the weights in `weights` (the final ones or a checkpoint's),
+    each sample drawn from its own inputs (caption; instruction and control images; user history) at
+    spec.validation's steps and guidance, sample i with seed spec.training.seed + i."""
+    from kubetune_trainer.generation import GenerationError, Generator
 
-    To be wired to the generation module (kubetune generate). It must:
-    - build job.spec.model.family's pipeline for inference from the job's base model (job.spec with this
-      machine's copies of its inputs, as kubetune_trainer.run.with_local_inputs gives) and the trained
-      weights in `weights`: a pulled run folder, either the final weights or a checkpoint (which holds
-      the adapter file ready to load where the run trains a LoRA, else only its sharded state/);
-    - generate on `device`, for each sample (the layout's own records: CaptionedImage, EditPair,
-      UserSample), from its prompt (run_evaluation.prompt_of: caption or instruction), with its control
-      images (EditPair.controls, opened as RGB) for edit families, and from its user's history for PMG;
-      at the training size (job.spec.size), spec.validation's numInferenceSteps and guidance, and one
-      fixed seed per sample (its index from spec.training.seed), so the same weights score the same;
-    - return RGB PIL images, exactly one per sample, in order (the scores pair image i with sample i's
-      own image, reference_path(sample)); a refusal (no control image, weights of another model) as a
-      one-line ConfigError naming what to fix.
-    """
-    raise ConfigError(f"generating images for family {job.spec.model.family} is not available yet "
-                      "(it comes with kubetune generate)")
+    try:
+        generator = Generator(job, device)
+        generator.load_weights(weights)
+        return generator.draw_samples(samples, job.spec.training.seed)
+    except GenerationError as err:
+        raise ConfigError(str(err)) from None
 
 
 def clip_scorer(source: str | None, device: torch.device, named: str = "spec.validation.clipModel"):

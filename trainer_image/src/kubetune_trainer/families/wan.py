@@ -55,6 +55,7 @@ from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.denoiser import load_denoiser
+from kubetune_trainer.families.stable_diffusion import validation_prompts
 from kubetune_trainer.families.lora import DIFFUSERS_ATTENTION_TARGETS, LORA_FILE, load_lora_init, lora_layers
 from kubetune_trainer.families.trainable import Trainable, diffusers_denoiser, enable_gradient_checkpointing
 from kubetune_trainer.families.vae import load_vae, vae_name
@@ -427,14 +428,7 @@ class Wan(ModelFamily):
             boundary_ratio=self.boundary, expand_timesteps=bool(self.index.get("expand_timesteps")), **image)
 
     def validation_prompts(self, held_out: list[dict]) -> list[str]:
-        """spec.validation.prompts, else, when a CLIP model will score them, the first
-        spec.validation.numSamples held-out captions (the same ones at every validation)."""
-        validation = self.spec.validation
-        if validation.prompts:
-            return list(validation.prompts)
-        if not validation.clip_model:
-            return []
-        return [caption for batch in held_out for caption in batch["captions"]][:validation.num_samples]
+        return validation_prompts(self.spec, held_out)
 
     def condition_images(self, held_out: list[dict], count: int) -> list:
         """Image-to-video: the first frames of the first `count` held-out samples, as PIL images."""

@@ -23,6 +23,7 @@ from kubetune_trainer import diffusion, flow_matching, quantization, tiny_models
 from kubetune_trainer.data.cache import Encoder, model_identity
 from kubetune_trainer.device_copy import to_device
 from kubetune_trainer.errors import ConfigError
+from kubetune_trainer.families.stable_diffusion import validation_prompts
 from kubetune_trainer.families.vae import load_vae, vae_name
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
@@ -129,14 +130,7 @@ class ZImage(ModelFamily):
                               tokenizer=self.tokenizer, transformer=self.transformer)
 
     def validation_prompts(self, held_out: list[dict]) -> list[str]:
-        """spec.validation.prompts, else, when a CLIP model will score them, the first
-        spec.validation.numSamples held-out captions (the same ones at every validation)."""
-        validation = self.spec.validation
-        if validation.prompts:
-            return list(validation.prompts)
-        if not validation.clip_model:
-            return []
-        return [caption for batch in held_out for caption in batch["captions"]][:validation.num_samples]
+        return validation_prompts(self.spec, held_out)
 
     @torch.no_grad()
     def sample_images(self, model, held_out, generator):
