@@ -681,4 +681,5 @@ DEFINITION = FamilyDefinition(
     model_index=MODEL_INDEX,
     meta_trainable=meta_trainable,
     checkpointing=planning_checkpointing,
+    other_lora_files={LOW_NOISE_FILE: {"load_into_transformer_2": True}},
 )
