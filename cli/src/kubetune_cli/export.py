@@ -116,17 +116,20 @@ def move_into(staging: Path, out: Path) -> list[Path]:
     return moved
 
 
-def base_model(spec) -> str:
-    """spec.model.pretrained on this machine (an s3:// model downloaded as the trainer would)."""
+def local_models(spec):
+    """The spec with spec.model.pretrained and spec.model.vae on this machine (s3:// ones downloaded
+    as the trainer would): what the merged export loads."""
     from kubetune_trainer.run import looks_local
     from kubetune_trainer.storage.inputs import local_copy
 
-    source = spec.model.pretrained
-    if looks_local(source) and not Path(source).expanduser().exists():
-        fail(COMMAND, f"--format merged: the base model {source} (spec.model.pretrained of the run's job.yaml) "
-                      "is not on this machine; run the export where it is")
-    with storage_errors(source):
-        return local_copy(source)
+    local = {}
+    for field, source in (("pretrained", spec.model.pretrained), ("vae", spec.model.vae)):
+        if source and looks_local(source) and not Path(source).expanduser().exists():
+            fail(COMMAND, f"--format merged: {source} (spec.model.{field} of the run's job.yaml) is not on this "
+                          "machine; run the export where it is")
+        with storage_errors(source or ""):
+            local[field] = source and local_copy(source)
+    return spec.model_copy(update={"model": spec.model.model_copy(update=local)})
 
 
 @click.command(COMMAND, help=HELP)
@@ -198,4 +201,4 @@ def write(format_: str, definition, spec, name: str, run, step: int | str, pulle
         except UnconvertibleLora as err:
             fail(COMMAND, f"--format kohya: {step_label(step)} of {run.uri}: {err}")
     else:
-        exporting.write_merged(definition, base_model(spec), pulled, staging, torch_dtype)
+        exporting.write_merged(definition, local_models(spec), pulled, staging, torch_dtype)

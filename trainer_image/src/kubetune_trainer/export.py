@@ -82,18 +82,26 @@ def load_pipeline(definition: FamilyDefinition, base: str, dtype: torch.dtype):
     """The family's diffusers pipeline from the base model folder (spec.model.pretrained), on the CPU."""
     import diffusers
 
-    return getattr(diffusers, definition.pipeline).from_pretrained(base, torch_dtype=dtype)
+    return getattr(diffusers, definition.pipeline).from_pretrained(base, dtype=dtype)
 
 
-def write_merged(definition: FamilyDefinition, base: str, weights: Path, out: Path, dtype: torch.dtype) -> list[Path]:
-    """The base pipeline with every LoRA file of `weights` fused into its weights (or, from a full
-    fine-tune, its trained components in place of the base's), saved whole in `dtype`. Fusing happens
-    in fp32 (a low-precision base would round the small LoRA update away), then the pipeline is cast."""
-    pipeline = load_pipeline(definition, base, torch.float32)
-    for folder in sorted(p for p in weights.iterdir() if (p / "config.json").is_file()):
-        trained = getattr(pipeline, folder.name, None)
+def write_merged(definition: FamilyDefinition, spec, weights: Path, out: Path, dtype: torch.dtype) -> list[Path]:
+    """The base pipeline (spec.model.pretrained, with spec.model.vae in place of its own VAE when the run
+    used another; `spec` names local paths) with every LoRA file of `weights` fused into its weights
+    (or, from a full fine-tune, its trained components in place of the base's), saved whole in `dtype`.
+    Fusing happens in fp32 (a low-precision base would round the small LoRA update away), then the
+    pipeline is cast."""
+    from kubetune_trainer.families.vae import vae_source
+
+    pipeline = load_pipeline(definition, spec.model.pretrained, torch.float32)
+    replaced = {folder.name: folder for folder in sorted(weights.iterdir()) if (folder / "config.json").is_file()}
+    if spec.model.vae is not None:
+        path, subfolder = vae_source(spec)
+        pipeline.register_modules(vae=type(pipeline.vae).from_pretrained(path, subfolder=subfolder, dtype=torch.float32))
+    for name, folder in replaced.items():
+        trained = getattr(pipeline, name, None)
         if isinstance(trained, torch.nn.Module):
-            pipeline.register_modules(**{folder.name: type(trained).from_pretrained(folder, torch_dtype=torch.float32)})
+            pipeline.register_modules(**{name: type(trained).from_pretrained(folder, dtype=torch.float32)})
     adapters = []
     for index, (name, kwargs) in enumerate(lora_files(definition, weights).items()):
         adapter = f"export{index}"
@@ -105,4 +113,3 @@ def write_merged(definition: FamilyDefinition, base: str, weights: Path, out: Pa
     pipeline.to(dtype)
     pipeline.save_pretrained(out, safe_serialization=True)
     return sorted(p for p in out.rglob("*") if p.is_file())
-
