@@ -18,8 +18,8 @@ from kubetune_trainer.data.cache import Encoder
 from kubetune_trainer.families import qwen_parts
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
-from kubetune_trainer.lora_keys import DIFFUSION_MODEL
 from kubetune_trainer.families.stable_diffusion import validation_prompts
+from kubetune_trainer.lora_keys import DIFFUSION_MODEL
 from kubetune_trainer.planning.forwards import QWEN_PROMPT_TOKENS, QWEN_TEMPLATE_TOKENS
 
 PIPELINE = "QwenImagePipeline"
