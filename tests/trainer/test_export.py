@@ -227,3 +227,33 @@ def test_a_missing_step_or_final_weights_is_named_with_what_exists(runs, tmp_pat
     assert result.exit_code == 1
     assert "has no final weights (the run has not finished); it has checkpoints at steps 2" in result.output
     assert not (tmp_path / "x").exists()
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory, tiny_model, tiny_dataset) -> Path:
+    """A finished two-step full fine-tune of SD1.5: its final weights are the unet/ folder."""
+    tmp = tmp_path_factory.mktemp("run-full")
+    run_trainer(family_job("sd15", "captions", tiny_model("sd15"), tiny_dataset("captions"), tmp / "out",
+                           adapter={"type": "full", "rank": None, "alpha": None}), tmp)
+    return run_dir(tmp / "out").parent
+
+
+def test_a_full_fine_tune_exports_its_model_folder_and_merges_it_into_the_base(full_run, tiny_model, tmp_path):
+    from safetensors.torch import load_file
+
+    listed = CliRunner().invoke(cli, ["checkpoints", "ls", str(full_run)], catch_exceptions=False).output
+    assert "unet/diffusion_pytorch_model.safetensors" in next(l for l in listed.splitlines() if "final" in l)
+
+    exported(full_run, "--format", "diffusers", "--out", tmp_path / "d")
+    exported(full_run, "--format", "merged", "--out", tmp_path / "m")
+    trained = load_file(tmp_path / "d" / "unet" / "diffusion_pytorch_model.safetensors")
+    merged = load_file(tmp_path / "m" / "unet" / "diffusion_pytorch_model.safetensors")
+    base = load_file(tiny_model("sd15") / "unet" / "diffusion_pytorch_model.safetensors")
+    assert merged.keys() == trained.keys()
+    assert all(torch.equal(merged[key], trained[key]) for key in trained)
+    assert any(not torch.equal(trained[key], base[key]) for key in trained), "the two steps trained the UNet"
+    assert (tmp_path / "m" / "model_index.json").is_file()
+
+    result = kubetune(full_run, "--format", "diffusers", "--step", "2", "--out", tmp_path / "c")
+    assert result.exit_code == 1
+    assert "checkpoints hold only the training state): export --step final" in result.output

@@ -187,7 +187,8 @@ def write(format_: str, definition, spec, name: str, run, step: int | str, pulle
     torch_dtype = exporting.DTYPES[dtype]
     files = weight_files(pulled, step)
     if not files:
-        fail(COMMAND, f"{step_label(step)} of {run.uri} holds no weight files")
+        fail(COMMAND, f"--step {step}: {step_label(step)} of {run.uri} holds no weight files (a full fine-tune's "
+                      "checkpoints hold only the training state): export --step final")
     if format_ == "diffusers":
         exporting.write_diffusers(pulled, files, staging, torch_dtype)
     elif format_ == "kohya":
