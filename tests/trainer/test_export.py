@@ -18,13 +18,14 @@ from click.testing import CliRunner
 from safetensors import safe_open
 
 from kubetune_cli.main import cli
+from kubetune_trainer.export import lora_files
 from kubetune_trainer.families import definition_for
 from kubetune_trainer.families.lora import LORA_FILE
 from tests.trainer.conftest import family_job, run_dir, run_trainer
 
 pytestmark = pytest.mark.slow
 
-KOHYA_FAMILIES = ["sd15", "sdxl", "qwen-image", "z-image"]
+KOHYA_FAMILIES = ["sd15", "sdxl", "qwen-image", "z-image", "wan"]
 
 
 @pytest.fixture(scope="module")
@@ -50,41 +51,44 @@ def exported(*args) -> None:
     assert result.exit_code == 0, result.output
 
 
-def lora_deltas(denoiser: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """What each LoRA-adapted layer adds to its weight (B·A·alpha/r), by module name."""
+def lora_deltas(pipeline) -> dict[str, torch.Tensor]:
+    """What each LoRA-adapted layer of the pipeline adds to its weight (B·A·alpha/r), by component and module."""
     deltas = {}
-    for name, module in denoiser.named_modules():
-        if getattr(module, "lora_A", None):
-            (adapter,) = module.lora_A.keys()
-            deltas[name] = module.lora_B[adapter].weight @ module.lora_A[adapter].weight * module.scaling[adapter]
+    for component, model in pipeline.components.items():
+        for name, module in model.named_modules() if isinstance(model, torch.nn.Module) else ():
+            if getattr(module, "lora_A", None):
+                (adapter,) = module.lora_A.keys()
+                deltas[f"{component}.{name}"] = (module.lora_B[adapter].weight @ module.lora_A[adapter].weight
+                                                 * module.scaling[adapter])
     return deltas
 
 
-def pipeline_with(family: str, model: Path, lora: Path | None):
-    pipeline = getattr(diffusers, definition_for(family).pipeline).from_pretrained(model)
-    if lora is not None:
-        pipeline.load_lora_weights(str(lora))
+def pipeline_with(family: str, model: Path, folder: Path | None, names: dict[str, str] | None = None):
+    """The family's pipeline from `model`, with each LoRA file of the diffusers export `folder` loaded
+    (or the file `names` gives for it), as the family's DEFINITION says to load it."""
+    definition = definition_for(family)
+    pipeline = getattr(diffusers, definition.pipeline).from_pretrained(model)
+    for file, kwargs in (lora_files(definition, folder) if folder else {}).items():
+        pipeline.load_lora_weights(str(folder), weight_name=(names or {}).get(file, file), **kwargs)
     return pipeline
-
-
-def denoiser(pipeline) -> torch.nn.Module:
-    return pipeline.unet if hasattr(pipeline, "unet") else pipeline.transformer
 
 
 @pytest.mark.parametrize("family", KOHYA_FAMILIES)
 def test_the_kohya_file_loads_whole_through_diffusers_as_the_same_lora(family, runs, tiny_model, tmp_path):
-    exported(runs(family), "--format", "kohya", "--out", tmp_path / "kohya")
-    exported(runs(family), "--format", "diffusers", "--out", tmp_path / "diffusers")
-    (kohya_file,) = (tmp_path / "kohya").iterdir()
-    with safe_open(str(kohya_file), "pt") as opened:
-        keys = list(opened.keys())
+    exported(runs(family), "--format", "kohya", "--out", tmp_path / "d")
+    exported(runs(family), "--format", "diffusers", "--out", tmp_path / "d", "--force")
+    names = {file: file.replace("pytorch_lora_weights", "tiny") for file in lora_files(definition_for(family), tmp_path / "d")}
+    keys = []
+    for name in names.values():
+        with safe_open(str(tmp_path / "d" / name), "pt") as opened:
+            keys += list(opened.keys())
     prefix = next(iter(definition_for(family).kohya.prefixes.values()))
     assert keys and all(key.startswith(prefix) for key in keys)
     assert all(key.endswith((".lora_down.weight", ".lora_up.weight", ".alpha")) for key in keys)
 
-    ours = lora_deltas(denoiser(pipeline_with(family, tiny_model(family), tmp_path / "diffusers")))
-    theirs = lora_deltas(denoiser(pipeline_with(family, tiny_model(family), kohya_file)))
-    assert len(theirs) == sum(key.endswith(".alpha") for key in keys), "every pair in the file became a LoRA layer"
+    ours = lora_deltas(pipeline_with(family, tiny_model(family), tmp_path / "d"))
+    theirs = lora_deltas(pipeline_with(family, tiny_model(family), tmp_path / "d", names))
+    assert len(theirs) == sum(key.endswith(".alpha") for key in keys), "every pair in the files became a LoRA layer"
     assert theirs.keys() == ours.keys()
     assert any(delta.abs().max() > 0 for delta in ours.values()), "the two steps trained something"
     for name, delta in ours.items():
@@ -105,7 +109,8 @@ def test_sd15_kohya_export_gives_the_same_denoiser_output_as_the_diffusers_file(
     exported(runs("sd15"), "--format", "diffusers", "--out", tmp_path / "diffusers")
     model = tiny_model("sd15")
     with_ours = unet_output(pipeline_with("sd15", model, tmp_path / "diffusers"))
-    with_kohya = unet_output(pipeline_with("sd15", model, tmp_path / "kohya" / "tiny.safetensors"))
+    shutil.copy(tmp_path / "kohya" / "tiny.safetensors", tmp_path / "diffusers")
+    with_kohya = unet_output(pipeline_with("sd15", model, tmp_path / "diffusers", {LORA_FILE: "tiny.safetensors"}))
     base = unet_output(pipeline_with("sd15", model, None))
     assert (with_ours - base).abs().max() > 1e-4
     torch.testing.assert_close(with_kohya, with_ours, rtol=1e-5, atol=1e-6)
@@ -257,3 +262,21 @@ def test_a_full_fine_tune_exports_its_model_folder_and_merges_it_into_the_base(f
     result = kubetune(full_run, "--format", "diffusers", "--step", "2", "--out", tmp_path / "c")
     assert result.exit_code == 1
     assert "checkpoints hold only the training state): export --step final" in result.output
+
+
+@pytest.mark.parametrize("family", ["wan"])
+def test_the_merged_export_holds_base_plus_every_lora_file_in_each_expert(family, runs, tiny_model, tmp_path):
+    """Wan 2.2's two experts: both LoRA files fused, each into its own transformer."""
+    exported(runs(family), "--format", "merged", "--out", tmp_path / "m")
+    with_lora = pipeline_with(family, tiny_model(family), run_dir_of(runs(family)))
+    deltas = lora_deltas(with_lora)
+    assert {name.split(".")[0] for name in deltas} == {"transformer", "transformer_2"}
+    merged = getattr(diffusers, definition_for(family).pipeline).from_pretrained(tmp_path / "m")
+    base = getattr(diffusers, definition_for(family).pipeline).from_pretrained(tiny_model(family))
+    merged_weights = {name: p for name, p in merged.components.items() if isinstance(p, torch.nn.Module)}
+    base_weights = {name: p for name, p in base.components.items() if isinstance(p, torch.nn.Module)}
+    for name, delta in deltas.items():
+        component, module = name.split(".", 1)
+        expected = base_weights[component].get_submodule(module).weight + delta
+        torch.testing.assert_close(merged_weights[component].get_submodule(module).weight, expected,
+                                   rtol=1e-5, atol=1e-6, msg=name)

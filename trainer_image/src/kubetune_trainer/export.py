@@ -108,8 +108,18 @@ def write_merged(definition: FamilyDefinition, spec, weights: Path, out: Path, d
         pipeline.load_lora_weights(str(weights), weight_name=name, adapter_name=adapter, **kwargs)
         adapters.append(adapter)
     if adapters:
-        pipeline.fuse_lora(adapter_names=adapters, lora_scale=1.0)
+        # fuse_lora fuses into the components it is told (Wan's default: transformer alone, not transformer_2).
+        pipeline.fuse_lora(components=adapted_components(pipeline), adapter_names=adapters, lora_scale=1.0)
         pipeline.unload_lora_weights()
     pipeline.to(dtype)
     pipeline.save_pretrained(out, safe_serialization=True)
     return sorted(p for p in out.rglob("*") if p.is_file())
+
+
+def adapted_components(pipeline) -> list[str]:
+    """The pipeline components its LoRA loader may adapt (diffusers' _lora_loadable_modules) that hold a LoRA now."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return [name for name in pipeline._lora_loadable_modules
+            if isinstance(getattr(pipeline, name, None), torch.nn.Module)
+            and any(isinstance(module, BaseTunerLayer) for module in getattr(pipeline, name).modules())]

@@ -14,6 +14,7 @@ inside the functions.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -38,12 +39,26 @@ class LoraKeyConvention:
     read_by: str                   # the tools known to load it (docs, --help)
     prefixes: Mapping[str, str]    # the diffusers file's component prefix -> this convention's key prefix
     flat: bool                     # the module path's dots become underscores (kohya's lora_unet_down_blocks_0_…)
+    # Where the tools use the original model's module names rather than diffusers' (Wan): (a regular
+    # expression over the diffusers module path, its replacement); a module none matches is refused.
+    renames: tuple[tuple[str, str], ...] = ()
 
     def key(self, component: str, module: str) -> str:
         if component not in self.prefixes:
             raise UnconvertibleLora(f"the {self.name} convention has no name for LoRA weights of {component!r} "
                                     f"(it names {', '.join(self.prefixes)})")
+        module = self.original_name(module)
         return self.prefixes[component] + (module.replace(".", "_") if self.flat else module)
+
+    def original_name(self, module: str) -> str:
+        for pattern, replacement in self.renames:
+            renamed, found = re.subn(pattern, replacement, module)
+            if found:
+                return renamed
+        if self.renames:
+            raise UnconvertibleLora(f"the {self.name} convention has no name for the adapted module {module!r} "
+                                    "(spec.adapter.targetModules beyond what it names)")
+        return module
 
 
 # kohya's sd-scripts for Stable Diffusion: the diffusers module path flattened (kohya trains SD 1.x on
@@ -62,6 +77,27 @@ DIFFUSION_MODEL = LoraKeyConvention(
     read_by="ComfyUI, musubi-tuner, ai-toolkit, diffusers load_lora_weights",
     prefixes={"transformer": "diffusion_model."},
     flat=False,
+)
+
+
+# Wan's own checkpoint names (ComfyUI's Wan model, musubi-tuner, the Wan 2.1/2.2 repositories) under
+# `diffusion_model.`: a block's self_attn / cross_attn (q, k, v, o; k_img, v_img of image-to-video) and
+# its ffn.0 / ffn.2, for diffusers' attn1 / attn2 (to_q, …, to_out.0; add_k_proj, add_v_proj) and ffn.net.
+_BLOCK = r"^(blocks\.\d+)\."
+WAN_ORIGINAL = LoraKeyConvention(
+    name="Wan (diffusion_model. with Wan's module names)",
+    read_by="ComfyUI, musubi-tuner, diffusers load_lora_weights",
+    prefixes={"transformer": "diffusion_model."},
+    flat=False,
+    renames=(
+        (_BLOCK + r"attn1\.to_(q|k|v)$", r"\1.self_attn.\2"),
+        (_BLOCK + r"attn1\.to_out\.0$", r"\1.self_attn.o"),
+        (_BLOCK + r"attn2\.to_(q|k|v)$", r"\1.cross_attn.\2"),
+        (_BLOCK + r"attn2\.to_out\.0$", r"\1.cross_attn.o"),
+        (_BLOCK + r"attn2\.add_(k|v)_proj$", r"\1.cross_attn.\2_img"),
+        (_BLOCK + r"ffn\.net\.0\.proj$", r"\1.ffn.0"),
+        (_BLOCK + r"ffn\.net\.2$", r"\1.ffn.2"),
+    ),
 )
 
 
