@@ -264,13 +264,15 @@ def test_a_full_fine_tune_exports_its_model_folder_and_merges_it_into_the_base(f
     assert "checkpoints hold only the training state): export --step final" in result.output
 
 
-@pytest.mark.parametrize("family", ["wan"])
-def test_the_merged_export_holds_base_plus_every_lora_file_in_each_expert(family, runs, tiny_model, tmp_path):
-    """Wan 2.2's two experts: both LoRA files fused, each into its own transformer."""
+@pytest.mark.parametrize("family, adapted", [
+    ("wan", {"transformer", "transformer_2"}),  # Wan 2.2's two experts: each LoRA file into its own transformer
+    ("qwen-image", {"transformer"}),
+])
+def test_the_merged_export_holds_base_plus_every_lora_file(family, adapted, runs, tiny_model, tmp_path):
     exported(runs(family), "--format", "merged", "--out", tmp_path / "m")
     with_lora = pipeline_with(family, tiny_model(family), run_dir_of(runs(family)))
     deltas = lora_deltas(with_lora)
-    assert {name.split(".")[0] for name in deltas} == {"transformer", "transformer_2"}
+    assert {name.split(".")[0] for name in deltas} == adapted
     merged = getattr(diffusers, definition_for(family).pipeline).from_pretrained(tmp_path / "m")
     base = getattr(diffusers, definition_for(family).pipeline).from_pretrained(tiny_model(family))
     merged_weights = {name: p for name, p in merged.components.items() if isinstance(p, torch.nn.Module)}
