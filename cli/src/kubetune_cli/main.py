@@ -163,12 +163,14 @@ def _add_checkpoint_commands() -> None:
     from kubetune_cli.checkpoints import checkpoints
     from kubetune_cli.evaluate import evaluate
     from kubetune_cli.generate import generate
+    from kubetune_cli.export import export
     from kubetune_cli.plan import plan
     from kubetune_cli.report import report
 
     cli.add_command(checkpoints)
     cli.add_command(evaluate)
     cli.add_command(generate)
+    cli.add_command(export)
     cli.add_command(plan)
     cli.add_command(report)
 

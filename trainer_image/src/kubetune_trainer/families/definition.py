@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
     from kubetune_api.spec import TrainingJobSpec
     from kubetune_trainer.families.base import ModelFamily
+    from kubetune_trainer.lora_keys import LoraKeyConvention
     from kubetune_trainer.reference_models import Component
 
 Models = dict[str, "torch.nn.Module"]
@@ -78,6 +79,12 @@ class FamilyDefinition:
     # How planning makes the meta models trainable and checkpoints them, where the defaults (below) do not fit.
     meta_trainable: Callable[[TrainingJobSpec, Models], None] | None = None
     checkpointing: Callable[[Models], None] | None = None
+    # `kubetune export`: the key names its non-diffusers tools (ComfyUI, kohya) read its LoRA in, where
+    # such a convention exists and diffusers' own loader for `pipeline` reads it back (lora_keys); and
+    # the LoRA files it writes besides pytorch_lora_weights.safetensors, each with the extra
+    # load_lora_weights arguments that load it into its pipeline (Wan's low-noise expert).
+    kohya: LoraKeyConvention | None = None
+    other_lora_files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def make_trainable(self, spec: TrainingJobSpec, models: Models) -> None:
         """What the family trains, added to its meta models as the family does (after everything was

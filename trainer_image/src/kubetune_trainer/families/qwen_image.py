@@ -19,6 +19,7 @@ from kubetune_trainer.families import qwen_parts
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.stable_diffusion import validation_prompts
+from kubetune_trainer.lora_keys import DIFFUSION_MODEL
 from kubetune_trainer.planning.forwards import QWEN_PROMPT_TOKENS, QWEN_TEMPLATE_TOKENS
 
 PIPELINE = "QwenImagePipeline"
@@ -112,4 +113,5 @@ DEFINITION = FamilyDefinition(
     scheduler=qwen_parts.scheduler,
     write_tokenizers=partial(qwen_parts.write_tokenizers, processor=False),
     meta_trainable=qwen_parts.meta_trainable,
+    kohya=DIFFUSION_MODEL,
 )

@@ -22,6 +22,7 @@ from kubetune_trainer.data.cache import Encoder
 from kubetune_trainer.families import editing, qwen_parts
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
+from kubetune_trainer.lora_keys import DIFFUSION_MODEL
 from kubetune_trainer.planning.forwards import qwen_text_tokens
 
 PIPELINE = "QwenImageEditPipeline"
@@ -127,4 +128,5 @@ DEFINITION = FamilyDefinition(
     scheduler=qwen_parts.scheduler,
     write_tokenizers=partial(qwen_parts.write_tokenizers, processor=True),
     meta_trainable=qwen_parts.meta_trainable,
+    kohya=DIFFUSION_MODEL,
 )

@@ -29,6 +29,7 @@ from kubetune_trainer.data.cache import Encoder, stack_padded
 from kubetune_trainer.families import editing, qwen_parts
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
+from kubetune_trainer.lora_keys import DIFFUSION_MODEL
 from kubetune_trainer.planning.forwards import QWEN_PROMPT_TOKENS, QWEN_TEMPLATE_TOKENS, qwen_image_tokens
 
 PIPELINE = "QwenImageEditPlusPipeline"
@@ -172,4 +173,5 @@ DEFINITION = FamilyDefinition(
     scheduler=qwen_parts.scheduler,
     write_tokenizers=partial(qwen_parts.write_tokenizers, processor=True),
     meta_trainable=qwen_parts.meta_trainable,
+    kohya=DIFFUSION_MODEL,
 )

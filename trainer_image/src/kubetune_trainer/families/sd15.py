@@ -12,6 +12,7 @@ from kubetune_trainer.families import stable_diffusion as sd
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.denoiser import train_denoiser
+from kubetune_trainer.lora_keys import KOHYA_UNET
 from kubetune_trainer.planning.forwards import CLIP_TOKENS, mse, vae_scale
 
 
@@ -65,4 +66,5 @@ DEFINITION = FamilyDefinition(
     scheduler=sd.sd15_scheduler,
     write_tokenizers=sd.write_clip_tokenizer,
     model_index=sd.SD15_MODEL_INDEX,
+    kohya=KOHYA_UNET,
 )

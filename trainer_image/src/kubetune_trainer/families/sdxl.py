@@ -16,6 +16,7 @@ from kubetune_trainer.families import stable_diffusion as sd
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.denoiser import train_denoiser
+from kubetune_trainer.lora_keys import KOHYA_UNET
 from kubetune_trainer.planning.forwards import CLIP_TOKENS, mse, vae_scale
 from kubetune_trainer.reference_models import CLIP_BIGG_TEXT, CLIP_L_TEXT, SD_VAE, Component
 
@@ -181,4 +182,5 @@ DEFINITION = FamilyDefinition(
     pipeline=PIPELINE,
     scheduler=scheduler,
     write_tokenizers=write_tokenizers,
+    kohya=KOHYA_UNET,
 )

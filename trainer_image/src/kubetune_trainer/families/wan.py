@@ -59,6 +59,7 @@ from kubetune_trainer.families.stable_diffusion import validation_prompts
 from kubetune_trainer.families.lora import DIFFUSERS_ATTENTION_TARGETS, LORA_FILE, load_lora_init, lora_layers
 from kubetune_trainer.families.trainable import Trainable, diffusers_denoiser, enable_gradient_checkpointing
 from kubetune_trainer.families.vae import load_vae, vae_name
+from kubetune_trainer.lora_keys import WAN_ORIGINAL
 from kubetune_trainer.planning.forwards import mse
 from kubetune_trainer.reference_models import Component
 from kubetune_trainer.sample_clips import DEFAULT_FPS, Clip
@@ -683,4 +684,6 @@ DEFINITION = FamilyDefinition(
     model_index=MODEL_INDEX,
     meta_trainable=meta_trainable,
     checkpointing=planning_checkpointing,
+    kohya=WAN_ORIGINAL,
+    other_lora_files={LOW_NOISE_FILE: {"load_into_transformer_2": True}},
 )

@@ -28,6 +28,7 @@ from kubetune_trainer.families.vae import load_vae, vae_name
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.denoiser import load_denoiser, train_denoiser
+from kubetune_trainer.lora_keys import DIFFUSION_MODEL
 from kubetune_trainer.planning.forwards import mse, vae_scale
 from kubetune_trainer.reference_models import QWEN3_4B, Component
 
@@ -238,4 +239,5 @@ DEFINITION = FamilyDefinition(
     pipeline=PIPELINE,
     scheduler=scheduler,
     write_tokenizers=write_tokenizers,
+    kohya=DIFFUSION_MODEL,
 )

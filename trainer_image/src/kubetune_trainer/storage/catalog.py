@@ -66,8 +66,17 @@ def describe_run(uri: str, version: int | None) -> RunEntry:
         entries.append(CheckpointEntry(step, manifest.get("epoch"), manifest.get("loss"), manifest.get("time"),
                                        size, layout.join(uri, name)))
     record = runs.parse_record(version if version is not None else -1, tree.read_text(layout.RUN_FILE))
-    top_level = {name: size for name, size in files.items() if "/" not in name and name not in layout.RUN_RECORDS}
-    return RunEntry(version, uri, record, entries, top_level if record.finished else {})
+    return RunEntry(version, uri, record, entries, final_weights(files) if record.finished else {})
+
+
+def final_weights(files: dict[str, int]) -> dict[str, int]:
+    """The final weights among a run's files: those at its root but the records (a LoRA, an adapter), and
+    the model folders a full fine-tune writes (unet/, transformer/: a folder with a config.json)."""
+    model_folders = {name.split("/")[0] for name in files
+                     if name.count("/") == 1 and name.endswith("/config.json")
+                     and layout.parse_checkpoint(name.split("/")[0]) is None}
+    return {name: size for name, size in files.items()
+            if ("/" not in name and name not in layout.RUN_RECORDS) or name.split("/")[0] in model_folders}
 
 
 def describe(uri: str) -> list[RunEntry]:
