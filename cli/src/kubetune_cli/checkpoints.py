@@ -28,8 +28,17 @@ class Target:
 
 
 def fail(message: str) -> None:
-    click.echo(f"kubetune checkpoints: {message}", err=True)
+    """One line on stderr, prefixed with the command it came from (checkpoints, generate, export...:
+    they all find runs through this module), and exit 1."""
+    click.echo(f"kubetune {top_level_command()}: {message}", err=True)
     sys.exit(1)
+
+
+def top_level_command() -> str:
+    context = click.get_current_context(silent=True)
+    while context is not None and context.parent is not None and context.parent.parent is not None:
+        context = context.parent
+    return context.info_name if context is not None and context.parent is not None else "checkpoints"
 
 
 def is_uri(job: str) -> bool:
