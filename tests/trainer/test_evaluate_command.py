@@ -182,14 +182,14 @@ def test_an_out_that_is_a_file_or_not_empty_is_refused_and_left_alone(classifier
     a_file = tmp_path / "results"
     a_file.write_text("keep")
     result = kubetune(str(classifier_job), "--out", str(a_file))
-    assert result.exit_code == 1 and f"--out {a_file} is a file" in result.output
+    assert result.exit_code == 1 and f"--out {a_file} exists as a file" in result.output
     assert a_file.read_text() == "keep"
 
     full = tmp_path / "full"
     full.mkdir()
     (full / "metrics.json").write_text("keep")
     result = kubetune(str(classifier_job), "--out", str(full))
-    assert result.exit_code == 1 and "is not empty: give a new folder, or --force" in result.output
+    assert result.exit_code == 1 and "is not empty: give a new folder, or pass --force" in result.output
     assert (full / "metrics.json").read_text() == "keep"
 
     outside = tmp_path / "outside.json"

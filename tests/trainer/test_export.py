@@ -197,7 +197,7 @@ def test_an_existing_output_is_never_overwritten_without_force(runs, tmp_path):
     full.mkdir()
     (full / LORA_FILE).write_text("mine")
     result = kubetune(runs("sd15"), "--format", "diffusers", "--out", full)
-    assert result.exit_code == 1 and "is not empty: pass --force" in result.output
+    assert result.exit_code == 1 and "is not empty: give a new folder, or pass --force" in result.output
     assert (full / LORA_FILE).read_text() == "mine"
 
     exported(runs("sd15"), "--format", "diffusers", "--out", full, "--force")

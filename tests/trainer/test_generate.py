@@ -117,8 +117,8 @@ def without_final_weights(trained: Path, tmp_path: Path) -> Path:
     ("step", "--step 7: "),
     ("unfinished", "has no final weights (the run has not finished); it has checkpoints at steps 1, 2"),
     ("control", "--control: sd15 generates from text alone, not from control images; drop --control"),
-    ("file", "exists and is a file: name a folder"),
-    ("full", "is not empty: name a new folder, or pass --force"),
+    ("file", "exists as a file: give a folder path"),
+    ("full", "is not empty: give a new folder, or pass --force"),
     ("link", "is a symbolic link: kubetune never writes through one"),
 ])
 def test_generate_refuses_in_one_line_and_writes_nothing(case, message, trained, tmp_path):

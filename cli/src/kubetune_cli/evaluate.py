@@ -12,19 +12,9 @@ from pathlib import Path
 import click
 
 from kubetune_cli.checkpoints import STEP_HELP, namespace_option, resolve
-from kubetune_cli.trained import check_step, choose_run, fail, pull_weights, read_job, resolve_step, step_label
+from kubetune_cli.trained import check_out_folder, check_step, choose_run, fail, pull_weights, read_job, resolve_step, step_label
 
 COMMAND = "evaluate"
-
-
-def check_out(out: Path, force: bool) -> None:
-    """A new or empty folder, or --force; never a file or a link."""
-    if out.is_symlink():
-        fail(COMMAND, f"--out {out} is a symbolic link: give a real folder")
-    if out.exists() and not out.is_dir():
-        fail(COMMAND, f"--out {out} is a file: give a folder")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        fail(COMMAND, f"--out {out} is not empty: give a new folder, or --force to replace the files evaluate writes")
 
 
 def pick_device(name: str):
@@ -68,7 +58,7 @@ def evaluate(job: str, namespace: str | None, data: str | None, out_dir: str | N
     trained = read_job(COMMAND, run)
     label = "final" if chosen == "final" else f"step-{chosen}"
     out = Path(out_dir or f"{trained.metadata.name}-v{run.version}-{label}-evaluation")
-    check_out(out, force)
+    check_out_folder(COMMAND, out, force)
     described = {"run": run.uri, "weights": step_label(chosen), "data": data or "held-out split"}
     with configuration_errors():
         spec, data = local_inputs(trained.spec, data)  # --data is checked before anything is pulled

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from kubetune_cli.checkpoints import STEP_HELP, human_size, namespace_option, resolve, storage_errors
-from kubetune_cli.trained import check_step, choose_run, fail, pull_weights, read_job, resolve_step, step_label
+from kubetune_cli.trained import check_out_folder, check_step, choose_run, fail, pull_weights, read_job, resolve_step, step_label
 
 COMMAND = "export"
 FORMATS = ("diffusers", "kohya", "merged")
@@ -79,16 +79,6 @@ def weight_files(folder: Path, step: int | str) -> list[Path]:
         elif entry.is_dir() and entry.name not in CHECKPOINT_FOLDERS and (entry / "config.json").is_file():
             chosen.extend(p for p in sorted(entry.rglob("*")) if p.is_file())
     return chosen
-
-
-def check_out(out: Path, force: bool) -> None:
-    """--out: a new or empty folder, or with --force a folder to write into; never a file or a link."""
-    if out.is_symlink():
-        fail(COMMAND, f"--out {out} is a symbolic link: give the folder it points to, or another path")
-    if out.exists() and not out.is_dir():
-        fail(COMMAND, f"--out {out} exists as a file: give a folder path (it is not overwritten)")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        fail(COMMAND, f"--out {out} is not empty: pass --force to write into it, or give another --out")
 
 
 def move_into(staging: Path, out: Path) -> list[Path]:
@@ -164,7 +154,7 @@ def export(job: str, format_: str, dtype: str | None, out_path: str | None, step
     refuse_format(format_, family, definition, FAMILIES[family], spec)
     label = "final" if chosen == "final" else f"step{chosen}"
     out = Path(out_path) if out_path else Path(f"{trained.metadata.name}-v{run.version}-{label}-{format_}")
-    check_out(out, force)
+    check_out_folder(COMMAND, out, force)
     dtype = dtype or spec.save_dtype
 
     out.absolute().parent.mkdir(parents=True, exist_ok=True)

@@ -21,18 +21,6 @@ def default_out(job_name: str, step: int | str, base: bool, compare: bool) -> Pa
     return Path("kubetune-generate") / f"{job_name}-{label}{'-compare' if compare else ''}"
 
 
-def check_out(out: Path, force: bool) -> None:
-    """Refuse an --out that is a file, a link, or a folder with something in it (unless --force)."""
-    from kubetune_cli.trained import fail
-
-    if out.is_symlink():
-        fail(COMMAND, f"--out {out} is a symbolic link: kubetune never writes through one; name a folder")
-    if out.exists() and not out.is_dir():
-        fail(COMMAND, f"--out {out} exists and is a file: name a folder")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        fail(COMMAND, f"--out {out} is not empty: name a new folder, or pass --force to write over its images")
-
-
 @click.command("generate")
 @click.argument("job")
 @namespace_option
@@ -63,7 +51,7 @@ def generate(job: str, namespace: str | None, step: str, version: int | None, pr
              seed: int | None, count: int | None, device: str | None, out_dir: Path | None, force: bool) -> None:
     """Draw images with JOB's trained weights (a TrainingJob name or the URI of a job or run directory),
     its base model (--base), or both side by side (--compare)."""
-    from kubetune_cli.trained import check_step, choose_run, fail, read_job, resolve_step
+    from kubetune_cli.trained import check_out_folder, check_step, choose_run, fail, read_job, resolve_step
 
     check_step(COMMAND, step)
     if base and compare:
@@ -72,7 +60,7 @@ def generate(job: str, namespace: str | None, step: str, version: int | None, pr
     chosen = "base" if base else resolve_step(COMMAND, run, step)
     trained = read_job(COMMAND, run)
     out = out_dir or default_out(trained.metadata.name, chosen, base, compare)
-    check_out(out, force)
+    check_out_folder(COMMAND, out, force)
 
     import torch
 

@@ -93,3 +93,14 @@ def read_job(command: str, run):
         fail(command, f"{run.uri} has no {layout.JOB_FILE}: the run was written by a kubetune that did not "
                       "record its TrainingJob; train it again with this version")
     return TrainingJob.model_validate(yaml.safe_load(text))
+
+
+def check_out_folder(command: str, out: Path, force: bool) -> None:
+    """--out: a new or empty folder, or with --force one to write into; never a file, never a link
+    (nothing is written through one). Checked before anything is pulled or drawn."""
+    if out.is_symlink():
+        fail(command, f"--out {out} is a symbolic link: kubetune never writes through one; give a real folder")
+    if out.exists() and not out.is_dir():
+        fail(command, f"--out {out} exists as a file: give a folder path (the file is left as it is)")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        fail(command, f"--out {out} is not empty: give a new folder, or pass --force to write into it")
