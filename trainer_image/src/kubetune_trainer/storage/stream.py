@@ -4,7 +4,9 @@
 (metadata.jsonl, captions, JSON records) are fetched, and every image is an empty placeholder.
 The layout readers and their checks then work unchanged (names, existence, confinement). An
 image's bytes arrive when it is read (`read_bytes`), by whichever process reads it: DataLoader
-workers included, since the files on disk are the only state the processes share.
+workers included, since the files on disk are the only state the processes share. Video clips
+are streamed as images are (an "image" below is either); before training a clip's header is read
+by ranges (`open_ranged`, data.video.probe), not the clip.
 
 Each rank's `Prefetcher` fetches the images of its own next steps ahead of the loader and turns
 those of the steps it trained back into placeholders, so at most about `cacheSize` of a data
