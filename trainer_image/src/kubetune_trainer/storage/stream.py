@@ -23,6 +23,7 @@ import io
 import logging
 import os
 import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -257,12 +258,20 @@ READ_BLOCK = 1024 * 1024
 
 def ranged_file(read_range: Callable[[int, int], bytes], size: int) -> BinaryIO:
     """A seekable binary file of SIZE bytes whose reads are read_range(start, count) calls."""
-    return io.BufferedReader(_RangedObject(read_range, size), buffer_size=READ_BLOCK)
+    return _RangedObject(read_range, size)
 
 
 class _RangedObject(io.RawIOBase):
+    """Small reads are served from the READ_BLOCK-aligned blocks around them, the last few kept: a
+    reader that seeks back and forth (a demuxer reading an .mp4's header at its end, then its first
+    frame; tarfile reading headers) fetches each block once. A read of more than a block is one
+    ranged read of exactly its bytes (a parquet column chunk)."""
+
+    BLOCKS_KEPT = 4
+
     def __init__(self, read_range: Callable[[int, int], bytes], size: int):
         self.read_range, self.size, self.position = read_range, size, 0
+        self._blocks: OrderedDict[int, bytes] = OrderedDict()
 
     def readable(self) -> bool:
         return True
@@ -278,12 +287,33 @@ class _RangedObject(io.RawIOBase):
         self.position = max(0, base + offset)
         return self.position
 
+    def _block(self, number: int) -> bytes:
+        if number in self._blocks:
+            self._blocks.move_to_end(number)
+        else:
+            start = number * READ_BLOCK
+            self._blocks[number] = self.read_range(start, min(READ_BLOCK, self.size - start))
+            while len(self._blocks) > self.BLOCKS_KEPT:
+                self._blocks.popitem(last=False)
+        return self._blocks[number]
+
     def readinto(self, buffer) -> int:
         count = max(0, min(len(buffer), self.size - self.position))
-        data = self.read_range(self.position, count)
-        buffer[:len(data)] = data
-        self.position += len(data)
-        return len(data)
+        if count > READ_BLOCK:
+            data = self.read_range(self.position, count)
+            buffer[:len(data)] = data
+            self.position += len(data)
+            return len(data)
+        done = 0
+        while done < count:
+            number, offset = divmod(self.position, READ_BLOCK)
+            piece = self._block(number)[offset:offset + count - done]
+            if not piece:
+                break
+            buffer[done:done + len(piece)] = piece
+            done += len(piece)
+            self.position += len(piece)
+        return done
 
 
 def describe(path: Path) -> str:
