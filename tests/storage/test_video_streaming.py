@@ -1,6 +1,7 @@
 """Video clips streamed from s3:// (loose, and as WebDataset members) train exactly what the same clips on
 local disk train: probed before the first step from their headers by ranged reads (no clip fetched
-whole), fetched ahead of their steps by the prefetcher and its loader workers, evicted after.
+whole), screened there as local clips are (a file that is not a video named, spec.data.skipBad
+honoured), fetched ahead of their steps by the prefetcher and its loader workers, evicted after.
 
 Per-rank sharding and resume are the images' code path (run.images_of over any sample's Path fields,
 storage.stream.Prefetcher): tests/storage/test_data_streaming.py and test_data_formats_streaming.py
@@ -16,8 +17,10 @@ from kubetune_trainer.restore_data import write_webdataset
 from kubetune_trainer.storage.stream import open_stream, remote
 from kubetune_trainer.tiny_data import write_tiny_data
 from tests.storage.test_data_streaming import fetched_images, upload
-from tests.trainer.conftest import family_job, run_dir, tiny_model, trained_weights  # noqa: F401
+from tests.trainer.conftest import (family_job, run_dir, run_trainer_expecting_failure, tiny_model,  # noqa: F401
+                                    trained_weights)
 from tests.trainer.test_distributed import max_difference, train
+from tests.trainer.test_hostile_input import no_traceback
 
 pytestmark = pytest.mark.slow
 
@@ -70,3 +73,21 @@ def test_clips_streamed_from_s3_loose_and_in_shards_train_the_weights_of_local_c
     assert len(streamed_files) == CLIPS + 2 + CLIPS, streamed_files
     assert all(p.stat().st_size == 0 for p in streamed_files), \
         "every clip was evicted after its step, and no shard was fetched whole"
+
+
+def test_a_streamed_file_that_is_not_a_video_is_named_before_training_from_its_header(bucket, tiny_model,
+                                                                                     tmp_path, monkeypatch):
+    """Streamed clips are screened before the first step as local ones are (their probe reads headers
+    only): refused in one line naming the clip, before anything is written."""
+    loose = write_tiny_data("video-captions", tmp_path / "loose", count=2, size=32, seed=0)
+    broken = sorted(loose.glob("**/*.mp4"))[1]
+    broken.write_bytes(b"<html>not a video</html>" * 20)
+    upload(loose, f"s3://{bucket}/broken")
+    monkeypatch.setenv("KUBETUNE_CACHE_DIR", str(tmp_path / "cache"))
+    manifest = wan_job(tiny_model("wan"), f"s3://{bucket}/broken", tmp_path / "out", "files")
+    stderr = run_trainer_expecting_failure(manifest, tmp_path)
+    named = tmp_path / "cache" / "stream" / bucket / "broken" / broken.relative_to(loose)
+    assert f"{named}: cannot be read as a video" in stderr, stderr[-3000:]
+    assert "or set spec.data.skipBad: true to skip bad samples" in stderr, "the screen's refusal: skipBad applies"
+    assert no_traceback(stderr)
+    assert not (tmp_path / "out").exists(), "refused before the run wrote anything"
