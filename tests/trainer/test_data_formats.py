@@ -101,6 +101,23 @@ def test_parquet_images_as_plain_bytes_or_as_paths_relative_to_the_data_read_as_
     assert [(s.path, s.caption) for s in read_back] == [(p, c) for p, _, c, _ in samples], "paths are the loose files"
 
 
+def test_a_control_column_of_lists_of_bytes_or_of_paths_reads_as_lists_of_structs_do(tmp_path):
+    loose = write_tiny_data("edit-pairs", tmp_path / "loose", count=3, size=32, seed=0, references=(2, 1))
+    samples = loose_samples("edit-pairs", loose)
+    expected = [[c.read_bytes() for c in controls] for *_, controls in samples]
+    targets = [{"bytes": p.read_bytes(), "path": name} for p, name, _, _ in samples]
+    texts = [text for _, _, text, _ in samples]
+    as_bytes = one_file(tmp_path / "bytes" / "data.parquet", image=targets, text=texts,
+                        control_image=[[c.read_bytes() for c in controls] for *_, controls in samples])
+    read_back, _ = read("edit-pairs", as_bytes, "parquet")
+    assert [[read_bytes(c) for c in s.controls] for s in read_back] == expected
+    assert MEMBERS.member(read_back[0].controls[1]).place == "row 0 column control_image[1]"
+    as_paths = one_file(loose / "index.parquet", image=targets, text=texts,
+                        control_image=[[c.relative_to(loose).as_posix() for c in controls] for *_, controls in samples])
+    read_back, _ = read("edit-pairs", as_paths, "parquet")
+    assert [list(s.controls) for s in read_back] == [list(controls) for *_, controls in samples], "the loose files"
+
+
 def test_the_trainer_reads_exactly_the_layouts_the_api_lets_each_format_hold():
     stored = {name for name, layout in LAYOUTS.items() if layout.from_stored is not None}
     for name, row in DATA_FORMATS.items():
