@@ -53,7 +53,8 @@ CASES = [("captions", "parquet", {}), ("captions", "webdataset", {}), ("image-fo
          ("edit-pairs", "parquet", {"references": (1, 3)}), ("edit-pairs", "webdataset", {"references": (1, 3)})]
 
 
-@pytest.mark.parametrize("layout,data_format,options", CASES, ids=[f"{l}-{f}" + ("-several" if o else "") for l, f, o in CASES])
+@pytest.mark.parametrize("layout,data_format,options", CASES,
+                         ids=[f"{l}-{f}" + ("-several" if o else "") for l, f, o in CASES])
 def test_each_format_holds_the_samples_of_the_loose_files_in_their_order_and_names(layout, data_format, options,
                                                                                    tmp_path):
     loose = write_tiny_data(layout, tmp_path / "loose", count=8, size=32, seed=0, **options)
