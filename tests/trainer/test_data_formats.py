@@ -49,10 +49,12 @@ def stored_name(path: Path, root: Path) -> str:
 
 CASES = [("captions", "parquet", {}), ("captions", "webdataset", {}), ("image-folder", "parquet", {}),
          ("image-folder", "webdataset", {}), ("edit-pairs", "parquet", {}),
-         ("edit-pairs", "webdataset", {"references": (1, 3)})]  # shards: several control images too
+         # Several control images: a list column (Sequence(Image())), and KEY.control_0.png, ... members.
+         ("edit-pairs", "parquet", {"references": (1, 3)}), ("edit-pairs", "webdataset", {"references": (1, 3)})]
 
 
-@pytest.mark.parametrize("layout,data_format,options", CASES, ids=[f"{l}-{f}" for l, f, _ in CASES])
+@pytest.mark.parametrize("layout,data_format,options", CASES,
+                         ids=[f"{l}-{f}" + ("-several" if o else "") for l, f, o in CASES])
 def test_each_format_holds_the_samples_of_the_loose_files_in_their_order_and_names(layout, data_format, options,
                                                                                    tmp_path):
     loose = write_tiny_data(layout, tmp_path / "loose", count=8, size=32, seed=0, **options)
@@ -98,6 +100,23 @@ def test_parquet_images_as_plain_bytes_or_as_paths_relative_to_the_data_read_as_
                         text=[c for _, _, c, _ in samples])
     read_back, _ = read("captions", as_paths, "parquet")
     assert [(s.path, s.caption) for s in read_back] == [(p, c) for p, _, c, _ in samples], "paths are the loose files"
+
+
+def test_a_control_column_of_lists_of_bytes_or_of_paths_reads_as_lists_of_structs_do(tmp_path):
+    loose = write_tiny_data("edit-pairs", tmp_path / "loose", count=3, size=32, seed=0, references=(2, 1))
+    samples = loose_samples("edit-pairs", loose)
+    expected = [[c.read_bytes() for c in controls] for *_, controls in samples]
+    targets = [{"bytes": p.read_bytes(), "path": name} for p, name, _, _ in samples]
+    texts = [text for _, _, text, _ in samples]
+    as_bytes = one_file(tmp_path / "bytes" / "data.parquet", image=targets, text=texts,
+                        control_image=[[c.read_bytes() for c in controls] for *_, controls in samples])
+    read_back, _ = read("edit-pairs", as_bytes, "parquet")
+    assert [[read_bytes(c) for c in s.controls] for s in read_back] == expected
+    assert MEMBERS.member(read_back[0].controls[1]).place == "row 0 column control_image[1]"
+    as_paths = one_file(loose / "index.parquet", image=targets, text=texts,
+                        control_image=[[c.relative_to(loose).as_posix() for c in controls] for *_, controls in samples])
+    read_back, _ = read("edit-pairs", as_paths, "parquet")
+    assert [list(s.controls) for s in read_back] == [list(controls) for *_, controls in samples], "the loose files"
 
 
 def test_the_trainer_reads_exactly_the_layouts_the_api_lets_each_format_hold():
@@ -189,11 +208,17 @@ def test_image_folder_as_webdataset_trains_the_classifier_class_folders_train(ti
     assert max_difference(weights["loose"], weights["shards"]) == 0
 
 
-def test_edit_pairs_in_shards_with_more_control_images_than_the_family_takes_are_named(tmp_path):
+@pytest.mark.parametrize("data_format", WRITERS)
+def test_edit_pairs_with_more_control_images_than_the_family_takes_are_named_by_row_or_sample(data_format,
+                                                                                            tmp_path):
     loose = write_tiny_data("edit-pairs", tmp_path / "loose", count=4, size=32, seed=0, references=(1, 3))
-    shards = write_webdataset("edit-pairs", loose, tmp_path / "shards")
-    spec = spec_for("edit-pairs", shards, "webdataset").model_copy(update={"model": spec_for(
-        "captions", shards, "webdataset").model.model_copy(update={"family": "flux-kontext"})})
-    with pytest.raises(ConfigError, match=rf"^{shards / 'shard-00000.tar'} sample training_images/0001: has 3 "
-                                          "control images; spec.model.family flux-kontext takes at most 1"):
+    stored = WRITERS[data_format]("edit-pairs", loose, tmp_path / data_format)
+    spec = spec_for("edit-pairs", stored, data_format).model_copy(update={"model": spec_for(
+        "captions", stored, data_format).model.model_copy(update={"family": "flux-kontext"})})
+    where = {"parquet": f"{stored / 'train-00000.parquet'} row 1",
+             "webdataset": f"{stored / 'shard-00000.tar'} sample training_images/0001"}[data_format]
+    with pytest.raises(ConfigError, match=rf"^{where}: has 3 control images; spec.model.family flux-kontext "
+                                          "takes at most 1"):
         LAYOUTS["edit-pairs"].read_samples(spec, Screen(skip_bad=False))
+    samples = LAYOUTS["edit-pairs"].read_samples(spec, screen := Screen(skip_bad=True))
+    assert len(samples) == 2 and len(screen.skipped) == 2 and screen.skipped[0].startswith(f"{where}: ")  # 1, 3, 1, 3

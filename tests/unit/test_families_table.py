@@ -187,8 +187,7 @@ def test_a_rows_frame_rule_refuses_other_frame_counts_naming_the_field_and_the_n
     monkeypatch.setitem(table.FAMILIES, "sd15", row)
     monkeypatch.setitem(api.LAYOUTS_BY_FAMILY, "sd15", row.layouts)
     monkeypatch.setattr(api, "JOB_RULES", [*api.JOB_RULES, *api.frame_rules(table.FAMILIES)])
-    video = set_fields(job("sd15", None), {"spec.data.layout": "video-captions", "spec.data.frames": 81,
-                                           "spec.data.streaming.enabled": False})  # s3:// clips are copied whole
+    video = set_fields(job("sd15", None), {"spec.data.layout": "video-captions", "spec.data.frames": 81})
     parse_manifest(video)
     parse_manifest(set_fields(video, {"spec.data.frames": [1, 33, 81]}))
     for frames, named in [(80, "80 is not, the nearest are 77 and 81"),

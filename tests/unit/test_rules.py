@@ -104,7 +104,7 @@ VARIATIONS = [
     {"spec.data.resolution": 1004},
     {**with_family("z-image"), "spec.data.resolution": [832, 584]},
 ] + [
-    # Video clips: frames needed by the video layout and refused elsewhere, its forms, fps, s3:// copied whole.
+    # Video clips: frames needed by the video layout and refused elsewhere, its forms, fps, s3:// clips.
     {"spec.data.frames": 5},
     {"spec.data.fps": 8.0},
     {"spec.data.layout": "video-captions"},

@@ -343,12 +343,6 @@ DATA_RULES = [
          lambda data: data.fps is None or data.layout in VIDEO_LAYOUTS,
          f"spec.data.fps resamples video clips: it applies to the {' and '.join(VIDEO_LAYOUTS)} layout only; "
          "remove it for images"),
-    Rule(f"!(self.layout in {list(VIDEO_LAYOUTS)}) || !self.uri.startsWith('s3://') || (has(self.streaming) "
-         "&& has(self.streaming.enabled) && !self.streaming.enabled)",
-         lambda data: data.layout not in VIDEO_LAYOUTS or not data.uri.startswith("s3://")
-         or not data.streaming.enabled,
-         "video clips from s3:// are copied whole before training, not streamed (each clip's frame count is read "
-         "before the first step): set spec.data.streaming.enabled: false"),
 ]
 
 

@@ -3,7 +3,8 @@ people's tools write them, for tests, demos and benchmarks: the same samples in 
 
 Parquet as Hugging Face `datasets` writes it: an `image` column of {bytes, path} structs, a `text`
 (captions) or `label` column (image-folder: ClassLabel indices, their names in the "huggingface"
-schema metadata), edit pairs a `control_image` column too, row groups of `rows_per_group`; video-captions
+schema metadata), edit pairs a `control_image` column too (a list of images per row, datasets'
+`Sequence(Image())`, where some pair has several control images), row groups of `rows_per_group`; video-captions
 a `video` column (datasets' Video feature) instead of `image`.
 WebDataset: KEY.png + KEY.txt or KEY.cls (the class name) members, edit pairs' KEY.control.jpg (or
 KEY.control_0.jpg, ...), video-captions KEY.mp4 + KEY.txt, shards of `per_file` samples.
@@ -53,8 +54,7 @@ def write_parquet(layout: str, loose: Path, out: Path, per_file: int = 4, rows_p
     import pyarrow.parquet as pq
 
     samples = loose_samples(layout, loose)
-    if any(len(controls) > 1 for *_, controls in samples):
-        raise ValueError("a control_image column holds one control image per pair: these pairs have several")
+    several = any(len(controls) > 1 for *_, controls in samples)  # then control_image holds a list per row
     classes = sorted({text for _, _, text, _ in samples})
     out.mkdir(parents=True, exist_ok=True)
     image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
@@ -64,14 +64,19 @@ def write_parquet(layout: str, loose: Path, out: Path, per_file: int = 4, rows_p
         fields, features = [("text", pa.string())], {"text": {"dtype": "string", "_type": "Value"}}
     media = "video" if layout == "video-captions" else "image"  # datasets' Video feature: {bytes, path} too
     images = [media] + (["control_image"] if layout == "edit-pairs" else [])
-    metadata = {"huggingface": json.dumps({"info": {"features": {**{c: {"_type": media.title()} for c in images},
-                                                                 **features}}})}
-    schema = pa.schema([*((c, image_type) for c in images), *fields], metadata=metadata)
+    feature = {c: {"_type": media.title()} for c in images}
+    types = {c: image_type for c in images}
+    if several:
+        feature["control_image"] = {"_type": "Sequence", "feature": {"_type": "Image"}}
+        types["control_image"] = pa.list_(image_type)
+    metadata = {"huggingface": json.dumps({"info": {"features": {**feature, **features}}})}
+    schema = pa.schema([*types.items(), *fields], metadata=metadata)
     for number, part in enumerate(_chunks(samples, per_file)):
         values = [classes.index(text) if layout == "image-folder" else text for _, _, text, _ in part]
         columns = {media: [{"bytes": image.read_bytes(), "path": name} for image, name, _, _ in part]}
         if layout == "edit-pairs":
-            columns["control_image"] = [{"bytes": c[0].read_bytes(), "path": c[0].name} for *_, c in part]
+            structs = [[{"bytes": c.read_bytes(), "path": c.name} for c in controls] for *_, controls in part]
+            columns["control_image"] = structs if several else [row[0] for row in structs]
         table = pa.table({**columns, fields[0][0]: values}, schema=schema)
         pq.write_table(table, out / f"train-{number:05d}.parquet", row_group_size=rows_per_group)
     return out

@@ -196,11 +196,14 @@ class Run:
         self.family.cache = open_cache(self.spec)
         samples = self.family.read_samples()
         self.prefetcher = None
-        if streamed(Path(self.spec.data.uri)):  # images are checked as they arrive (data.keyed)
-            streaming = self.spec.data.streaming
-            self.prefetcher = Prefetcher(int(parse_quantity(streaming.cache_size, "spec.data.streaming.cacheSize")),
-                                         streaming.prefetch_steps)
-        else:  # every image is checked before the first step; the processes share the work
+        streaming = streamed(Path(self.spec.data.uri))
+        if streaming:  # images are checked as they arrive (data.keyed)
+            self.prefetcher = Prefetcher(
+                int(parse_quantity(self.spec.data.streaming.cache_size, "spec.data.streaming.cacheSize")),
+                self.spec.data.streaming.prefetch_steps)
+        if not streaming or self.family.layout.screen_streamed:
+            # Every file is checked before the first step (streamed clips: from their headers); the
+            # processes share the work.
             size = self.family.size
             samples = self.family.screen.images(samples, self.rank, self.world_size, self._gather_objects, size,
                                                 by_area=self.spec.data.bucketing)

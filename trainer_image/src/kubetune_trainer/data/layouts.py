@@ -33,6 +33,9 @@ class Layout:
     check: Callable[[TrainingJobSpec], FileCheck | None] = lambda spec: None
     # Its samples from the records of spec.data.format parquet or webdataset (None: loose files only).
     from_stored: Callable[[list[stored.Stored], TrainingJobSpec, Screen], list] | None = None
+    # Whether a streamed data set is screened before training too: its check reads only a streamed
+    # file's header (a clip's probe, which the data set needs anyway), so spec.data.skipBad applies.
+    screen_streamed: bool = False
 
     def read_samples(self, spec: TrainingJobSpec, screen: Screen) -> list:
         """Every sample, from loose files or from the format spec.data.format names."""
@@ -113,5 +116,5 @@ LAYOUTS: dict[str, Layout] = {
                            from_stored=stored.labelled),
     "pmg": Layout(_read_pmg, _pmg_dataset, pmg.collate, held_out=_pmg_held_out),
     "video-captions": Layout(_read_video_captions, _video_captions_dataset, video_captions.collate,
-                             check=_clip_check, from_stored=stored.captioned_clips),
+                             check=_clip_check, from_stored=stored.captioned_clips, screen_streamed=True),
 }

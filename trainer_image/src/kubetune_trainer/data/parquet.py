@@ -6,6 +6,11 @@ to spec.data.uri. Bytes stay in the file: a row is a member image (storage.membe
 row group when the loader or the prefetcher reaches it, so indexing a file reads its footer and
 its caption or label column only. A label column holds class indices (datasets' ClassLabel, whose
 names the imagefolder builder sorts, numbering classes as class folders are) or class names.
+
+An edit pair's control column holds one image per row in those forms, or a list of them (datasets'
+`Sequence(Image())`: qwen-image-edit-plus and flux2 take several references): item i of a row's
+list is its control image i, named "FILE row N column COLUMN[i]". A list of structs is indexed from
+its paths only; a list of plain bytes is read whole while indexing (its lengths lie with its bytes).
 """
 from __future__ import annotations
 
@@ -39,11 +44,12 @@ class ParquetRow:
     index: int
     column: str
     root: Path
+    item: int | None = None  # the place in the row's list, for a list column
 
     def read(self, member: Member) -> bytes:
         values = _ROW_GROUPS.get((member.container, self.row_group, self.column),
                                  lambda: _image_column(member.container, self.row_group, self.column))
-        value = values[self.index]
+        value = values[self.index] if self.item is None else values[self.index][self.item]
         if isinstance(value, dict):
             if value.get("bytes") is not None:
                 return value["bytes"]
@@ -68,7 +74,8 @@ class ImageColumn:
     name: str
     field: str          # the spec field naming it
     stored_as: str      # "struct", "bytes" or "path" (_stored_as)
-    paths: list
+    paths: list         # per row: its path (or None); of a list column, the list of its items' paths
+    listed: bool = False  # a list of images per row (datasets' Sequence(Image()))
 
 
 def _index(root: Path, file: Path, columns: Columns) -> list:
@@ -100,8 +107,11 @@ def _index(root: Path, file: Path, columns: Columns) -> list:
         rows = metadata.row_group(group).num_rows
         for index in range(rows):
             where = f"{file} row {row}"
-            refs = [_image_of(root, file, relative, column, metadata.row_group(group), group, index, row, where)
-                    for column in images]
+            refs = []
+            for column in images:
+                items = range(len(column.paths[row] or ())) if column.listed else [None]
+                refs += [_image_of(root, file, relative, column, metadata.row_group(group), group, index, row,
+                                   where, item) for item in items]
             problem = next((ref for ref in refs if isinstance(ref, tuple)), None)
             if problem is not None:
                 found.append(problem)
@@ -114,11 +124,17 @@ def _index(root: Path, file: Path, columns: Columns) -> list:
 
 
 def _image_column_of(parquet, file: Path, column: str, field: str) -> ImageColumn:
+    import pyarrow as pa
+
     image_type = parquet.schema_arrow.field(column).type
-    stored_as = _stored_as(image_type)
+    listed = field == "controlColumn" and (pa.types.is_list(image_type) or pa.types.is_large_list(image_type))
+    stored_as = _stored_as(image_type.value_type if listed else image_type)
     if stored_as is None:
+        lists = ", or a list of them per row (datasets' Sequence(Image()))" if field == "controlColumn" else ""
         raise ConfigError(f"{file}: column {column!r} (spec.data.{field}) holds {image_type}, not images: it "
-                          "needs {bytes, path} structs (datasets' Image feature), bytes or paths")
+                          f"needs {{bytes, path}} structs (datasets' Image feature), bytes or paths{lists}")
+    if listed:
+        return ImageColumn(column, field, stored_as, _listed_paths(parquet, column, stored_as), listed=True)
     if stored_as == "bytes":
         return ImageColumn(column, field, stored_as, [None] * parquet.metadata.num_rows)
     read = f"{column}.path" if stored_as == "struct" else column  # a struct's paths, never its bytes
@@ -127,21 +143,38 @@ def _image_column_of(parquet, file: Path, column: str, field: str) -> ImageColum
                        [v and v.get("path") for v in values] if stored_as == "struct" else values)
 
 
+def _listed_paths(parquet, column: str, stored_as: str) -> list[list]:
+    """Per row, the paths of the items of a list column (None for an item without one): of structs
+    read from the structs' path leaf alone (its name for list items, "list.element" or "list.item",
+    is the writer's: taken from the file); of bytes, the column itself."""
+    leaves = [parquet.metadata.schema.column(i).path for i in range(parquet.metadata.num_columns)]
+    if stored_as == "struct":
+        read = next(leaf for leaf in leaves if leaf.startswith(f"{column}.") and leaf.endswith(".path"))
+        values = parquet.read(columns=[read]).column(0).to_pylist()
+        return [[item and item.get("path") for item in row or ()] for row in values]
+    values = parquet.read(columns=[column]).column(0).to_pylist()
+    return [[item if stored_as == "path" else None for item in row or ()] for row in values]
+
+
 def _image_of(root: Path, file: Path, relative: str, column: ImageColumn, row_group, group: int, index: int,
-              row: int, where: str) -> Path | tuple[str, str]:
-    """The path of one row's image in COLUMN: a loose file it names, or a member of the file; or
-    (where, why) it cannot be."""
-    path = column.paths[row]
+              row: int, where: str, item: int | None = None) -> Path | tuple[str, str]:
+    """The path of one row's image in COLUMN (item ITEM of its list, for a list column): a loose file
+    it names, or a member of the file; or (where, why) it cannot be."""
+    path = column.paths[row] if item is None else column.paths[row][item]
     if column.stored_as == "path":
         try:
             image = confined(root, path or "", f"image path in {where}")
         except UnsafePath as err:
             return where, str(err)
         return image if image.is_file() else (where, f"its image {path} does not exist in {root}")
+    listed = "" if item is None else f"[{item}]"
     share = _image_bytes(row_group, column.name) // max(row_group.num_rows, 1)
-    member = Member(file, f"row {row}" + ("" if column.field == "imageColumn" else f" column {column.name}"),
-                    path or f"{relative}:{row}", share, ParquetRow(group, index, column.name, root))
-    return MEMBERS.add(member, f"row-{row}" + ("" if column.field == "imageColumn" else f".{column.name}"))
+    if item is not None:  # a row's share of the column, split between its items
+        share //= max(len(column.paths[row]), 1)
+    member = Member(file, f"row {row}" + ("" if column.field == "imageColumn" else f" column {column.name}{listed}"),
+                    path or f"{relative}:{row}{listed}", share, ParquetRow(group, index, column.name, root, item))
+    return MEMBERS.add(member, f"row-{row}" + ("" if column.field == "imageColumn" else f".{column.name}")
+                       + ("" if item is None else f".{item}"))
 
 
 def _stored_as(image_type) -> str | None:

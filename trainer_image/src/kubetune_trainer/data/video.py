@@ -23,7 +23,7 @@ from pathlib import Path
 import av
 import numpy as np
 
-from kubetune_trainer.storage.stream import in_place, read_bytes
+from kubetune_trainer.storage.stream import in_place, open_ranged, read_bytes, remote
 
 # Frames are decoded on one thread per loader worker: the workers are the parallelism (one per core
 # is what benchmarks/video_decode.py measures), and FFmpeg's own threads would contend with them.
@@ -78,7 +78,12 @@ def _source(path: Path):
 def probe(path: Path) -> ClipInfo:
     """What the clip holds; ClipError when it is not a usable video. Remembered per file version (a
     clip stored in a container: per path, containers do not change under a run): the screen probes
-    every clip before the data set is built, which probes them again."""
+    every clip before the data set is built, which probes them again.
+
+    A clip streamed from s3:// and not fetched yet is probed by ranged reads: an .mp4/.mov's frame
+    count is in its header (the sample table), so only the header and the first frame are read,
+    and its keyframes are left unknown (its samples decode from the clip's start). Other
+    containers (.webm) keep no count in the header: their packets are read, the whole clip."""
     local = in_place(path)
     if local:
         stat = path.stat()
@@ -88,16 +93,19 @@ def probe(path: Path) -> ClipInfo:
     with _probed_lock:
         if memo in _probed:
             return _probed[memo]
-    source = _source(path)
-    if (stat.st_size if local else len(source.getbuffer())) == 0:
+    fetched = not local and remote(path)
+    source = str(path) if local else open_ranged(path) if fetched else io.BytesIO(read_bytes(path))
+    if (stat.st_size if local else source.seek(0, io.SEEK_END)) == 0:
         raise ClipError("is empty (0 bytes): a zero-length clip")
-    info = _probe(source)
+    if not local:
+        source.seek(0)
+    info = _probe(source, header_only=fetched)
     with _probed_lock:
         _probed[memo] = info
     return info
 
 
-def _probe(source) -> ClipInfo:
+def _probe(source, header_only: bool = False) -> ClipInfo:
     try:
         with av.open(source) as container:
             if not container.streams:  # a container header and nothing in it (an encoder given no frames)
@@ -107,11 +115,14 @@ def _probe(source) -> ClipInfo:
                 raise ClipError(f"holds no video stream (only {kinds}): it is not a video (.mp4 H.264/H.265, "
                                 ".webm, .mov)")
             stream = container.streams.video[0]
-            packets = [(packet.pts, packet.is_keyframe) for packet in container.demux(stream) if packet.size]
-            frames = len(packets)
+            if header_only and "mp4" in container.format.name and stream.frames > 0:
+                frames, keyframes = stream.frames, ()  # the sample table's count: no packet read
+            else:
+                packets = [(packet.pts, packet.is_keyframe) for packet in container.demux(stream) if packet.size]
+                frames, keyframes = len(packets), _keyframes(packets)
+                container.seek(0)
             if frames == 0:
                 raise ClipError("holds no video frames: a zero-length clip")
-            container.seek(0)
             stream.codec_context.thread_count = DECODE_THREADS
             first = next(container.decode(stream), None)
             if first is None:
@@ -122,7 +133,7 @@ def _probe(source) -> ClipInfo:
                 rate = frames / duration if duration > 0 else 0.0
             if rate <= 0:
                 raise ClipError("has no frame rate (neither its stream nor its duration gives one)")
-            return ClipInfo(frames, rate, first.width, first.height, _keyframes(packets))
+            return ClipInfo(frames, rate, first.width, first.height, keyframes)
     except av.FFmpegError as err:
         raise ClipError(f"cannot be read as a video ({type(err).__name__}: {err})") from None
 

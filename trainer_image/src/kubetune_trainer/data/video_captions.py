@@ -18,6 +18,7 @@ into memory (data.video), and named by their container and row or member.
 from __future__ import annotations
 
 import random
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from kubetune_trainer.data import captions
 from kubetune_trainer.data.captions import read_captions
 from kubetune_trainer.data.images import Crop, ImageTransform, cover_size, crop_origin
 from kubetune_trainer.data.keyed import KeyedDataset
-from kubetune_trainer.data.screening import Screen
+from kubetune_trainer.data.screening import CHECK_THREADS, Screen
 from kubetune_trainer.data.video import ClipError, probe, read_frames
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.storage.stream import describe
@@ -49,6 +50,13 @@ def read_video_captions(root: Path, screen: Screen, file_column: str = "file_nam
             read_captions(root, screen, file_column, caption_column, VIDEOS_FOLDER, "video-captions")]
 
 
+def _probe_or_error(path: Path):
+    try:
+        return probe(path)
+    except ClipError as err:
+        return err
+
+
 def _failed(path: Path, err: ClipError) -> ConfigError:
     return ConfigError(f"{describe(path)}: {err}; fix or remove it (every clip is checked before training, and "
                        "spec.data.skipBad applies there)")
@@ -61,12 +69,14 @@ class VideoCaptionsDataset(KeyedDataset):
     def __init__(self, samples: list[CaptionedClip], transform: ImageTransform, frames: list[int],
                  fps: float | None, caption_dropout: float, seed: int, bucketing: bool = False,
                  random_start: bool = True, start_per_sample: bool = False):
-        self.clips = []
-        for sample in samples:
-            try:
-                self.clips.append(probe(sample.path))  # remembered from the screen in this process
-            except ClipError as err:
-                raise _failed(sample.path, err) from None
+        # Remembered from the screen for this process's share; the others' clips are probed again, in
+        # parallel: a streamed clip's probe is a ranged GET or two, a round trip each.
+        with ThreadPoolExecutor(CHECK_THREADS) as pool:
+            found = list(pool.map(_probe_or_error, [sample.path for sample in samples]))
+        for sample, info in zip(samples, found):
+            if isinstance(info, ClipError):
+                raise _failed(sample.path, info)
+        self.clips = found
         self.fps = fps
         self.frames = [self._count(sample.path, info, frames) for sample, info in zip(samples, self.clips)]
         super().__init__(samples, [s.path for s in samples], transform, seed, bucketing, kinds=self.frames,

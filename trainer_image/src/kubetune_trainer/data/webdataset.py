@@ -34,6 +34,7 @@ class TarRange:
 
     def __init__(self, offset: int, size: int):
         self.offset, self.size = offset, size
+        self.span = (offset, size)  # a clip member is probed by ranges of it (storage.members.open_ranged)
 
     def read(self, member: Member) -> bytes:
         return read_range(member.container, self.offset, self.size)

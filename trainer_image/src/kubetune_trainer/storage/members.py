@@ -24,11 +24,6 @@ from kubetune_trainer.storage import stream
 from kubetune_trainer.storage.confine import confined
 
 MEMBERS_SUFFIX = ".members"
-# One ranged GET reads at least this much of a streamed container: indexing a shard of small
-# images reads through it, and over a network the round trip, not the bytes, is the cost.
-READ_BLOCK = 1024 * 1024
-
-
 class Locator(Protocol):
     """Where an image is inside its container."""
 
@@ -68,37 +63,11 @@ def read_range(container: Path, start: int, size: int) -> bytes:
 
 def open_container(container: Path) -> BinaryIO:
     """CONTAINER as a seekable binary file (tarfile and pyarrow read it): a streamed object reads
-    the ranges asked for, READ_BLOCK at a time, instead of the whole object."""
+    the ranges asked for, stream.READ_BLOCK at a time, instead of the whole object."""
     found = stream.streamed_object(container)
     if found is None:
         return open(container, "rb")
-    return io.BufferedReader(_RangedObject(container, container_size(container)), buffer_size=READ_BLOCK)
-
-
-class _RangedObject(io.RawIOBase):
-    def __init__(self, container: Path, size: int):
-        self.container, self.size, self.position = container, size, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.position
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.size}[whence]
-        self.position = max(0, base + offset)
-        return self.position
-
-    def readinto(self, buffer) -> int:
-        count = max(0, min(len(buffer), self.size - self.position))
-        data = read_range(self.container, self.position, count)
-        buffer[:len(data)] = data
-        self.position += len(data)
-        return len(data)
+    return stream.ranged_file(lambda start, size: read_range(container, start, size), container_size(container))
 
 
 class MemberSet:
@@ -156,6 +125,19 @@ class MemberSet:
 
     def listed_size(self, key: str) -> int:
         return self.members[key].size
+
+    def remote(self, path: Path, key: str) -> bool:
+        return stream.streamed_object(self.members[key].container) is not None and not _has_copy(path)
+
+    def open_ranged(self, path: Path, key: str) -> BinaryIO:
+        """The member as a seekable file: read by ranges where its container can (a shard member),
+        else read whole into memory (a parquet row: its row group's column is read anyway)."""
+        member = self.members[key]
+        span = getattr(member.locator, "span", None)  # (offset, size) where the member lies whole in its container
+        if span is None:
+            return io.BytesIO(member.locator.read(member))
+        offset, size = span
+        return stream.ranged_file(lambda start, count: read_range(member.container, offset + start, count), size)
 
     def image_size(self, path: Path, key: str) -> tuple[int, int]:
         """(width, height) from the image's first bytes where its container can read a part of it

@@ -4,7 +4,9 @@
 (metadata.jsonl, captions, JSON records) are fetched, and every image is an empty placeholder.
 The layout readers and their checks then work unchanged (names, existence, confinement). An
 image's bytes arrive when it is read (`read_bytes`), by whichever process reads it: DataLoader
-workers included, since the files on disk are the only state the processes share.
+workers included, since the files on disk are the only state the processes share. Video clips
+are streamed as images are (an "image" below is either); before training a clip's header is read
+by ranges (`open_ranged`, data.video.probe), not the clip.
 
 Each rank's `Prefetcher` fetches the images of its own next steps ahead of the loader and turns
 those of the steps it trained back into placeholders, so at most about `cacheSize` of a data
@@ -21,9 +23,11 @@ import io
 import logging
 import os
 import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO, Callable
 
 from kubetune_trainer.storage import s3
 from kubetune_trainer.storage.confine import relative_parts
@@ -32,10 +36,13 @@ from kubetune_trainer.storage.uri import S3Location, parse_s3
 log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+# Video clips (the video-captions layout) stream as images do: placeholders, fetched ahead of their
+# step; before training only their headers are read, by ranges (data.video.probe).
+VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov", ".webm", ".mkv")
 # Parquet files and tar shards hold the images of spec.data.format parquet / webdataset: they stay
 # placeholders too, and their images are read out of them by ranges (storage.members).
 CONTAINER_SUFFIXES = (".parquet", ".tar")
-STREAMED_SUFFIXES = IMAGE_SUFFIXES + CONTAINER_SUFFIXES
+STREAMED_SUFFIXES = IMAGE_SUFFIXES + VIDEO_SUFFIXES + CONTAINER_SUFFIXES
 FETCH_THREADS = 8
 
 
@@ -103,6 +110,14 @@ class Stream:
 
     def listed_size(self, key: str) -> int:
         return self.images[key].size
+
+    def remote(self, path: Path, key: str) -> bool:
+        """Whether reading the object costs a fetch (it is not on disk whole)."""
+        return _size(path) != self.images[key].size
+
+    def open_ranged(self, path: Path, key: str) -> BinaryIO:
+        """The object as a seekable file that fetches only the ranges read (a clip's header)."""
+        return ranged_file(lambda start, size: self.read_range(key, start, size), self.images[key].size)
 
     def image_size(self, path: Path, key: str) -> tuple[int, int]:
         """(width, height) from the image's header: of an image not on disk yet, only its first
@@ -220,6 +235,85 @@ def open_image(path: Path):
     if _stream_of(Path(path)) is None:
         return Image.open(path)
     return Image.open(io.BytesIO(read_bytes(path)))
+
+
+def remote(path: Path) -> bool:
+    """Whether PATH's bytes are not on this node yet: a streamed object (or a streamed container's
+    member) with no copy on disk. Reading all of it would fetch it whole."""
+    found = _stream_of(Path(path))
+    return found is not None and found[0].remote(Path(path), found[1])
+
+
+def open_ranged(path: Path) -> BinaryIO:
+    """A remote (see `remote`) object as a seekable binary file that fetches the ranges read, a
+    READ_BLOCK at a time: readers that seek (a video's demuxer) take only the parts they need."""
+    found = _stream_of(Path(path))
+    return found[0].open_ranged(Path(path), found[1])
+
+
+# One ranged GET reads at least this much of a streamed object: indexing a shard of small images, or
+# a clip's header, reads through it, and over a network the round trip, not the bytes, is the cost.
+READ_BLOCK = 1024 * 1024
+
+
+def ranged_file(read_range: Callable[[int, int], bytes], size: int) -> BinaryIO:
+    """A seekable binary file of SIZE bytes whose reads are read_range(start, count) calls."""
+    return _RangedObject(read_range, size)
+
+
+class _RangedObject(io.RawIOBase):
+    """Small reads are served from the READ_BLOCK-aligned blocks around them, the last few kept: a
+    reader that seeks back and forth (a demuxer reading an .mp4's header at its end, then its first
+    frame; tarfile reading headers) fetches each block once. A read of more than a block is one
+    ranged read of exactly its bytes (a parquet column chunk)."""
+
+    BLOCKS_KEPT = 4
+
+    def __init__(self, read_range: Callable[[int, int], bytes], size: int):
+        self.read_range, self.size, self.position = read_range, size, 0
+        self._blocks: OrderedDict[int, bytes] = OrderedDict()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.size}[whence]
+        self.position = max(0, base + offset)
+        return self.position
+
+    def _block(self, number: int) -> bytes:
+        if number in self._blocks:
+            self._blocks.move_to_end(number)
+        else:
+            start = number * READ_BLOCK
+            self._blocks[number] = self.read_range(start, min(READ_BLOCK, self.size - start))
+            while len(self._blocks) > self.BLOCKS_KEPT:
+                self._blocks.popitem(last=False)
+        return self._blocks[number]
+
+    def readinto(self, buffer) -> int:
+        count = max(0, min(len(buffer), self.size - self.position))
+        if count > READ_BLOCK:
+            data = self.read_range(self.position, count)
+            buffer[:len(data)] = data
+            self.position += len(data)
+            return len(data)
+        done = 0
+        while done < count:
+            number, offset = divmod(self.position, READ_BLOCK)
+            piece = self._block(number)[offset:offset + count - done]
+            if not piece:
+                break
+            buffer[done:done + len(piece)] = piece
+            done += len(piece)
+            self.position += len(piece)
+        return done
 
 
 def describe(path: Path) -> str:
