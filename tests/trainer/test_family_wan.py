@@ -205,8 +205,8 @@ def test_validation_renders_each_prompt_as_an_h264_mp4_and_an_animated_gif_tenso
             assert preview.is_animated and preview.n_frames == 5 and preview.size == (32, 32)
     events = EventAccumulator(str(run / "logs"), size_guidance={"images": 0}).Reload()
     for number in (0, 1):
-        [summary] = events.Images(f"samples/{number}")
-        assert summary.step == 2 and summary.encoded_image_string.startswith(b"GIF8")
+        base, summary = events.Images(f"samples/{number}")  # step 0 (the base model) and the final step
+        assert (base.step, summary.step) == (0, 2) and summary.encoded_image_string.startswith(b"GIF8")
         with Image.open(io.BytesIO(summary.encoded_image_string)) as played:
             assert played.n_frames == 5
 

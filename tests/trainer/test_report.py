@@ -136,14 +136,14 @@ def test_a_run_without_logs_still_gets_a_report_that_says_what_is_missing(traine
 def test_grids_start_with_the_base_and_a_damaged_one_is_named_not_shown_broken(trained, tmp_path):
     copy = tmp_path / "copy" / "v0"
     shutil.copytree(trained, copy, ignore=shutil.ignore_patterns(layout.REPORT_FILE))
-    (copy / "samples" / "step-0000002").rename(copy / "samples" / "step-0000000")  # as a validation at step 0
     damaged = copy / "samples" / "step-0000003"
     damaged.mkdir()
     (damaged / "grid.png").write_bytes(b"\x89PNG truncated")
     out = tmp_path / "report.html"
     assert kubetune("report", str(copy), "--out", str(out)).exit_code == 0
     seen = open_in_browser(out, tmp_path)
-    assert seen["grids"] == ["validation samples at base", "validation samples at step 4"]
+    assert seen["grids"] == ["validation samples at base", "validation samples at step 2",
+                             "validation samples at step 4"], "step 0, the base model, comes first"
     assert seen["broken"] == []
     assert "samples/step-0000003/grid.png could not be read" in seen["missing"]
 
