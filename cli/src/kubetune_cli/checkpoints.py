@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from kubetune_api import layout
+from kubetune_trainer.storage.catalog import human_size
 
 STEP_HELP = "A checkpoint's step, the newest complete one, or the run's final weights."
 
@@ -72,14 +73,6 @@ def resolve(job: str, namespace: str | None) -> Target:
     return from_cluster(job, namespace)
 
 
-def human_size(size: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return ""
-
-
 def when(timestamp: float | None) -> str:
     if timestamp is None:
         return "-"
@@ -120,6 +113,8 @@ def checkpoints() -> None:
 
 namespace_option = click.option("-n", "--namespace", default=None,
                                 help="Namespace of the TrainingJob (default: the kubeconfig context's).")
+version_option = click.option("--version", "version", type=int, default=None,
+                              help="Which run (v<N>); default: the TrainingJob's current run, else the newest.")
 
 
 @checkpoints.command("ls")
@@ -148,8 +143,7 @@ def ls(job: str, namespace: str | None) -> None:
 @click.argument("job")
 @namespace_option
 @click.option("--step", default="latest", show_default=True, metavar="N|latest|final", help=STEP_HELP)
-@click.option("--version", "version", type=int, default=None,
-              help="Which run (v<N>); default: the TrainingJob's current run, else the newest.")
+@version_option
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Directory to download into.")
 def pull(job: str, namespace: str | None, step: str, version: int | None, out_dir: str) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from kubetune_cli.checkpoints import STEP_HELP, namespace_option, resolve
+from kubetune_cli.checkpoints import STEP_HELP, namespace_option, resolve, version_option
 from kubetune_cli.trained import check_out_folder, check_step, choose_run, fail, pull_weights, read_job, resolve_step, step_label
 
 COMMAND = "evaluate"
@@ -36,8 +36,7 @@ def pick_device(name: str):
 @click.option("--out", "out_dir", default=None, type=click.Path(),
               help="Folder for the results; default ./<job>-v<N>-<step>-evaluation.")
 @click.option("--step", default="final", show_default=True, metavar="N|latest|final", help=STEP_HELP)
-@click.option("--version", "version", type=int, default=None,
-              help="Which run (v<N>); default: the TrainingJob's current run, else the newest.")
+@version_option
 @click.option("--force", is_flag=True, help="Write into a non-empty --out, replacing the files evaluate writes.")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]),
               help="Where the model runs (auto: a CUDA GPU when there is one).")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from kubetune_cli.checkpoints import STEP_HELP, human_size, namespace_option, resolve, storage_errors
+from kubetune_cli.checkpoints import STEP_HELP, human_size, namespace_option, resolve, storage_errors, version_option
 from kubetune_cli.trained import check_out_folder, check_step, choose_run, fail, pull_weights, read_job, resolve_step, step_label
 
 COMMAND = "export"
@@ -132,8 +132,7 @@ def local_models(spec):
               help="Folder to write (created; must be empty unless --force); default "
                    "./<job>-v<N>-<step>-<format>.")
 @click.option("--step", default="final", show_default=True, metavar="N|latest|final", help=STEP_HELP)
-@click.option("--version", "version", type=int, default=None,
-              help="Which run (v<N>); default: the TrainingJob's current run, else the newest.")
+@version_option
 @namespace_option
 @click.option("--force", is_flag=True, help="Write into a non-empty --out, replacing files of the same names.")
 def export(job: str, format_: str, dtype: str | None, out_path: str | None, step: str, version: int | None,

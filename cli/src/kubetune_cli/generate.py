@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from kubetune_cli.checkpoints import STEP_HELP, namespace_option, resolve
+from kubetune_cli.checkpoints import STEP_HELP, namespace_option, resolve, version_option
 
 COMMAND = "generate"
 
@@ -25,8 +25,7 @@ def default_out(job_name: str, step: int | str, base: bool, compare: bool) -> Pa
 @click.argument("job")
 @namespace_option
 @click.option("--step", default="final", show_default=True, metavar="N|latest|final", help=STEP_HELP)
-@click.option("--version", "version", type=int, default=None,
-              help="Which run (v<N>); default: the TrainingJob's current run, else the newest.")
+@version_option
 @click.option("--prompt", "prompts", multiple=True,
               help="A prompt to draw (repeatable); default: the job's validation prompts, else its held-out "
                    "samples (edit families: held-out pairs; PMG: held-out users).")

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from kubetune_api import layout
-from kubetune_cli.checkpoints import namespace_option, resolve, storage_errors
+from kubetune_cli.checkpoints import namespace_option, resolve, storage_errors, version_option
 from kubetune_cli.trained import choose_run, fail
 
 COMMAND = "report"
@@ -33,8 +33,7 @@ def check_out(out: Path, force: bool) -> None:
 @click.command(COMMAND)
 @click.argument("job")
 @namespace_option
-@click.option("--version", "version", type=int, default=None,
-              help="Which run (v<N>); default: the TrainingJob's current run, else the newest.")
+@version_option
 @click.option("-o", "--out", "out", default=layout.REPORT_FILE, show_default=True, type=click.Path(),
               help="The HTML file to write (one file: the pictures are embedded).")
 @click.option("--force", is_flag=True, help="Replace --out if it exists (never through a symbolic link).")

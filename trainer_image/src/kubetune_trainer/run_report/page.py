@@ -21,6 +21,7 @@ from pathlib import Path
 from kubetune_api import layout
 from kubetune_trainer.run_report import charts
 from kubetune_trainer.run_report.facts import Grid, RunFacts
+from kubetune_trainer.storage.catalog import human_size
 
 MAX_GRID_WIDTH = 1280
 MIN_GRID_WIDTH = 512
@@ -92,14 +93,6 @@ def duration(seconds: float) -> str:
     minutes, secs = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes:02d} min {secs:02d} s" if hours else f"{minutes} min {secs:02d} s"
-
-
-def size(count: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return f"{count} B" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return ""
 
 
 def table(header: list[str] | None, rows: list[list[str]], numeric: set[int] = frozenset()) -> str:
@@ -179,14 +172,14 @@ def weights(facts: RunFacts) -> str:
     run = facts.run
     parts = ["<h2>Weights</h2>"]
     if run.final_files:
-        rows = [[f"<code>{e(name)}</code>", e(size(count)), f'<span class="uri">{e(layout.join(run.uri, name))}</span>']
+        rows = [[f"<code>{e(name)}</code>", e(human_size(count)), f'<span class="uri">{e(layout.join(run.uri, name))}</span>']
                 for name, count in sorted(run.final_files.items())]
         parts.append("<h3>Final weights</h3>" + table(["file", "size", "URI"], rows, numeric={1}))
     else:
         parts.append("<p>No final weights.</p>")
     if run.checkpoints:
         rows = [[e(c.step), e(c.epoch if c.epoch is not None else "-"),
-                 e(f"{c.loss:.5f}" if c.loss is not None else "-"), e(size(c.size)), f'<span class="uri">{e(c.uri)}</span>']
+                 e(f"{c.loss:.5f}" if c.loss is not None else "-"), e(human_size(c.size)), f'<span class="uri">{e(c.uri)}</span>']
                 for c in run.checkpoints]
         parts.append("<h3>Checkpoints</h3>" + table(["step", "epoch", "loss", "size", "URI"], rows, numeric={0, 1, 2, 3}))
     else:

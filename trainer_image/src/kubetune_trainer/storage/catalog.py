@@ -90,6 +90,15 @@ def describe(uri: str) -> list[RunEntry]:
     return [run] if run.checkpoints or run.final_files or tree.read_text(layout.RUN_FILE) else []
 
 
+def human_size(size: int) -> str:
+    """A byte count as people read it: 512 B, 1.5 KiB ... GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return ""
+
+
 class PullFailed(RuntimeError):
     """A download that could not be verified (nothing of it is left in the target)."""
 
