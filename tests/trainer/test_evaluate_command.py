@@ -274,6 +274,27 @@ def test_a_generating_family_scores_each_generated_image_against_its_held_out_im
     assert sorted(p.name for p in (out / "images").iterdir()) == ["0000.png", "0001.png"]
 
 
+def test_an_edit_is_scored_by_validations_clip_directional_against_its_control(tiny_clip, tmp_path):
+    """Edit pairs gain clip_directional per pair, the same figure validation logs (its mean); an edit that
+    returns the control image unchanged has no direction (0)."""
+    from kubetune_trainer.data.edit_pairs import read_edit_pairs
+    from kubetune_trainer.data.screening import Screen
+    from kubetune_trainer.evaluation import ClipScorer
+    from kubetune_trainer.run_evaluation import score_generated
+    from kubetune_trainer.tiny_data import write_tiny_data
+
+    pairs = read_edit_pairs(write_tiny_data("edit-pairs", tmp_path / "pairs", count=2, size=32), Screen(False))
+    controls = [Image.open(pair.controls[0]).convert("RGB") for pair in pairs]
+    edited = [Image.open(pairs[0].target).convert("RGB"), controls[1]]
+    clip = ClipScorer(str(tiny_clip), torch.device("cpu"))
+    files = score_generated(edited, pairs, clip, {})
+    rows = list(csv.DictReader(files["scores.csv"].decode().splitlines()))
+    assert float(rows[1]["clip_directional"]) == pytest.approx(0, abs=1e-6), "no edit, no direction"
+    assert -1 <= float(rows[0]["clip_directional"]) <= 1 and float(rows[0]["clip_directional"]) != 0
+    validation = clip.clip_directional(controls, edited, [pair.instruction for pair in pairs])
+    assert json.loads(files["metrics.json"])["clip_directional"] == pytest.approx(validation, abs=1e-6)
+
+
 def test_a_checkpoint_without_ready_weights_loads_from_its_sharded_state(classifier_job, tmp_path):
     """A full fine-tune's checkpoint holds only its sharded state: the same weights as the adapter beside it."""
     from kubetune_api.spec import TrainingJob

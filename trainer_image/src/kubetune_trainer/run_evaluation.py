@@ -8,7 +8,8 @@ whatever machine asks), or every sample of another folder in the job's layout (-
   (classification_metrics.report) and confusion_matrix.png.
 - A generating family draws each sample's image from its prompt (and control images) with the
   trained weights (generate_for) and scores it against the sample's own image (evaluation: ssim,
-  clip_image, clip_text): images/, scores.csv (a row per sample) and metrics.json (the means).
+  clip_image, clip_text; an edit against its control image too: clip_directional): images/, scores.csv
+  (a row per sample) and metrics.json (the means).
 
 Everything is computed before anything is written; each file is written beside and renamed into
 place, so a file (or a link) already in the output folder is replaced, never written through.
@@ -26,7 +27,7 @@ from pathlib import Path
 import torch
 
 from kubetune_api.spec import TrainingJob, TrainingJobSpec
-from kubetune_trainer.data.edit_pairs import IMAGE_SUFFIXES
+from kubetune_trainer.data.edit_pairs import IMAGE_SUFFIXES, EditPair
 from kubetune_trainer.data.layouts import LAYOUTS
 from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.errors import ConfigError
@@ -237,7 +238,8 @@ def clip_scorer(source: str | None, device: torch.device, named: str = "spec.val
 
 def score_generated(generated: list, samples: list, clip, described: dict) -> dict[str, bytes]:
     """The files of a generating family's evaluation: each generated image against its sample's own
-    image (ssim; with a CLIP scorer clip_image) and against its prompt (clip_text)."""
+    image (ssim; with a CLIP scorer clip_image), against its prompt (clip_text) and, an edit, the change
+    from its first control image against its instruction (clip_directional, as validation scores it)."""
     from PIL import Image
 
     from kubetune_trainer.evaluation import ssim
@@ -250,6 +252,9 @@ def score_generated(generated: list, samples: list, clip, described: dict) -> di
     if clip is not None:
         scores["clip_image"] = clip.image_similarity(generated, references)
         scores["clip_text"] = clip.text_similarity(generated, prompts)
+        if all(isinstance(sample, EditPair) for sample in samples):
+            controls = [Image.open(sample.controls[0]).convert("RGB") for sample in samples]
+            scores["clip_directional"] = clip.directional_similarity(controls, generated, prompts)
     images = {f"images/{i:04d}.png": _png_image(image) for i, image in enumerate(generated)}
     rows = [[f"images/{i:04d}.png", str(reference_path(sample)), prompts[i],
              *(f"{scores[metric].per_image[i]:.6f}" for metric in scores)] for i, sample in enumerate(samples)]
