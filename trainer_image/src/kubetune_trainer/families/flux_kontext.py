@@ -18,6 +18,7 @@ from kubetune_trainer.families import editing
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.denoiser import load_denoiser, train_denoiser
+from kubetune_trainer.lora_keys import FLUX_KOHYA
 from kubetune_trainer.planning.forwards import mse, vae_scale
 from kubetune_trainer.reference_models import CLIP_L_TEXT, T5_XXL_ENCODER, Component
 
@@ -236,4 +237,5 @@ DEFINITION = FamilyDefinition(
     pipeline=PIPELINE,
     scheduler=scheduler,
     write_tokenizers=write_tokenizers,
+    kohya=FLUX_KOHYA,
 )
