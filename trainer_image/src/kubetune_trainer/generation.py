@@ -26,6 +26,7 @@ import torch
 from kubetune_api.families import FAMILIES
 from kubetune_api.spec import TrainingJob
 from kubetune_trainer.drawing import EDIT_LAYOUT, Draw
+from kubetune_trainer.sample_clips import Clip
 from kubetune_trainer.validation import image_grid, ordered_batches
 
 log = logging.getLogger("kubetune.trainer")
@@ -219,8 +220,8 @@ class Generator:
                 for i, image in enumerate(images)]
 
     def draw_samples(self, samples: list, seed: int) -> list:
-        """One image per sample of the job's own layout (a caption, an edit pair with its controls, a
-        user with a history), sample i drawn with seed + i, so the same weights always draw the same:
+        """One image (a video family: one Clip) per sample of the job's own layout (a caption, a captioned
+        clip, an edit pair with its controls, a user with a history), sample i drawn with seed + i, so the same weights always draw the same:
         what `kubetune evaluate` scores against each sample's own image."""
         images = []
         for i, sample in enumerate(samples):
@@ -231,7 +232,7 @@ class Generator:
             if len(drawn) != 1:
                 raise GenerationError(f"{self.family_name} drew {len(drawn)} images for one sample "
                                       f"({getattr(sample, 'path', sample)}); expected one")
-            images.append(drawn[0].convert("RGB"))
+            images.append(drawn[0] if isinstance(drawn[0], Clip) else drawn[0].convert("RGB"))
         return images
 
     def held_out_if_needed(self) -> list[dict]:
