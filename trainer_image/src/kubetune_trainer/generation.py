@@ -1,10 +1,11 @@
 """Images from a trained run or from its base model: what `kubetune generate` draws, and what evaluation scores.
 
 No sampler of its own: a family draws its images as its validation does (ModelFamily.sample_images),
-from the TrainingJob the run trained, with a Draw of the request's prompts, steps, guidance and seed
-where validation's is of spec.validation's (drawing.Draw), and with the inputs validation hands it: batches built by the family's own layout
-(the held-out edit pairs, PMG's held-out users, or the control images given). The trained weights go
-into the family's trained module through Trainable.load, the counterpart of the writer that saved them.
+from the TrainingJob the run trained, with a Draw (drawing.Draw) of the request's prompts, steps,
+guidance and seed where validation's is of spec.validation's, and with the inputs validation hands
+it: batches built by the family's own layout (the held-out edit pairs, PMG's held-out users, or the
+control images given). The trained weights go into the family's trained module through
+Trainable.load, the counterpart of the writer that saved them.
 
 Nothing here reads a command line or the cluster: `kubetune generate` is a shell over it, and a pod
 running the trainer image could run the same calls next to the run's weights.
@@ -220,9 +221,10 @@ class Generator:
                 for i, image in enumerate(images)]
 
     def draw_samples(self, samples: list, seed: int) -> list:
-        """One image (a video family: one Clip) per sample of the job's own layout (a caption, a captioned
-        clip, an edit pair with its controls, a user with a history), sample i drawn with seed + i, so the same weights always draw the same:
-        what `kubetune evaluate` scores against each sample's own image."""
+        """One image (a video family: one Clip) per sample of the job's own layout (a caption, a
+        captioned clip, an edit pair with its controls, a user with a history), sample i drawn with
+        seed + i, so the same weights always draw the same: what `kubetune evaluate` scores against
+        each sample's own image."""
         images = []
         for i, sample in enumerate(samples):
             batches = [batch for _, batch in ordered_batches(self.family.make_dataset([sample], False), 1,
