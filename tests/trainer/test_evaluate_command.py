@@ -274,6 +274,70 @@ def test_a_generating_family_scores_each_generated_image_against_its_held_out_im
     assert sorted(p.name for p in (out / "images").iterdir()) == ["0000.png", "0001.png"]
 
 
+def test_an_edit_is_scored_by_validations_clip_directional_against_its_control(tiny_clip, tmp_path):
+    """Edit pairs gain clip_directional per pair, the same figure validation logs (its mean); an edit that
+    returns the control image unchanged has no direction (0)."""
+    from kubetune_trainer.data.edit_pairs import read_edit_pairs
+    from kubetune_trainer.data.screening import Screen
+    from kubetune_trainer.evaluation import ClipScorer
+    from kubetune_trainer.run_evaluation import score_generated
+    from kubetune_trainer.tiny_data import write_tiny_data
+
+    pairs = read_edit_pairs(write_tiny_data("edit-pairs", tmp_path / "pairs", count=2, size=32), Screen(False))
+    controls = [Image.open(pair.controls[0]).convert("RGB") for pair in pairs]
+    edited = [Image.open(pairs[0].target).convert("RGB"), controls[1]]
+    clip = ClipScorer(str(tiny_clip), torch.device("cpu"))
+    files = score_generated(edited, pairs, clip, {})
+    rows = list(csv.DictReader(files["scores.csv"].decode().splitlines()))
+    assert float(rows[1]["clip_directional"]) == pytest.approx(0, abs=1e-6), "no edit, no direction"
+    assert -1 <= float(rows[0]["clip_directional"]) <= 1 and float(rows[0]["clip_directional"]) != 0
+    validation = clip.clip_directional(controls, edited, [pair.instruction for pair in pairs])
+    assert json.loads(files["metrics.json"])["clip_directional"] == pytest.approx(validation, abs=1e-6)
+
+
+def test_a_video_familys_clips_are_scored_frame_by_frame_against_the_held_out_clips(tiny_model, tiny_dataset,
+                                                                                     tiny_clip, tmp_path):
+    """Wan draws one clip per held-out clip with saved weights (evaluate's own generation), each scored
+    against its held-out clip's frames and written as an .mp4; the held-out clip itself scores SSIM 1."""
+    import av
+
+    from kubetune_api.spec import TrainingJob
+    from kubetune_trainer import run_evaluation
+    from kubetune_trainer.clip_evaluation import reference_frames
+    from kubetune_trainer.evaluation import ClipScorer
+    from kubetune_trainer.generation import Generator
+    from kubetune_trainer.sample_clips import Clip
+
+    job = TrainingJob.model_validate(family_job(
+        "wan", "video-captions", tiny_model("wan"), tiny_dataset("video-captions"), tmp_path / "out",
+        data={"frames": 5}, validation={"heldOutFraction": 0.25, "numInferenceSteps": 1}))
+    samples = run_evaluation.generation_samples(job.spec, None)
+    assert len(samples) == 2, "a quarter of the 8 clips is held out"
+    trained = Generator(job, "cpu").family
+    noise = torch.Generator().manual_seed(1)
+    trained.save_weights(tmp_path / "weights", {name: param.detach() + 0.1 * torch.randn(param.shape, generator=noise)
+                                                for name, param in trained.trainable_module.named_parameters()
+                                                if param.requires_grad})
+    generated = run_evaluation.generate_for(job, tmp_path / "weights", samples, torch.device("cpu"))
+    assert [len(made.frames) for made in generated] == [5, 5] and all(isinstance(made, Clip) for made in generated)
+
+    clip = ClipScorer(str(tiny_clip), torch.device("cpu"))
+    files = run_evaluation.score_generated(generated, samples, clip, {}, job.spec.data.fps)
+    rows = list(csv.DictReader(files["scores.csv"].decode().splitlines()))
+    assert [row["prompt"] for row in rows] == [sample.caption for sample in samples]
+    assert all(row["frames"] == "5" and -1 <= float(row["ssim"]) < 0.999 for row in rows), "drawn, not copied"
+    assert all(-1 <= float(row[metric]) <= 1 for row in rows for metric in ("clip_image", "clip_text"))
+    assert sorted(name for name in files if name.startswith("clips/")) == [
+        "clips/0000.gif", "clips/0000.mp4", "clips/0001.gif", "clips/0001.mp4"]
+    (tmp_path / "0.mp4").write_bytes(files["clips/0000.mp4"])
+    with av.open(str(tmp_path / "0.mp4")) as container:
+        assert len(list(container.decode(video=0))) == 5
+
+    itself = Clip(reference_frames(samples[0].path, 5, job.spec.data.fps))
+    metrics = json.loads(run_evaluation.score_generated([itself], samples[:1], clip, {}, None)["metrics.json"])
+    assert metrics["ssim"] == pytest.approx(1) and metrics["clip_image"] == pytest.approx(1, abs=1e-5)
+
+
 def test_a_checkpoint_without_ready_weights_loads_from_its_sharded_state(classifier_job, tmp_path):
     """A full fine-tune's checkpoint holds only its sharded state: the same weights as the adapter beside it."""
     from kubetune_api.spec import TrainingJob

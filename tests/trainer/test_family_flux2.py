@@ -126,3 +126,22 @@ def test_a_batchs_references_go_by_position_and_must_match_in_number():
     ids = image_ids(target, references)
     assert ids.shape == (2, 4 + 4 + 1, 4)
     assert ids[0, :, 0].tolist() == [0] * 4 + [10] * 4 + [20], "the target at t = 0, reference i at 10 (i + 1)"
+
+
+def test_validation_on_edit_pairs_draws_the_held_out_pairs_without_a_clip_model(tiny_model, tiny_dataset, tmp_path):
+    """As every edit family does (spec.validation.numSamples); on captions, held-out captions are drawn
+    only for a CLIP model to score."""
+    from kubetune_api.spec import TrainingJob
+    from kubetune_trainer.drawing import Draw
+    from kubetune_trainer.families import family_for
+
+    drawn = {}
+    for layout in ("edit-pairs", "captions"):
+        spec = TrainingJob.model_validate(family_job("flux2-klein", layout, tiny_model("flux2-klein"),
+                                                     tiny_dataset(layout), tmp_path / layout,
+                                                     validation={"numInferenceSteps": 1, "numSamples": 2})).spec
+        family = family_for("flux2-klein")(spec, torch.device("cpu"), torch.float32)
+        dataset, _ = family.build_datasets()
+        batch = family.collate([dataset[(0, i)] for i in range(3)])
+        drawn[layout] = family.sample_images(family.trainable_module, [batch], Draw.for_validation(spec))
+    assert len(drawn["edit-pairs"]) == 2 and drawn["captions"] == []

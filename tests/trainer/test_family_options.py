@@ -19,6 +19,7 @@ from PIL import Image
 
 from kubetune_api import families as table
 from kubetune_api.spec import TrainingJob
+from kubetune_trainer.drawing import Draw
 from kubetune_trainer.evaluation import ClipScorer
 from kubetune_trainer.families import family_for
 from kubetune_trainer.randomness import SampleRandom
@@ -159,7 +160,7 @@ def test_validation_prompts_become_sample_images(family, base_job, tmp_path):
     manifest = set_fields(with_option(base_job(family), family, table.VALIDATION_PROMPTS, tmp_path),
                           {"spec.validation.numInferenceSteps": 1})
     family_model, _ = build(manifest)
-    images = family_model.sample_images(family_model.trainable_module, [], torch.Generator().manual_seed(0))
+    images = family_model.sample_images(family_model.trainable_module, [], Draw.for_validation(family_model.spec))
     assert len(images) == len(SETTINGS[table.VALIDATION_PROMPTS]["spec.validation.prompts"])
 
 
@@ -170,9 +171,10 @@ def test_a_clip_model_scores_the_validation_images_with_the_familys_clip_metric(
                           {"spec.validation.clipModel": str(tiny_clip), "spec.validation.numInferenceSteps": 2})
     family_model, batch = build(manifest)
     held_out = [batch]  # the first batch stands in for the held-out data
-    images = family_model.sample_images(family_model.trainable_module, held_out, torch.Generator().manual_seed(0))
+    draw = Draw.for_validation(family_model.spec)
+    images = family_model.sample_images(family_model.trainable_module, held_out, draw)
     assert len(images) == 2, "numSamples held-out samples are drawn"
-    metrics = family_model.image_metrics(images, held_out, ClipScorer(str(tiny_clip), torch.device("cpu")))
+    metrics = family_model.image_metrics(images, held_out, draw, ClipScorer(str(tiny_clip), torch.device("cpu")))
     [clip_metric] = [m for m in table.FAMILIES[family].metrics if m.startswith("clip_")]
     assert set(metrics) == {clip_metric} and torch.isfinite(torch.tensor(metrics[clip_metric])), metrics
 
@@ -187,7 +189,7 @@ def test_the_guidance_scale_changes_the_sample_images(family, base_job, tiny_cli
                                                  "spec.validation.numSamples": 1,
                                                  **{f"spec.validation.{k}": v for k, v in validation.items()}})
         family_model, batch = build(manifest)
-        return family_model.sample_images(family_model.trainable_module, [batch], torch.Generator().manual_seed(0))
+        return family_model.sample_images(family_model.trainable_module, [batch], Draw.for_validation(family_model.spec))
 
     default, guided = sample(), sample(guidanceScale=SETTINGS[table.GUIDANCE]["spec.validation.guidanceScale"])
     assert len(default) == len(guided) == 1

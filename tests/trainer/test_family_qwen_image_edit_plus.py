@@ -16,6 +16,7 @@ from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.data.layouts import LAYOUTS
 from kubetune_trainer.data.sampler import epoch_steps, shard_for_encoding
 from kubetune_trainer.data.screening import Screen
+from kubetune_trainer.drawing import Draw
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.families import family_for
 from kubetune_trainer.launch import launch_local
@@ -84,7 +85,7 @@ def test_training_feeds_the_transformer_what_the_pipeline_feeds_it(size, tokens,
     [trained] = transformer_calls(family, lambda: family.compute_loss(
         family.trainable_module, batch, SampleRandom.for_keys(0, [key], 0)))
     sampled = transformer_calls(family, lambda: family.sample_images(
-        family.trainable_module, [batch], torch.Generator().manual_seed(0)))[0]  # the first step's conditional call
+        family.trainable_module, [batch], Draw.for_validation(spec)))[0]  # the first step's conditional call
     assert trained["img_shapes"] == sampled["img_shapes"] == [[(1, *tokens)] * 3]
     assert trained["encoder_hidden_states_mask"] is None and sampled["encoder_hidden_states_mask"] is None
     assert torch.allclose(trained["encoder_hidden_states"], sampled["encoder_hidden_states"], atol=1e-6)

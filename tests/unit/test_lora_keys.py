@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from kubetune_trainer.families import definitions
-from kubetune_trainer.lora_keys import DIFFUSION_MODEL, KOHYA_UNET, WAN_ORIGINAL, UnconvertibleLora, to_convention
+from kubetune_trainer.lora_keys import (DIFFUSION_MODEL, FLUX2_KOHYA, FLUX_KOHYA, KOHYA_UNET, WAN_ORIGINAL,
+                                       UnconvertibleLora, to_convention)
 
 
 def metadata(component: str, alpha: float, **more) -> dict[str, str]:
@@ -27,6 +28,10 @@ def pair(name: str, spelling: tuple[str, str] = (".lora.down.weight", ".lora.up.
     (WAN_ORIGINAL, "transformer", "blocks.12.attn1.to_out.0", "diffusion_model.blocks.12.self_attn.o"),
     (WAN_ORIGINAL, "transformer", "blocks.0.attn2.add_k_proj", "diffusion_model.blocks.0.cross_attn.k_img"),
     (WAN_ORIGINAL, "transformer", "blocks.1.ffn.net.0.proj", "diffusion_model.blocks.1.ffn.0"),
+    (FLUX_KOHYA, "transformer", "transformer_blocks.18.attn.to_out.0", "lora_unet_double_blocks_18_img_attn_proj"),
+    (FLUX_KOHYA, "transformer", "single_transformer_blocks.37.proj_out", "lora_unet_single_blocks_37_linear2"),
+    (FLUX2_KOHYA, "transformer", "single_transformer_blocks.2.attn.to_qkv_mlp_proj", "lora_unet_single_blocks_2_linear1"),
+    (FLUX2_KOHYA, "transformer", "transformer_blocks.0.ff_context.linear_out", "lora_unet_double_blocks_0_txt_mlp_2"),
 ])
 def test_each_pair_gets_the_tools_name_with_its_alpha(convention, component, module, key):
     converted = to_convention(pair(f"{component}.{module}"), metadata(component, 8.0), convention, torch.bfloat16)
@@ -45,6 +50,8 @@ def test_peft_spelled_files_convert_too():
 @pytest.mark.parametrize("state, meta, convention, message", [
     (pair("transformer.blocks.0.norm2"), metadata("transformer", 2.0), WAN_ORIGINAL,
      "has no name for the adapted module 'blocks.0.norm2'"),
+    (pair("transformer.norm_out.linear"), metadata("transformer", 2.0), FLUX_KOHYA,
+     "has no name for the adapted module 'norm_out.linear'"),
     (pair("transformer.x.to_q"), metadata("transformer", 2.0), KOHYA_UNET,
      "has no name for LoRA weights of 'transformer'"),
     (pair("unet.x.to_q"), {}, KOHYA_UNET, "no LoRA config (lora_adapter_metadata): its alpha is unknown"),
@@ -66,3 +73,20 @@ def test_a_family_declaring_a_convention_saves_its_lora_under_a_component_the_co
     assert {"sd15", "sdxl", "qwen-image", "z-image", "wan"} <= declared.keys()
     for name, definition in declared.items():
         assert definition.trained in definition.kohya.prefixes, name
+
+
+def test_flux_fuses_q_k_v_into_one_pair_whose_parts_keep_their_own_update():
+    """Down weights stacked, up weights block-diagonal, alpha x the parts so alpha / rank stays the
+    parts' own; a part not adapted (v here) is a zero block."""
+    state = {**pair("transformer.transformer_blocks.1.attn.to_q"), **pair("transformer.transformer_blocks.1.attn.to_k")}
+    state["transformer.transformer_blocks.1.attn.to_k.lora.up.weight"] = torch.full((4, 2), 2.0)
+    converted = to_convention(state, metadata("transformer", 8.0), FLUX_KOHYA, torch.float32)
+    name = "lora_unet_double_blocks_1_img_attn_qkv"
+    assert sorted(converted) == sorted(name + end for end in (".lora_down.weight", ".lora_up.weight", ".alpha"))
+    down, up = converted[name + ".lora_down.weight"], converted[name + ".lora_up.weight"]
+    assert down.shape == (6, 3) and up.shape == (12, 6) and converted[name + ".alpha"].item() == 24.0
+    scale = converted[name + ".alpha"].item() / down.shape[0]
+    update = up @ down * scale  # what the tools add to the fused qkv weight
+    torch.testing.assert_close(update[0:4], torch.full((4, 2), 0.5) @ torch.ones(2, 3) * 4.0)
+    torch.testing.assert_close(update[4:8], torch.full((4, 2), 2.0) @ torch.ones(2, 3) * 4.0)
+    assert not update[8:12].any(), "v was not adapted"

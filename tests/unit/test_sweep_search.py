@@ -143,6 +143,25 @@ def test_a_bad_sweep_is_refused_naming_the_field(change, expected):
     assert expected in str(refused.value), str(refused.value)
 
 
+@pytest.mark.parametrize("metric", ["precision", "recall"])
+def test_a_classifier_sweep_may_maximize_macro_precision_or_recall(metric):
+    """The objectives follow spec.validation.monitor: what the classifier reports at validation."""
+    from kubetune_api.manifest import ManifestError, parse_manifest
+
+    template = {**TEMPLATE, "model": {"family": "classifier", "pretrained": "org/model"},
+                "data": {"layout": "image-folder", "uri": "s3://data/set"},
+                "validation": {"everySteps": 10, "heldOutFraction": 0.2}}
+    document = {"apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingSweep", "metadata": {"name": "s"},
+                "spec": {"template": {"spec": template}, "objective": {"metric": metric}, "maxTrials": 4,
+                         "parameters": {"training.learningRate": {"logUniform": [1e-5, 1e-3]}}}}
+    objective = parse_manifest(document, TrainingSweep).spec.objective
+    assert objective.metric == metric and not objective.minimize
+    document["spec"]["template"]["spec"] = TEMPLATE  # sd15 reports neither
+    with pytest.raises(ManifestError, match=f"spec.objective.metric {metric} is not reported by family sd15 .*"
+                                            "it is reported by classifier"):
+        parse_manifest(document, TrainingSweep)
+
+
 def test_kubetune_validate_checks_the_example_sweep_and_names_a_bad_one(tmp_path):
     from click.testing import CliRunner
 

@@ -22,8 +22,8 @@ Scalar = Union[StrictBool, int, float, str]
 
 # Objective -> what the trainer logs it as: train/loss, or validation/<name> at validation steps.
 TRAINING_LOSS = "loss"
-VALIDATION_METRICS = {"validation_loss": "loss", "accuracy": "accuracy", "f1": "f1",
-                      "clip_score": "clip_score", "clip_directional": "clip_directional"}
+VALIDATION_METRICS = {"validation_loss": "loss", "accuracy": "accuracy", "precision": "precision",
+                      "recall": "recall", "f1": "f1", "clip_score": "clip_score", "clip_directional": "clip_directional"}
 LOWER_IS_BETTER = {"loss", "validation_loss"}
 CLIP_METRICS = {"clip_score", "clip_directional"}
 GRID_LIMIT = 10_000
@@ -96,9 +96,11 @@ class Distribution(_Model):
 
 
 class Objective(_Model):
-    metric: Literal["loss", "validation_loss", "clip_score", "clip_directional", "accuracy", "f1"] = Field(
+    metric: Literal["loss", "validation_loss", "clip_score", "clip_directional", "accuracy", "precision", "recall",
+                    "f1"] = Field(
         description="What a trial is judged by: the training loss (the mean of its last logged steps), or a "
-        "validation metric (its last validation): validation_loss, accuracy, f1, clip_score, clip_directional.",
+        "validation metric (its last validation): validation_loss, accuracy, precision, recall, f1 (the "
+        "classifier's, macro), clip_score, clip_directional.",
     )
     goal: Optional[Literal["minimize", "maximize"]] = Field(
         default=None, description="Unset: minimize the losses, maximize the other metrics.")

@@ -125,4 +125,4 @@ def _evaluate(trained, spec, weights: Path, data: str | None, device, clip_model
     clip = run_evaluation.clip_scorer(clip_source and local_copy(clip_source), device,
                                       "--clip-model" if clip_model else "spec.validation.clipModel")
     generated = run_evaluation.generate_for(trained, weights, samples, device)
-    return run_evaluation.score_generated(generated, samples, clip, described)
+    return run_evaluation.score_generated(generated, samples, clip, described, spec.data.fps)

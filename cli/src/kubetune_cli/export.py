@@ -31,9 +31,11 @@ in the form another tool loads.
   adapter folder (save_pretrained), as they are.
 --format kohya: the LoRA in the key names of the family's other tools: lora_unet_... for SD1.5 and
   SDXL (ComfyUI, kohya sd-scripts, A1111/Forge); diffusion_model.... for Qwen-Image, Qwen-Image-Edit(-Plus)
-  and Z-Image (ComfyUI, musubi-tuner), and with Wan's own module names for Wan. diffusers'
-  load_lora_weights reads each. Refused for FLUX.1 Kontext, FLUX.2 and SD3.5 (no such convention
-  yet), for PMG and the classifier (they train no diffusers LoRA), and for a full fine-tune.
+  and Z-Image (ComfyUI, musubi-tuner), and with Wan's own module names for Wan; lora_unet_ with
+  BFL's module names (double_blocks_N_img_attn_qkv: q, k, v as one pair) for FLUX.1 Kontext, FLUX.2
+  and FLUX.2 [klein] (ComfyUI, kohya sd-scripts). diffusers' load_lora_weights reads each. Refused
+  for SD3.5 (no such convention diffusers reads), for PMG and the classifier (they train no
+  diffusers LoRA), and for a full fine-tune.
 --format merged: the base model (spec.model.pretrained of the run's job.yaml) with the LoRA fused
   in, or a full fine-tune's trained components in place of the base's: a whole diffusers pipeline
   folder for from_pretrained. Refused for PMG and the classifier.

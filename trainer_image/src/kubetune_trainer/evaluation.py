@@ -17,6 +17,8 @@ image and averaged (the PMG evaluation guide's metrics that need no network):
 - clip_image: cos(E_img(generated), E_img(reference)), in [-1, 1]: does it look like the reference?
 - clip_text: cos(E_img(generated), E_txt(prompt)), in [-1, 1]: does it show what was asked (clip_score
   before its x100 and clamp)?
+- clip_directional (edit pairs): validation's clip_directional of each edit, from its (first) control
+  image: does the edit go where the instruction says?
 LPIPS is not here: no maintained package loads its network from a local file without downloading
 its backbone (the `lpips` package's last release is from 2021 and fetches torchvision weights).
 
@@ -78,12 +80,16 @@ class ClipScorer:
 
     def clip_directional(self, controls: Sequence, edited: Sequence, instructions: Sequence[str]) -> float:
         """The mean over pairs of cos(E(edited) - E(control), E(instruction) - E(""))."""
+        return self.directional_similarity(controls, edited, instructions).mean
+
+    def directional_similarity(self, controls: Sequence, edited: Sequence, instructions: Sequence[str]) -> "Scores":
+        """cos(E(edited) - E(control), E(instruction) - E("")) of each pair."""
         _check_lengths(controls, edited, instructions)
         with self._on_device():
             image_direction = self._image_embeddings(edited) - self._image_embeddings(controls)
             text_direction = self._text_embeddings(instructions) - self._text_embeddings([""])
         # An edit that changed nothing has no direction: cosine_similarity's eps makes that 0.
-        return F.cosine_similarity(image_direction, text_direction.expand_as(image_direction), dim=-1).mean().item()
+        return Scores.of(F.cosine_similarity(image_direction, text_direction.expand_as(image_direction), dim=-1))
 
 
     def image_similarity(self, generated: Sequence, references: Sequence) -> "Scores":

@@ -1,10 +1,11 @@
 """Images from a trained run or from its base model: what `kubetune generate` draws, and what evaluation scores.
 
 No sampler of its own: a family draws its images as its validation does (ModelFamily.sample_images),
-from the TrainingJob the run trained, with the request's prompts, steps, guidance and seed in place
-of spec.validation's, and with the inputs validation hands it: batches built by the family's own layout
-(the held-out edit pairs, PMG's held-out users, or the control images given). The trained weights go
-into the family's trained module through Trainable.load, the counterpart of the writer that saved them.
+from the TrainingJob the run trained, with a Draw (drawing.Draw) of the request's prompts, steps,
+guidance and seed where validation's is of spec.validation's, and with the inputs validation hands
+it: batches built by the family's own layout (the held-out edit pairs, PMG's held-out users, or the
+control images given). The trained weights go into the family's trained module through
+Trainable.load, the counterpart of the writer that saved them.
 
 Nothing here reads a command line or the cluster: `kubetune generate` is a shell over it, and a pod
 running the trainer image could run the same calls next to the run's weights.
@@ -25,15 +26,11 @@ import torch
 
 from kubetune_api.families import FAMILIES
 from kubetune_api.spec import TrainingJob
+from kubetune_trainer.drawing import EDIT_LAYOUT, Draw
+from kubetune_trainer.sample_clips import Clip
 from kubetune_trainer.validation import image_grid, ordered_batches
 
 log = logging.getLogger("kubetune.trainer")
-EDIT_LAYOUT = "edit-pairs"
-# The families draw held-out samples (captions, pairs, users) when a CLIP model will score them
-# (spec.validation.clipModel, read by the families' shared parts, which see only the spec); generation
-# wants them drawn without scoring: the spec it builds names this in its place, and nothing in
-# generation loads a CLIP model.
-DRAW_HELD_OUT = "kubetune-generate-draws-held-out-samples"
 
 
 class GenerationError(ValueError):
@@ -142,8 +139,7 @@ class Generator:
         check_local_inputs(spec)
         self.spec = spec
         self.family_name = spec.model.family
-        self.family = family_for(self.family_name)(self._drawing_spec(Request()), self.device,
-                                                   dtype or inference_dtype(job, self.device))
+        self.family = family_for(self.family_name)(spec, self.device, dtype or inference_dtype(job, self.device))
         self.family.trainable_module.eval()
         self.weights: int | str = "base"
         self._held_out: list[dict] | None = None
@@ -158,16 +154,19 @@ class Generator:
 
     # --- drawing ------------------------------------------------------------------------------
 
-    def _drawing_spec(self, request: Request, prompts: list[str] | None = None, count: int | None = None):
+    def draw_of(self, request: Request, prompts: list[str] | None = None, count: int | None = None,
+                seed: int | None = None) -> Draw:
+        """The request's draw, spec.validation's where the request leaves a choice out: `prompts` (None:
+        the job's validation prompts), else `count` held-out samples (None: the request's count, else
+        numSamples). Held-out samples are drawn whether or not the job names a CLIP model."""
         validation = self.spec.validation
-        update = {"clip_model": DRAW_HELD_OUT, "every_steps": None,
-                  "prompts": list(validation.prompts if prompts is None else prompts),
-                  "num_samples": count if count is not None else (request.count or validation.num_samples or 1)}
-        if request.steps is not None:
-            update["num_inference_steps"] = request.steps
-        if request.guidance is not None:
-            update["guidance_scale"] = request.guidance
-        return self.spec.model_copy(update={"validation": validation.model_copy(update=update)})
+        return Draw(prompts=tuple(validation.prompts if prompts is None else prompts),
+                    count=count if count is not None else (request.count or validation.num_samples or 1),
+                    steps=request.steps if request.steps is not None else validation.num_inference_steps,
+                    guidance=request.guidance if request.guidance is not None else self.spec.sample_guidance,
+                    seed=seed if seed is not None else (request.seed if request.seed is not None
+                                                        else self.spec.training.seed),
+                    held_out=True)
 
     def held_out(self) -> list[dict]:
         """The job's held-out batches (else its first samples), as validation reads them; [] when its
@@ -210,32 +209,32 @@ class Generator:
             batches, prompts, count = self.held_out_if_needed(), list(request.prompts), len(request.prompts)
         else:
             batches, prompts, count = self.held_out(), None, None
-        spec = self._drawing_spec(request, prompts, count)
-        seed = request.seed if request.seed is not None else self.spec.training.seed
-        images = self._draw(spec, batches, seed)
+        draw = self.draw_of(request, prompts, count)
+        images = self._draw(draw, batches)
         if not images:
             raise GenerationError(self._nothing_to_draw(request))
-        captions = spec.validation.prompts or [c for batch in batches for c in batch["captions"]]
+        captions = list(draw.prompts) or [c for batch in batches for c in batch["captions"]]
         histories = [h for batch in batches for h in batch.get("histories", [])]
-        return [Generated(image, captions[i] if i < len(captions) else "", seed, i,
+        return [Generated(image, captions[i] if i < len(captions) else "", draw.seed, i,
                           self.weights if step is None else step, self.family_name, self.job.metadata.name,
                           histories[i] if i < len(histories) else None)
                 for i, image in enumerate(images)]
 
     def draw_samples(self, samples: list, seed: int) -> list:
-        """One image per sample of the job's own layout (a caption, an edit pair with its controls, a
-        user with a history), sample i drawn with seed + i, so the same weights always draw the same:
-        what `kubetune evaluate` scores against each sample's own image."""
-        spec = self._drawing_spec(Request(), prompts=[], count=1)  # the sample's own caption, not the job's prompts
+        """One image (a video family: one Clip) per sample of the job's own layout (a caption, a
+        captioned clip, an edit pair with its controls, a user with a history), sample i drawn with
+        seed + i, so the same weights always draw the same: what `kubetune evaluate` scores against
+        each sample's own image."""
         images = []
         for i, sample in enumerate(samples):
             batches = [batch for _, batch in ordered_batches(self.family.make_dataset([sample], False), 1,
                                                               self.family.collate)]
-            drawn = self._draw(spec, batches, seed + i)
+            # the sample's own caption, not the job's prompts
+            drawn = self._draw(self.draw_of(Request(), prompts=[], count=1, seed=seed + i), batches)
             if len(drawn) != 1:
                 raise GenerationError(f"{self.family_name} drew {len(drawn)} images for one sample "
                                       f"({getattr(sample, 'path', sample)}); expected one")
-            images.append(drawn[0].convert("RGB"))
+            images.append(drawn[0] if isinstance(drawn[0], Clip) else drawn[0].convert("RGB"))
         return images
 
     def held_out_if_needed(self) -> list[dict]:
@@ -244,21 +243,11 @@ class Generator:
         an S3 data set is not fetched for them."""
         return self.held_out() if Path(self.spec.data.uri).exists() else []
 
-    def _draw(self, spec, batches: list[dict], seed: int) -> list:
+    def _draw(self, draw: Draw, batches: list[dict]) -> list:
         family = self.family
-        # The family and its parts (Stable Diffusion's, Qwen's...) share one spec object and read its
-        # validation when they sample: this draw's goes in for the draw. Set past pydantic's checks on
-        # purpose: a request may draw more than validation's 16 prompts, and names no real CLIP model.
-        shared = family.spec
-        before = shared.validation
-        shared.__dict__["validation"] = spec.validation
-        try:
-            model = family.trainable_module
-            sample = family.sample_base_images if self.weights == "base" else family.sample_images
-            with torch.no_grad(), family.frozen_on_device():
-                return sample(model, batches, torch.Generator().manual_seed(seed))
-        finally:
-            shared.__dict__["validation"] = before
+        sample = family.sample_base_images if self.weights == "base" else family.sample_images
+        with torch.no_grad(), family.frozen_on_device():
+            return sample(family.trainable_module, batches, draw)
 
     def _nothing_to_draw(self, request: Request) -> str:
         if request.prompts:

@@ -32,6 +32,46 @@ class UnconvertibleLora(ValueError):
 
 
 @dataclass(frozen=True)
+class Stack:
+    """Modules diffusers keeps apart that the tools' model fuses into one Linear (FLUX's q, k and v: one
+    `qkv`), so the tools read one LoRA pair for all of them: the parts' down weights stacked, their up
+    weights block-diagonal (each part's update stays its own, and diffusers' converter splits such a
+    pair back exactly: its "sparse" case), and a part the run did not adapt a zero block."""
+
+    parts: tuple[str, ...]   # a regular expression over the diffusers module path per part, in the fused order
+    name: str                # the fused module's name: a replacement for any part's expression
+    widths: tuple[int, ...]  # each part's output width, in multiples of the first part's
+
+    def match(self, module: str) -> tuple[int, str] | None:
+        """(the part `module` is, the fused module's name), or None."""
+        for index, pattern in enumerate(self.parts):
+            name, found = re.subn(pattern, self.name, module)
+            if found:
+                return index, name
+        return None
+
+    def fuse(self, parts: Mapping[int, tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(down [n·r, in], up [Σ widths, n·r]) of the given parts' (down [r, in], up [out, r])."""
+        import torch
+
+        rank, inputs = next(iter(parts.values()))[0].shape
+        index, (_, up) = next(iter(parts.items()))
+        unit = up.shape[0] // self.widths[index]
+        fused_down = torch.zeros(len(self.parts) * rank, inputs, dtype=up.dtype)
+        fused_up = torch.zeros(sum(self.widths) * unit, len(self.parts) * rank, dtype=up.dtype)
+        row = 0
+        for index, width in enumerate(self.widths):
+            if index in parts:
+                down, up = parts[index]
+                if down.shape != (rank, inputs) or up.shape != (width * unit, rank):
+                    raise UnconvertibleLora(f"the parts of {self.name} differ in rank or shape")
+                fused_down[index * rank:(index + 1) * rank] = down
+                fused_up[row:row + width * unit, index * rank:(index + 1) * rank] = up
+            row += width * unit
+        return fused_down, fused_up
+
+
+@dataclass(frozen=True)
 class LoraKeyConvention:
     """How a family's non-diffusers tools name a LoRA's tensors."""
 
@@ -42,20 +82,33 @@ class LoraKeyConvention:
     # Where the tools use the original model's module names rather than diffusers' (Wan): (a regular
     # expression over the diffusers module path, its replacement); a module none matches is refused.
     renames: tuple[tuple[str, str], ...] = ()
+    stacks: tuple[Stack, ...] = ()  # modules the tools hold fused (FLUX's qkv), named by the Stack
 
-    def key(self, component: str, module: str) -> str:
+    def stacked(self, module: str) -> tuple[Stack, int, str] | None:
+        """(its stack, its part, the fused module's name) of a module the tools hold fused, or None."""
+        for stack in self.stacks:
+            found = stack.match(module)
+            if found is not None:
+                return stack, *found
+        return None
+
+    def prefix(self, component: str) -> str:
         if component not in self.prefixes:
             raise UnconvertibleLora(f"the {self.name} convention has no name for LoRA weights of {component!r} "
                                     f"(it names {', '.join(self.prefixes)})")
+        return self.prefixes[component]
+
+    def key(self, component: str, module: str) -> str:
+        prefix = self.prefix(component)
         module = self.original_name(module)
-        return self.prefixes[component] + (module.replace(".", "_") if self.flat else module)
+        return prefix + (module.replace(".", "_") if self.flat else module)
 
     def original_name(self, module: str) -> str:
         for pattern, replacement in self.renames:
             renamed, found = re.subn(pattern, replacement, module)
             if found:
                 return renamed
-        if self.renames:
+        if self.renames or self.stacks:
             raise UnconvertibleLora(f"the {self.name} convention has no name for the adapted module {module!r} "
                                     "(spec.adapter.targetModules beyond what it names)")
         return module
@@ -97,6 +150,83 @@ WAN_ORIGINAL = LoraKeyConvention(
         (_BLOCK + r"attn2\.add_(k|v)_proj$", r"\1.cross_attn.\2_img"),
         (_BLOCK + r"ffn\.net\.0\.proj$", r"\1.ffn.0"),
         (_BLOCK + r"ffn\.net\.2$", r"\1.ffn.2"),
+    ),
+)
+
+
+# BFL's FLUX checkpoint names under kohya's `lora_unet_` (what kohya sd-scripts' FLUX LoRA, ComfyUI and
+# diffusers' _convert_kohya_flux_lora_to_diffusers read): a double-stream block's img_/txt_ attention
+# (q, k and v fused in one qkv), projection, MLP and modulation; a single-stream block's linear1 (q, k,
+# v and the MLP's input fused), linear2 and modulation; the embedders. The final layer is not named:
+# diffusers 0.42.1 reads its kohya pair without the alpha.
+_DOUBLE, _SINGLE = r"^transformer_blocks\.(\d+)\.", r"^single_transformer_blocks\.(\d+)\."
+
+
+def _fused(block: str, names: tuple[str, ...], fused: str, widths: tuple[int, ...] = (1, 1, 1)) -> Stack:
+    return Stack(tuple(block + name + "$" for name in names), fused, widths)
+
+
+_FLUX_EMBEDDERS = (
+    (r"^x_embedder$", "img_in"), (r"^context_embedder$", "txt_in"),
+    (r"^time_text_embed\.timestep_embedder\.linear_1$", "time_in_in_layer"),
+    (r"^time_text_embed\.timestep_embedder\.linear_2$", "time_in_out_layer"),
+    (r"^time_text_embed\.guidance_embedder\.linear_1$", "guidance_in_in_layer"),
+    (r"^time_text_embed\.guidance_embedder\.linear_2$", "guidance_in_out_layer"),
+    (r"^time_text_embed\.text_embedder\.linear_1$", "vector_in_in_layer"),
+    (r"^time_text_embed\.text_embedder\.linear_2$", "vector_in_out_layer"),
+)
+FLUX_KOHYA = LoraKeyConvention(
+    name="kohya FLUX (lora_unet_ with BFL's module names)",
+    read_by="ComfyUI, kohya sd-scripts, diffusers load_lora_weights",
+    prefixes={"transformer": "lora_unet_"},
+    flat=True,
+    renames=(
+        (_DOUBLE + r"attn\.to_out\.0$", r"double_blocks_\1_img_attn_proj"),
+        (_DOUBLE + r"attn\.to_add_out$", r"double_blocks_\1_txt_attn_proj"),
+        (_DOUBLE + r"ff\.net\.0\.proj$", r"double_blocks_\1_img_mlp_0"),
+        (_DOUBLE + r"ff\.net\.2$", r"double_blocks_\1_img_mlp_2"),
+        (_DOUBLE + r"norm1\.linear$", r"double_blocks_\1_img_mod_lin"),
+        (_DOUBLE + r"ff_context\.net\.0\.proj$", r"double_blocks_\1_txt_mlp_0"),
+        (_DOUBLE + r"ff_context\.net\.2$", r"double_blocks_\1_txt_mlp_2"),
+        (_DOUBLE + r"norm1_context\.linear$", r"double_blocks_\1_txt_mod_lin"),
+        (_SINGLE + r"proj_out$", r"single_blocks_\1_linear2"),
+        (_SINGLE + r"norm\.linear$", r"single_blocks_\1_modulation_lin"),
+        *_FLUX_EMBEDDERS,
+    ),
+    stacks=(
+        _fused(_DOUBLE, (r"attn\.to_q", r"attn\.to_k", r"attn\.to_v"), r"double_blocks_\1_img_attn_qkv"),
+        _fused(_DOUBLE, (r"attn\.add_q_proj", r"attn\.add_k_proj", r"attn\.add_v_proj"), r"double_blocks_\1_txt_attn_qkv"),
+        # FLUX.1's MLP is 4x the width: diffusers splits linear1 at [3072, 3072, 3072, 12288] (FLUX.1's sizes).
+        _fused(_SINGLE, (r"attn\.to_q", r"attn\.to_k", r"attn\.to_v", r"proj_mlp"), r"single_blocks_\1_linear1",
+             (1, 1, 1, 4)),
+    ),
+)
+
+# FLUX.2 (and klein) under the same names, as diffusers' _convert_kohya_flux2_lora_to_diffusers reads
+# them: its MLPs are linear_in / linear_out, and a single-stream block already fuses q, k, v and the
+# MLP's input (to_qkv_mlp_proj = linear1) and both outputs (attn.to_out = linear2) as BFL's does.
+FLUX2_KOHYA = LoraKeyConvention(
+    name="kohya FLUX.2 (lora_unet_ with BFL's module names)",
+    read_by="ComfyUI, diffusers load_lora_weights",
+    prefixes={"transformer": "lora_unet_"},
+    flat=True,
+    renames=(
+        (_DOUBLE + r"attn\.to_out\.0$", r"double_blocks_\1_img_attn_proj"),
+        (_DOUBLE + r"attn\.to_add_out$", r"double_blocks_\1_txt_attn_proj"),
+        (_DOUBLE + r"ff\.linear_in$", r"double_blocks_\1_img_mlp_0"),
+        (_DOUBLE + r"ff\.linear_out$", r"double_blocks_\1_img_mlp_2"),
+        (_DOUBLE + r"ff_context\.linear_in$", r"double_blocks_\1_txt_mlp_0"),
+        (_DOUBLE + r"ff_context\.linear_out$", r"double_blocks_\1_txt_mlp_2"),
+        (_SINGLE + r"attn\.to_qkv_mlp_proj$", r"single_blocks_\1_linear1"),
+        (_SINGLE + r"attn\.to_out$", r"single_blocks_\1_linear2"),
+        (r"^x_embedder$", "img_in"), (r"^context_embedder$", "txt_in"),
+        (r"^time_guidance_embed\.timestep_embedder\.linear_1$", "time_in_in_layer"),
+        (r"^time_guidance_embed\.timestep_embedder\.linear_2$", "time_in_out_layer"),
+        (r"^proj_out$", "final_layer_linear"),
+    ),
+    stacks=(
+        _fused(_DOUBLE, (r"attn\.to_q", r"attn\.to_k", r"attn\.to_v"), r"double_blocks_\1_img_attn_qkv"),
+        _fused(_DOUBLE, (r"attn\.add_q_proj", r"attn\.add_k_proj", r"attn\.add_v_proj"), r"double_blocks_\1_txt_attn_qkv"),
     ),
 )
 
@@ -144,10 +274,22 @@ def to_convention(state: Mapping[str, torch.Tensor], metadata: Mapping[str, str]
 
     pairs = lora_pairs(state)
     alphas = lora_alphas(metadata, {component for component, _ in pairs})
-    converted = {}
+    converted, fused = {}, {}
     for (component, module), (down, up) in sorted(pairs.items()):
+        stacked = convention.stacked(module)
+        if stacked is not None:
+            stack, part, name = stacked
+            fused.setdefault((component, stack, name), {})[part] = (down, up)
+            continue
         name = convention.key(component, module)
         converted[name + KOHYA_DOWN] = down.to(dtype).contiguous()
         converted[name + KOHYA_UP] = up.to(dtype).contiguous()
         converted[name + KOHYA_ALPHA] = torch.tensor(alphas[component], dtype=dtype)
+    for (component, stack, module), parts in sorted(fused.items(), key=lambda item: item[0][2]):
+        down, up = stack.fuse(parts)
+        name = convention.prefix(component) + module
+        converted[name + KOHYA_DOWN] = down.to(dtype).contiguous()
+        converted[name + KOHYA_UP] = up.to(dtype).contiguous()
+        # The tools scale by alpha over the fused rank (n·r): n·alpha keeps each part's alpha / r.
+        converted[name + KOHYA_ALPHA] = torch.tensor(alphas[component] * len(stack.parts), dtype=dtype)
     return converted

@@ -8,7 +8,9 @@ whatever machine asks), or every sample of another folder in the job's layout (-
   (classification_metrics.report) and confusion_matrix.png.
 - A generating family draws each sample's image from its prompt (and control images) with the
   trained weights (generate_for) and scores it against the sample's own image (evaluation: ssim,
-  clip_image, clip_text): images/, scores.csv (a row per sample) and metrics.json (the means).
+  clip_image, clip_text; an edit against its control image too: clip_directional): images/, scores.csv
+  (a row per sample) and metrics.json (the means). A video family's clips are scored frame by frame
+  against the held-out clips (clip_evaluation) and written as clips/NNNN.mp4.
 
 Everything is computed before anything is written; each file is written beside and renamed into
 place, so a file (or a link) already in the output folder is replaced, never written through.
@@ -26,11 +28,13 @@ from pathlib import Path
 import torch
 
 from kubetune_api.spec import TrainingJob, TrainingJobSpec
-from kubetune_trainer.data.edit_pairs import IMAGE_SUFFIXES
+from kubetune_trainer.data.edit_pairs import IMAGE_SUFFIXES, EditPair
 from kubetune_trainer.data.layouts import LAYOUTS
+from kubetune_trainer.data.video_captions import CaptionedClip
 from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.families.base import reference_path, sample_name, training_and_held_out
+from kubetune_trainer.sample_clips import Clip
 
 NO_HELD_OUT = ("the job kept no held-out data (spec.validation.heldOutFraction is 0 and its layout names no "
                "held-out file): pass --data URI, a folder in the job's layout")
@@ -196,9 +200,9 @@ def generation_samples(spec: TrainingJobSpec, data: str | None) -> list:
             raise ConfigError(NO_HELD_OUT)
     else:
         samples = read_data(spec, data)
-    if reference_path(samples[0]).suffix.lower() not in IMAGE_SUFFIXES:
-        raise ConfigError(f"evaluate scores images; the {spec.data.layout} layout's samples are "
-                          f"{reference_path(samples[0]).suffix} files (video is not scored yet)")
+    if not isinstance(samples[0], CaptionedClip) and reference_path(samples[0]).suffix.lower() not in IMAGE_SUFFIXES:
+        raise ConfigError(f"evaluate scores images and captioned clips; the {spec.data.layout} layout's samples are "
+                          f"{reference_path(samples[0]).suffix} files")
     return samples
 
 
@@ -208,7 +212,7 @@ def prompt_of(sample) -> str:
 
 
 def generate_for(job: TrainingJob, weights: Path, samples: list, device: torch.device) -> list:
-    """One RGB image per sample, in the samples' order (the scores pair image i with sample i's own
+    """One RGB image (a video family: one sample_clips.Clip) per sample, in the samples' order (the scores pair image i with sample i's own
     image): the job's family on `device` with the weights in `weights` (the final ones or a checkpoint's),
     each sample drawn from its own inputs (caption; instruction and control images; user history) at
     spec.validation's steps and guidance, sample i with seed spec.training.seed + i."""
@@ -235,26 +239,48 @@ def clip_scorer(source: str | None, device: torch.device, named: str = "spec.val
         raise ConfigError(str(err).replace("spec.validation.clipModel", named, 1)) from None
 
 
-def score_generated(generated: list, samples: list, clip, described: dict) -> dict[str, bytes]:
+def score_generated(generated: list, samples: list, clip, described: dict, fps: float | None = None
+                    ) -> dict[str, bytes]:
     """The files of a generating family's evaluation: each generated image against its sample's own
-    image (ssim; with a CLIP scorer clip_image) and against its prompt (clip_text)."""
+    image (ssim; with a CLIP scorer clip_image), against its prompt (clip_text) and, an edit, the change
+    from its first control image against its instruction (clip_directional, as validation scores it).
+    Clips (a video family's) frame by frame against the held-out clips read at `fps` (spec.data.fps)."""
+    if len(generated) != len(samples):
+        raise RuntimeError(f"generate_for returned {len(generated)} images for {len(samples)} samples")
+    prompts = [prompt_of(sample) for sample in samples]
+    if generated and isinstance(generated[0], Clip):
+        return _scored_clips(generated, samples, prompts, clip, described, fps)
     from PIL import Image
 
     from kubetune_trainer.evaluation import ssim
 
-    if len(generated) != len(samples):
-        raise RuntimeError(f"generate_for returned {len(generated)} images for {len(samples)} samples")
     references = [Image.open(reference_path(sample)).convert("RGB") for sample in samples]
-    prompts = [prompt_of(sample) for sample in samples]
     scores = {"ssim": ssim(generated, references)}
     if clip is not None:
         scores["clip_image"] = clip.image_similarity(generated, references)
         scores["clip_text"] = clip.text_similarity(generated, prompts)
+        if all(isinstance(sample, EditPair) for sample in samples):
+            controls = [Image.open(sample.controls[0]).convert("RGB") for sample in samples]
+            scores["clip_directional"] = clip.directional_similarity(controls, generated, prompts)
     images = {f"images/{i:04d}.png": _png_image(image) for i, image in enumerate(generated)}
     rows = [[f"images/{i:04d}.png", str(reference_path(sample)), prompts[i],
              *(f"{scores[metric].per_image[i]:.6f}" for metric in scores)] for i, sample in enumerate(samples)]
     metrics = {**{metric: found.mean for metric, found in scores.items()}, "samples": len(samples), **described}
     return {**images, "scores.csv": _csv(["image", "reference", "prompt", *scores], rows),
+            "metrics.json": _json(metrics)}
+
+
+def _scored_clips(generated: list, samples: list, prompts: list[str], clip, described: dict,
+                  fps: float | None) -> dict[str, bytes]:
+    from kubetune_trainer.clip_evaluation import clip_files, clip_scores, reference_frames
+
+    references = [reference_frames(reference_path(sample), len(made.frames), fps)
+                  for made, sample in zip(generated, samples)]
+    scores = clip_scores(generated, references, prompts, clip)
+    rows = [[f"clips/{i:04d}.mp4", str(reference_path(sample)), prompts[i], len(generated[i].frames),
+             *(f"{scores[metric].per_image[i]:.6f}" for metric in scores)] for i, sample in enumerate(samples)]
+    metrics = {**{metric: found.mean for metric, found in scores.items()}, "samples": len(samples), **described}
+    return {**clip_files(generated), "scores.csv": _csv(["clip", "reference", "prompt", "frames", *scores], rows),
             "metrics.json": _json(metrics)}
 
 

@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader
 
 from kubetune_api.spec import TrainingJobSpec
 from kubetune_trainer.data.sampler import in_order
+from kubetune_trainer.drawing import Draw
 from kubetune_trainer.randomness import VALIDATION_STEP, SampleRandom
 from kubetune_trainer.sample_clips import Clip, record_clips
 
@@ -54,6 +55,7 @@ class Validator:
                  from_main: Callable[[Callable[[], Any]], Any] = _alone,
                  on_samples: Callable[[int, list[Path]], None] = lambda step, files: None):
         self.spec = spec.validation
+        self.draw = Draw.for_validation(spec)  # the same prompts and seed at every validation
         self.seed = spec.training.seed
         self.batch_size = spec.training.batch_size
         self.family = family
@@ -108,7 +110,7 @@ class Validator:
                 images = []
                 if samples:
                     with self.family.frozen_on_device():  # the pipeline's encoders, back off after
-                        images = self.family.sample_images(model, held_out, torch.Generator().manual_seed(self.seed))
+                        images = self.family.sample_images(model, held_out, self.draw)
             finally:
                 model.train(was_training)
             if self.spec.clip_model:
@@ -136,7 +138,7 @@ class Validator:
                             "(text-to-image families), or heldOutFraction > 0 with numSamples > 0")
                 self._said_nothing_to_score = True
             return {}
-        return self.family.image_metrics(images, held_out, self.clip)
+        return self.family.image_metrics(images, held_out, self.draw, self.clip)
 
     @property
     def should_stop(self) -> bool:

@@ -20,6 +20,7 @@ from kubetune_trainer.data.layouts import LAYOUTS, Layout
 from kubetune_trainer.data.keyed import split_held_out
 from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.device_copy import to_device
+from kubetune_trainer.drawing import Draw
 from kubetune_trainer.families.trainable import Trainable, enable_gradient_checkpointing
 from kubetune_trainer.randomness import SampleRandom
 from kubetune_trainer.storage.members import MEMBERS
@@ -260,19 +261,21 @@ class ModelFamily(metaclass=_PlacesFrozenModels):
     # labels (a family with predict() and load_trained(), the classifier).
     evaluates_predictions = False
 
-    def sample_images(self, model: torch.nn.Module, held_out: list[dict], generator: torch.Generator) -> list:
-        """PIL images for TensorBoard and the checkpoint folder; none by default."""
+    def sample_images(self, model: torch.nn.Module, held_out: list[dict], draw: Draw) -> list:
+        """PIL images (a video family's: sample_clips.Clip) of `draw` (its prompts, else the held-out
+        samples it names among the `held_out` batches), for TensorBoard, the run's samples and `kubetune
+        generate`; none by default."""
         return []
 
-    def sample_base_images(self, model: torch.nn.Module, held_out: list[dict], generator: torch.Generator) -> list:
+    def sample_base_images(self, model: torch.nn.Module, held_out: list[dict], draw: Draw) -> list:
         """What the base model alone draws from the inputs sample_images would take (kubetune generate
         --base): by default sample_images before any trained weights are loaded, which is the base (a
         LoRA starts at zero; a whole model as loaded). A family whose trained parts start elsewhere says
         how its base samples."""
-        return self.sample_images(model, held_out, generator)
+        return self.sample_images(model, held_out, draw)
 
-    def image_metrics(self, images: list, held_out: list[dict], clip) -> dict[str, float]:
-        """What `clip` (evaluation.ClipScorer) says of the images sample_images drew from `held_out`
+    def image_metrics(self, images: list, held_out: list[dict], draw: Draw, clip) -> dict[str, float]:
+        """What `clip` (evaluation.ClipScorer) says of the images sample_images drew from `held_out` and `draw`
         (kubetune_api.families lists each family's); none by default."""
         return {}
 

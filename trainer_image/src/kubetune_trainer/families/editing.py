@@ -1,5 +1,5 @@
 """What the image-editing families (FLUX.1 Kontext, Qwen-Image-Edit and -Edit-Plus) share, as
-functions they call: the held-out pairs validation edits, and CLIP's directional score of the edits.
+functions they call: CLIP's directional score of the edits (the pairs they edit: Draw.pairs).
 
 Each editing family is a ModelFamily of its own, composed of shared parts: the edit-pairs layout
 (data.layouts: caption and control-image dropout), its transformer loaded and trained as every
@@ -9,14 +9,6 @@ pipeline's save_lora_weights (families.trainable), and these.
 from __future__ import annotations
 
 import torch
-
-
-def held_out_pairs(spec, held_out: list[dict]) -> list[tuple[torch.Tensor, str]]:
-    """(control pixels [references, 3, H, W], instruction) of the first spec.validation.numSamples
-    held-out pairs (a family that takes one control image unpacks `[control], instruction`)."""
-    pairs = [(controls, caption) for batch in held_out
-             for controls, caption in zip(batch["control_values"], batch["captions"])]
-    return pairs[:spec.validation.num_samples]
 
 
 def clip_directional(images: list, pairs: list[tuple[torch.Tensor, str]], clip) -> dict[str, float]:

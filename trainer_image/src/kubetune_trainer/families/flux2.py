@@ -17,6 +17,7 @@ import torch
 from kubetune_trainer import tiny_models
 from kubetune_trainer.families import flux2_diffusion as flux
 from kubetune_trainer.families.definition import FamilyDefinition
+from kubetune_trainer.lora_keys import FLUX2_KOHYA
 from kubetune_trainer.reference_models import Component
 
 PIPELINE = "Flux2Pipeline"
@@ -145,4 +146,5 @@ DEFINITION = FamilyDefinition(
     scheduler=flux.scheduler,
     write_tokenizers=write_tokenizers,
     meta_trainable=flux.meta_trainable,
+    kohya=FLUX2_KOHYA,
 )

@@ -32,6 +32,7 @@ import torch
 from kubetune_trainer import diffusion, flow_matching, quantization
 from kubetune_trainer.data.cache import Encoder, model_identity
 from kubetune_trainer.device_copy import to_device
+from kubetune_trainer.drawing import Draw
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.denoiser import load_denoiser, train_denoiser
@@ -219,40 +220,41 @@ class Flux2Diffusion:
             self.spec.model.pretrained, scheduler=self.scheduler, vae=self.vae, transformer=self.transformer,
             text_encoder=self.text.text_encoder, tokenizer=self.text.tokenizer)
 
-    def validation_cases(self, held_out: list[dict]) -> list[tuple[str, list[torch.Tensor]]]:
-        """(prompt, reference pixels) to draw: spec.validation.prompts (text to image), else, when a CLIP
-        model will score them, the first spec.validation.numSamples held-out samples with their references."""
-        validation = self.spec.validation
-        if validation.prompts:
-            return [(prompt, []) for prompt in validation.prompts]
-        if not validation.clip_model:
+    @staticmethod
+    def cases(held_out: list[dict], draw: Draw) -> list[tuple[str, list[torch.Tensor]]]:
+        """(prompt, reference pixels) to draw: the draw's prompts (text to image), else, when it draws
+        held-out samples, its first `count` held-out samples with their references (validation on edit
+        pairs always does, Draw.for_validation)."""
+        if draw.prompts:
+            return [(prompt, []) for prompt in draw.prompts]
+        if not draw.held_out:
             return []
         cases = [case for batch in held_out for case in zip(batch["captions"], references_of(batch))]
-        return cases[:validation.num_samples]
+        return cases[:draw.count]
 
     @torch.no_grad()
-    def sample_images(self, held_out: list[dict], generator: torch.Generator) -> list:
-        """One image per validation case, at the training size, with the case's references, guided by
-        spec.validation.guidanceScale (else the family's row) as the text part allows."""
-        cases = self.validation_cases(held_out)
+    def sample_images(self, held_out: list[dict], draw: Draw) -> list:
+        """One image per case, at the training size, with the case's references, guided by the draw's
+        guidance as the text part allows."""
+        cases = self.cases(held_out, draw)
         if not cases:
             return []
         pipeline = self.pipeline()
         pipeline.set_progress_bar_config(disable=True)
         width, height = self.spec.size
-        guidance = self.text.sample_guidance(pipeline, self.spec.sample_guidance)
-        options = {"width": width, "height": height, "num_inference_steps": self.spec.validation.num_inference_steps,
+        guidance = self.text.sample_guidance(pipeline, draw.guidance)
+        options = {"width": width, "height": height, "num_inference_steps": draw.steps,
                    "max_sequence_length": MAX_TEXT_TOKENS, "text_encoder_out_layers": self.text.layers,
-                   "generator": generator, **({"guidance_scale": guidance} if guidance is not None else {})}
+                   "generator": draw.generator(), **({"guidance_scale": guidance} if guidance is not None else {})}
         return [pipeline(prompt=prompt, image=[reference_image(pixels) for pixels in references] or None,
                          **options).images[0]
                 for prompt, references in cases]
 
-    def clip_metrics(self, images: list, held_out: list[dict], clip) -> dict[str, float]:
-        """clip_score of the images drawn from validation_cases(held_out), against their prompts."""
+    def clip_metrics(self, images: list, held_out: list[dict], draw: Draw, clip) -> dict[str, float]:
+        """clip_score of the images drawn from cases(held_out, draw), against their prompts."""
         if not images:
             return {}
-        return {"clip_score": clip.clip_score(images, [prompt for prompt, _ in self.validation_cases(held_out)])}
+        return {"clip_score": clip.clip_score(images, [prompt for prompt, _ in self.cases(held_out, draw)])}
 
 
 def image_ids(target: torch.Tensor, references: list[torch.Tensor]) -> torch.Tensor:
@@ -335,11 +337,11 @@ class Flux2Family(ModelFamily):
     def compute_loss(self, model, batch, random):
         return self.flux.loss(model, self.encode_batch(batch), random)
 
-    def sample_images(self, model, held_out, generator):
-        return self.flux.sample_images(held_out, generator)
+    def sample_images(self, model, held_out, draw):
+        return self.flux.sample_images(held_out, draw)
 
-    def image_metrics(self, images, held_out, clip):
-        return self.flux.clip_metrics(images, held_out, clip)
+    def image_metrics(self, images, held_out, draw, clip):
+        return self.flux.clip_metrics(images, held_out, draw, clip)
 
 
 def planning_forward(guidance: bool):

@@ -18,6 +18,7 @@ import torch
 from kubetune_trainer import tiny_models
 from kubetune_trainer.families import flux2_diffusion as flux
 from kubetune_trainer.families.definition import FamilyDefinition
+from kubetune_trainer.lora_keys import FLUX2_KOHYA
 from kubetune_trainer.reference_models import QWEN3_4B, Component
 
 PIPELINE = "Flux2KleinPipeline"
@@ -116,4 +117,5 @@ DEFINITION = FamilyDefinition(
     write_tokenizers=write_tokenizers,
     model_index=MODEL_INDEX,
     meta_trainable=flux.meta_trainable,
+    kohya=FLUX2_KOHYA,
 )

@@ -18,6 +18,7 @@ from kubetune_trainer.families import editing
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.denoiser import load_denoiser, train_denoiser
+from kubetune_trainer.lora_keys import FLUX_KOHYA
 from kubetune_trainer.planning.forwards import mse, vae_scale
 from kubetune_trainer.reference_models import CLIP_L_TEXT, T5_XXL_ENCODER, Component
 
@@ -123,24 +124,24 @@ class FluxKontext(ModelFamily):
         )
 
     @torch.no_grad()
-    def sample_images(self, model, held_out, generator):
+    def sample_images(self, model, held_out, draw):
         from kubetune_trainer.data.images import to_pil
 
-        pairs = editing.held_out_pairs(self.spec, held_out)
+        pairs = draw.pairs(held_out)
         if not pairs:
             return []
-        pipeline = self.pipeline()
+        pipeline, generator = self.pipeline(), draw.generator()
         pipeline.set_progress_bar_config(disable=True)
         width, height = self.spec.size
         return [pipeline(image=to_pil(control), prompt=caption, height=height, width=width,
-                         num_inference_steps=self.spec.validation.num_inference_steps,
-                         guidance_scale=self.spec.sample_guidance,
+                         num_inference_steps=draw.steps,
+                         guidance_scale=draw.guidance,
                          generator=generator, max_area=width * height, _auto_resize=False,
                          max_sequence_length=min(MAX_TEXT_TOKENS, self.tokenizer_2.model_max_length)).images[0]
                 for [control], caption in pairs]
 
-    def image_metrics(self, images, held_out, clip):
-        return editing.clip_directional(images, editing.held_out_pairs(self.spec, held_out), clip)
+    def image_metrics(self, images, held_out, draw, clip):
+        return editing.clip_directional(images, draw.pairs(held_out), clip)
 
 
 # --- declarations: reference architecture, folders, tiny model, planning ---------------------------
@@ -236,4 +237,5 @@ DEFINITION = FamilyDefinition(
     pipeline=PIPELINE,
     scheduler=scheduler,
     write_tokenizers=write_tokenizers,
+    kohya=FLUX_KOHYA,
 )

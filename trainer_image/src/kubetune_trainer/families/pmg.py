@@ -220,12 +220,12 @@ class PersonalizedGeneration(ModelFamily):
         return self.sd.loss(self.sd.unet, batch, self.encode_batch(batch), random, extra_tokens=personal)
 
     @torch.no_grad()
-    def sample_images(self, model, held_out, generator):
-        """The first held-out users' target captions drawn with their personal tokens, when a CLIP model
-        will score them (validation_prompts). Classifier-free guidance contrasts the caption with the
+    def sample_images(self, model, held_out, draw):
+        """The first held-out users' target captions drawn with their personal tokens, when the draw
+        takes held-out samples (validation: when a CLIP model will score them). Classifier-free guidance contrasts the caption with the
         empty one, both followed by the same personal tokens: guidance strengthens the caption and
         leaves the user's steer as it is."""
-        prompts = self.sd.validation_prompts(held_out)
+        prompts = draw.captions(held_out)
         if not prompts:
             return []
         histories = [history for batch in held_out for history in batch["histories"]][:len(prompts)]
@@ -234,19 +234,19 @@ class PersonalizedGeneration(ModelFamily):
         empty = self.sd.encode_prompts([""] * len(prompts))["prompt_embeds"]
         return self.sd.sampling_pipeline()(prompt_embeds=torch.cat([text, personal], 1),
                                            negative_prompt_embeds=torch.cat([empty, personal], 1),
-                                           **self.sd.sampling_options(generator)).images
+                                           **self.sd.sampling_options(draw)).images
 
     @torch.no_grad()
-    def sample_base_images(self, model, held_out, generator):
+    def sample_base_images(self, model, held_out, draw):
         """Stable Diffusion 1.5 alone: the same captions without any user's tokens (an untrained adapter
         is random, not the base)."""
-        prompts = self.sd.validation_prompts(held_out)
+        prompts = draw.captions(held_out)
         if not prompts:
             return []
-        return self.sd.sampling_pipeline()(prompts, **self.sd.sampling_options(generator)).images
+        return self.sd.sampling_pipeline()(prompts, **self.sd.sampling_options(draw)).images
 
-    def image_metrics(self, images, held_out, clip):
-        return self.sd.clip_metrics(images, held_out, clip)
+    def image_metrics(self, images, held_out, draw, clip):
+        return self.sd.clip_metrics(images, held_out, draw, clip)
 
 
 # --- declarations: reference architecture, folders, tiny model, planning ---------------------------

@@ -18,7 +18,6 @@ from kubetune_trainer.data.cache import Encoder
 from kubetune_trainer.families import qwen_parts
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
-from kubetune_trainer.families.stable_diffusion import validation_prompts
 from kubetune_trainer.lora_keys import DIFFUSION_MODEL
 from kubetune_trainer.planning.forwards import QWEN_PROMPT_TOKENS, QWEN_TEMPLATE_TOKENS
 
@@ -71,22 +70,22 @@ class QwenImage(ModelFamily):
         return self.qwen.pipeline()
 
     @torch.no_grad()
-    def sample_images(self, model, held_out, generator):
+    def sample_images(self, model, held_out, draw):
         """Each validation prompt drawn on its own (the pipeline's negative prompt is one for the
         batch), with true classifier-free guidance (the row's 4.0, as the model card samples, or
-        spec.validation.guidanceScale) against a blank negative prompt."""
-        prompts = validation_prompts(self.spec, held_out)
+        the draw's guidance) against a blank negative prompt."""
+        prompts = draw.captions(held_out)
         if not prompts:
             return []
-        pipeline = self.qwen.sampling_pipeline()
+        pipeline, generator = self.qwen.sampling_pipeline(), draw.generator()
         width, height = self.spec.size
-        return [pipeline(prompt=prompt, negative_prompt=" ", true_cfg_scale=self.spec.sample_guidance, height=height,
-                         width=width, num_inference_steps=self.spec.validation.num_inference_steps,
+        return [pipeline(prompt=prompt, negative_prompt=" ", true_cfg_scale=draw.guidance, height=height,
+                         width=width, num_inference_steps=draw.steps,
                          generator=generator).images[0]
                 for prompt in prompts]
 
-    def image_metrics(self, images, held_out, clip):
-        return {"clip_score": clip.clip_score(images, validation_prompts(self.spec, held_out))} if images else {}
+    def image_metrics(self, images, held_out, draw, clip):
+        return {"clip_score": clip.clip_score(images, draw.captions(held_out))} if images else {}
 
 
 # --- declarations: reference architecture, folders, tiny model, planning (families.qwen_parts) -----

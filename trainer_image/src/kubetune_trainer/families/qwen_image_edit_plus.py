@@ -107,25 +107,25 @@ class QwenImageEditPlus(ModelFamily):
         return self.qwen.pipeline()
 
     @torch.no_grad()
-    def sample_images(self, model, held_out, generator):
+    def sample_images(self, model, held_out, draw):
         """Each of the first held-out pairs edited from all its references (the pipeline takes one
         prompt at a time), with true classifier-free guidance (the row's 4.0, as the model card
-        samples, or spec.validation.guidanceScale) against a blank negative prompt."""
+        samples, or the draw's guidance) against a blank negative prompt."""
         from kubetune_trainer.data.images import to_pil
 
-        pairs = editing.held_out_pairs(self.spec, held_out)
+        pairs = draw.pairs(held_out)
         if not pairs:
             return []
-        pipeline = self.qwen.sampling_pipeline()
+        pipeline, generator = self.qwen.sampling_pipeline(), draw.generator()
         width, height = self.spec.size
         with references_for_the_vae_at(width * height):
             return [pipeline(image=[to_pil(pixels) for pixels in controls], prompt=caption, negative_prompt=" ",
-                             true_cfg_scale=self.spec.sample_guidance, height=height, width=width,
-                             num_inference_steps=self.spec.validation.num_inference_steps, generator=generator).images[0]
+                             true_cfg_scale=draw.guidance, height=height, width=width,
+                             num_inference_steps=draw.steps, generator=generator).images[0]
                     for controls, caption in pairs]
 
-    def image_metrics(self, images, held_out, clip):
-        return editing.clip_directional(images, editing.held_out_pairs(self.spec, held_out), clip)
+    def image_metrics(self, images, held_out, draw, clip):
+        return editing.clip_directional(images, draw.pairs(held_out), clip)
 
 
 @contextmanager

@@ -36,11 +36,11 @@ class StableDiffusion15(ModelFamily):
     def compute_loss(self, model, batch, random):
         return self.sd.loss(model, batch, self.encode_batch(batch), random)
 
-    def sample_images(self, model, held_out, generator):
-        return self.sd.sample_images(held_out, generator)
+    def sample_images(self, model, held_out, draw):
+        return self.sd.sample_images(held_out, draw)
 
-    def image_metrics(self, images, held_out, clip):
-        return self.sd.clip_metrics(images, held_out, clip)
+    def image_metrics(self, images, held_out, draw, clip):
+        return self.sd.clip_metrics(images, held_out, draw, clip)
 
 
 def planning_forward(models, spec, make, autocast, dtype: torch.dtype) -> torch.Tensor:

@@ -38,7 +38,6 @@ from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.denoiser import load_denoiser, train_denoiser
-from kubetune_trainer.families.stable_diffusion import validation_prompts
 from kubetune_trainer.families.vae import load_vae, vae_name
 from kubetune_trainer.planning.forwards import CLIP_TOKENS, mse, vae_scale
 from kubetune_trainer.reference_models import CLIP_BIGG_TEXT, CLIP_L_TEXT, SD_VAE, T5_XXL_ENCODER, Component
@@ -132,8 +131,8 @@ class StableDiffusion3(ModelFamily):
         )
 
     @torch.no_grad()
-    def sample_images(self, model, held_out, generator):
-        prompts = validation_prompts(self.spec, held_out)
+    def sample_images(self, model, held_out, draw):
+        prompts = draw.captions(held_out)
         if not prompts:
             return []
         pipeline = self.pipeline()
@@ -142,12 +141,12 @@ class StableDiffusion3(ModelFamily):
         # A fully trained transformer stays in fp32 beside encoders in the training precision.
         with torch.autocast(self.device.type, dtype=self.weight_dtype, enabled=self.weight_dtype != torch.float32):
             return pipeline(prompts, height=height, width=width,
-                            num_inference_steps=self.spec.validation.num_inference_steps,
-                            guidance_scale=self.spec.sample_guidance, generator=generator,
+                            num_inference_steps=draw.steps,
+                            guidance_scale=draw.guidance, generator=draw.generator(),
                             max_sequence_length=T5_TOKENS).images
 
-    def image_metrics(self, images, held_out, clip):
-        return {"clip_score": clip.clip_score(images, validation_prompts(self.spec, held_out))} if images else {}
+    def image_metrics(self, images, held_out, draw, clip):
+        return {"clip_score": clip.clip_score(images, draw.captions(held_out))} if images else {}
 
 
 def check_image_sizes(spec, transformer: dict, vae: dict) -> None:

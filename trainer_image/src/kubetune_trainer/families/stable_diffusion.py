@@ -19,6 +19,7 @@ import torch
 from kubetune_trainer import diffusion, quantization, tiny_models
 from kubetune_trainer.data.cache import Encoder, model_identity
 from kubetune_trainer.device_copy import to_device
+from kubetune_trainer.drawing import Draw
 from kubetune_trainer.families.vae import load_vae, vae_name
 from kubetune_trainer.families.denoiser import load_denoiser
 from kubetune_trainer.randomness import SampleRandom
@@ -92,18 +93,6 @@ def write_full_size_sd15(out_dir: Path, seed: int = 0) -> Path:
     )
     pipeline.save_pretrained(out_dir, safe_serialization=True)
     return out_dir
-
-
-def validation_prompts(spec, held_out: list[dict]) -> list[str]:
-    """What a text-to-image family's validation draws: spec.validation.prompts, else, when a CLIP model
-    will score them, the first spec.validation.numSamples held-out captions (the same ones at every
-    validation)."""
-    validation = spec.validation
-    if validation.prompts:
-        return list(validation.prompts)
-    if not validation.clip_model:
-        return []
-    return [caption for batch in held_out for caption in batch["captions"]][:validation.num_samples]
 
 
 # --- the parts ----------------------------------------------------------------------------------
@@ -227,23 +216,20 @@ class UNetDiffusion:
         pipeline.set_progress_bar_config(disable=True)
         return pipeline
 
-    def sampling_options(self, generator: torch.Generator) -> dict:
-        (width, height), guidance = self.spec.size, self.spec.sample_guidance
-        return {"num_inference_steps": self.spec.validation.num_inference_steps, "height": height, "width": width,
-                "generator": generator, "output_type": "pil",
+    def sampling_options(self, draw: Draw) -> dict:
+        (width, height), guidance = self.spec.size, draw.guidance
+        return {"num_inference_steps": draw.steps, "height": height, "width": width,
+                "generator": draw.generator(), "output_type": "pil",
                 **({"guidance_scale": guidance} if guidance is not None else {})}
 
-    def validation_prompts(self, held_out: list[dict]) -> list[str]:
-        return validation_prompts(self.spec, held_out)
-
     @torch.no_grad()
-    def sample_images(self, held_out: list[dict], generator: torch.Generator) -> list:
-        """The validation prompts (validation_prompts) drawn with the UNet as it is being trained."""
-        prompts = self.validation_prompts(held_out)
+    def sample_images(self, held_out: list[dict], draw: Draw) -> list:
+        """The draw's captions drawn with the UNet as it is being trained."""
+        prompts = draw.captions(held_out)
         if not prompts:
             return []
-        return self.sampling_pipeline()(prompts, **self.sampling_options(generator)).images
+        return self.sampling_pipeline()(prompts, **self.sampling_options(draw)).images
 
-    def clip_metrics(self, images: list, held_out: list[dict], clip) -> dict[str, float]:
-        """clip_score of images drawn from validation_prompts(held_out)."""
-        return {"clip_score": clip.clip_score(images, self.validation_prompts(held_out))} if images else {}
+    def clip_metrics(self, images: list, held_out: list[dict], draw: Draw, clip) -> dict[str, float]:
+        """clip_score of images drawn from draw.captions(held_out)."""
+        return {"clip_score": clip.clip_score(images, draw.captions(held_out))} if images else {}

@@ -55,7 +55,6 @@ from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.denoiser import load_denoiser
-from kubetune_trainer.families.stable_diffusion import validation_prompts
 from kubetune_trainer.families.lora import DIFFUSERS_ATTENTION_TARGETS, LORA_FILE, load_lora_init, lora_layers
 from kubetune_trainer.families.trainable import Trainable, diffusers_denoiser, enable_gradient_checkpointing
 from kubetune_trainer.families.vae import load_vae, vae_name
@@ -428,9 +427,6 @@ class Wan(ModelFamily):
             transformer=experts.get("transformer"), transformer_2=experts.get("transformer_2"),
             boundary_ratio=self.boundary, expand_timesteps=bool(self.index.get("expand_timesteps")), **image)
 
-    def validation_prompts(self, held_out: list[dict]) -> list[str]:
-        return validation_prompts(self.spec, held_out)
-
     def condition_images(self, held_out: list[dict], count: int) -> list:
         """Image-to-video: the first frames of the first `count` held-out samples, as PIL images."""
         from torchvision.transforms.functional import to_pil_image
@@ -438,11 +434,11 @@ class Wan(ModelFamily):
         frames = [clips(pixels[None])[0, :, 0] for batch in held_out for pixels in batch["pixel_values"]]
         return [to_pil_image((frame.float().clamp(-1, 1) + 1) / 2) for frame in frames[:count]]
 
-    def _prompt_embeds(self, prompt: str) -> dict[str, torch.Tensor | None]:
+    def _prompt_embeds(self, prompt: str, guidance: float | None) -> dict[str, torch.Tensor | None]:
         """A prompt (and the empty negative one under guidance) encoded as training encodes it: diffusers
         0.42.1's WanImageToVideoPipeline cleans prompts with ftfy unguarded (a NameError without it),
         WanPipeline only where ftfy is installed."""
-        guided = (self.spec.sample_guidance or 0) > 1
+        guided = (guidance or 0) > 1
         embeds, negative = self._prompt_pipeline.encode_prompt(
             [prompt], negative_prompt="" if guided else None, do_classifier_free_guidance=guided,
             max_sequence_length=MAX_TEXT_TOKENS, device=self.device)
@@ -455,11 +451,11 @@ class Wan(ModelFamily):
         return min(frame_counts(self.spec.data.frames), default=1)
 
     @torch.no_grad()
-    def sample_images(self, model, held_out, generator):
-        """Clips of the validation prompts (sample_clips.Clip, sample_frames long, at spec.data.fps), or
+    def sample_images(self, model, held_out, draw):
+        """Clips of the draw's captions (sample_clips.Clip, sample_frames long, at spec.data.fps), or
         images where the data are images; image-to-video: each from a held-out sample's first frame
         (none without held-out samples)."""
-        prompts = self.validation_prompts(held_out)
+        prompts = draw.captions(held_out)
         if self.image_to_video:
             conditions = self.condition_images(held_out, len(prompts))
             prompts = prompts[:len(conditions)]
@@ -473,11 +469,11 @@ class Wan(ModelFamily):
             pipeline.set_progress_bar_config(disable=True)
             width, height = self.spec.size
             options = dict(height=height, width=width, num_frames=self.sample_frames,
-                           num_inference_steps=self.spec.validation.num_inference_steps,
-                           guidance_scale=self.spec.sample_guidance, generator=generator,
+                           num_inference_steps=draw.steps,
+                           guidance_scale=draw.guidance, generator=draw.generator(),
                            max_sequence_length=MAX_TEXT_TOKENS, output_type="pil")
             if self.image_to_video:  # the pipeline takes one condition image per call
-                videos = [pipeline(image=image, **self._prompt_embeds(prompt), **options).frames[0]
+                videos = [pipeline(image=image, **self._prompt_embeds(prompt, draw.guidance), **options).frames[0]
                           for image, prompt in zip(conditions, prompts)]
             else:
                 videos = pipeline(prompts, **options).frames
@@ -488,10 +484,10 @@ class Wan(ModelFamily):
             return [video[0] for video in videos]
         return [Clip(list(video), self.spec.data.fps or DEFAULT_FPS) for video in videos]
 
-    def image_metrics(self, images, held_out, clip):
+    def image_metrics(self, images, held_out, draw, clip):
         """CLIP scores of the images, or of each clip's middle frame."""
         images = [sample.frames[len(sample.frames) // 2] if isinstance(sample, Clip) else sample for sample in images]
-        return {"clip_score": clip.clip_score(images, self.validation_prompts(held_out))} if images else {}
+        return {"clip_score": clip.clip_score(images, draw.captions(held_out))} if images else {}
 
 
 # --- declarations: reference architecture, folders, tiny model, planning ---------------------------

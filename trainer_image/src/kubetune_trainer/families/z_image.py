@@ -23,7 +23,6 @@ from kubetune_trainer import diffusion, flow_matching, quantization, tiny_models
 from kubetune_trainer.data.cache import Encoder, model_identity
 from kubetune_trainer.device_copy import to_device
 from kubetune_trainer.errors import ConfigError
-from kubetune_trainer.families.stable_diffusion import validation_prompts
 from kubetune_trainer.families.vae import load_vae, vae_name
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
@@ -130,22 +129,19 @@ class ZImage(ModelFamily):
         return ZImagePipeline(scheduler=self.scheduler, vae=self.vae, text_encoder=self.text_encoder,
                               tokenizer=self.tokenizer, transformer=self.transformer)
 
-    def validation_prompts(self, held_out: list[dict]) -> list[str]:
-        return validation_prompts(self.spec, held_out)
-
     @torch.no_grad()
-    def sample_images(self, model, held_out, generator):
-        prompts = self.validation_prompts(held_out)
+    def sample_images(self, model, held_out, draw):
+        prompts = draw.captions(held_out)
         if not prompts:
             return []
         pipeline = self.pipeline()
         pipeline.set_progress_bar_config(disable=True)
         width, height = self.spec.size
-        return pipeline(prompts, height=height, width=width, num_inference_steps=self.spec.validation.num_inference_steps,
-                        guidance_scale=self.spec.sample_guidance, generator=generator, max_sequence_length=MAX_TEXT_TOKENS).images
+        return pipeline(prompts, height=height, width=width, num_inference_steps=draw.steps,
+                        guidance_scale=draw.guidance, generator=draw.generator(), max_sequence_length=MAX_TEXT_TOKENS).images
 
-    def image_metrics(self, images, held_out, clip):
-        return {"clip_score": clip.clip_score(images, self.validation_prompts(held_out))} if images else {}
+    def image_metrics(self, images, held_out, draw, clip):
+        return {"clip_score": clip.clip_score(images, draw.captions(held_out))} if images else {}
 
 
 # --- declarations: reference architecture, folders, tiny model, planning ---------------------------
