@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from kubetune_api import layout
-from kubetune_api.contract import TrainerEnv
+from kubetune_api.contract import TrainerEnv, TrainerLog
 from kubetune_api.quantity import parse_quantity
 from kubetune_api.spec import TrainingJob, TrainingJobSpec
 from kubetune_trainer import checkpoints, training_state
@@ -142,7 +142,7 @@ class Run:
     def __init__(self, job: TrainingJob, stop: StopRequest):
         self.job, self.spec, self.stop = job, job.spec, stop
         # The operator names the pod's TrainingJob; a local run goes by its manifest.
-        self.namespace = os.environ.get("KUBETUNE_NAMESPACE") or job.metadata.namespace or "default"
+        self.namespace = TrainerEnv.from_env(os.environ).namespace or job.metadata.namespace or "default"
         self.run_id = run_id_from_env()
 
     # --- phases ---------------------------------------------------------------------------------
@@ -394,7 +394,7 @@ class Run:
             self._record_run(self.position.step, finished=True)
         self.store.flush()  # raises if the final weights could not be uploaded
         if self.is_main:
-            log.info("final weights: %s", ", ".join(self._store_uri(p) for p in written))
+            log.info(TrainerLog.FINAL_WEIGHTS, ", ".join(self._store_uri(p) for p in written))
             self._write_report()
             if self.accelerator.device.type == "cuda":
                 log.info("peak GPU memory on rank 0: %.2f GiB allocated, %.2f GiB reserved",
