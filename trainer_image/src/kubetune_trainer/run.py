@@ -25,6 +25,7 @@ from kubetune_api import layout
 from kubetune_api.contract import TrainerEnv, TrainerLog
 from kubetune_api.quantity import parse_quantity
 from kubetune_api.spec import TrainingJob, TrainingJobSpec
+from kubetune_api.strategy import resolve_strategy, unsharded_note
 from kubetune_trainer import checkpoints, training_state
 from kubetune_trainer.attention import choose_attention
 from kubetune_trainer.checkpointing import ShardedState, files_of_rank, full_trained_state
@@ -40,7 +41,7 @@ from kubetune_trainer.loop import SampleLog, Stepper, iterate_steps, plan_steps,
 from kubetune_trainer.phase_clock import PhaseClock
 from kubetune_trainer.optim import (PlateauScheduler, build_lr_scheduler, build_optimizer, follow_spec_after_resume,
                                     set_optimizer_mode)
-from kubetune_trainer.parallel import build_parallel, resolve_strategy
+from kubetune_trainer.parallel import build_parallel
 from kubetune_trainer.placement import use_channels_last
 from kubetune_trainer.preemption import PREEMPTION_UPLOAD_SECONDS, Preempted, StopRequest
 from kubetune_trainer.profiling import maybe_profile
@@ -437,9 +438,8 @@ class Run:
         spec = self.spec
         on_gpu = self.accelerator.device.type == "cuda"
         strategy = resolve_strategy(spec, self.world_size, on_gpu, self._fits_under_ddp)
-        if strategy == "fsdp" and self.world_size == 1:
-            log.info("spec.distributed.strategy fsdp: one process has nothing to shard over; training unsharded")
-            strategy = "ddp"
+        if unsharded_note(spec, self.world_size):
+            log.info(unsharded_note(spec, self.world_size))
         self.parallel = build_parallel(strategy, spec, self.accelerator)
         if use_channels_last(self.family.trainable_module, self.accelerator.device):
             log.info("%s in channels_last memory order", type(self.family.trainable_module).__name__)
