@@ -62,6 +62,10 @@ def place_run(checkpoints: CheckpointSpec, namespace: str, job: str, run_id: str
         if problem:
             raise ConfigError(f"spec.checkpoints.resumeFrom: {start_from} cannot be resumed: {problem}; "
                               "name a complete checkpoint (`kubetune checkpoints ls JOB` lists them) or use latest")
+    if start_from is not None:  # intact by its manifest; is what resuming reads there and whole?
+        from kubetune_trainer.checkpointing import refuse_damaged
+
+        refuse_damaged(local_path_for(start_from), start_from)
     return RunPlace(choice.version, run_uri, start_from, job_uri, choice)
 
 
