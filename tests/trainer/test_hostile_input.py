@@ -282,7 +282,7 @@ def damaged_copy(trained_once, tmp_path, damage) -> tuple[dict, Path]:
     """The run copied under tmp_path, checkpoint-2 damaged, and its manifest re-sealed over the damage."""
     import shutil
 
-    from kubetune_trainer import checkpoints
+    from kubetune_trainer.checkpoint import files as checkpoints
 
     manifest, out = trained_once
     shutil.copytree(out, tmp_path / "out")
@@ -318,7 +318,7 @@ def test_a_damaged_checkpoint_under_a_resealed_manifest_is_refused_naming_the_fi
                                                                                    tmp_path):
     from kubetune_api.manifest import parse_manifest
     from kubetune_trainer.errors import ConfigError
-    from kubetune_trainer.run_directory import place_run
+    from kubetune_trainer.checkpoint.resume import place_run
 
     resumed, checkpoint = damaged_copy(trained_once, tmp_path, damage)
     with pytest.raises(ConfigError) as refused:  # what the trainer's main process decides before writing

@@ -11,7 +11,7 @@ from kubetune_api.ports import free_listen_port
 from kubetune_api.contract import TrainerEnv
 from kubetune_api.spec import TrainingJob
 from kubetune_trainer.launcher import NodePlace, launch
-from kubetune_trainer.run_directory import job_manifest_text
+from kubetune_trainer.checkpoint.resume import job_manifest_text
 
 
 def trainer_command(config: Path, trainer_args: tuple[str, ...] = ()) -> list[str]:

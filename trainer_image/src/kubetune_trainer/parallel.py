@@ -3,7 +3,7 @@
 Everything the loop does that differs between the two lives here: wrapping the module and
 building its optimizer, accumulating gradients without a collective, backward, clipping, and
 unwrapping. Checkpoints do not differ: both go through torch.distributed.checkpoint's
-state-dict API (see checkpointing.py), which is also what lets a run resume under the other one.
+state-dict API (see checkpoint/sharded.py), which is also what lets a run resume under the other one.
 
 DDP goes through Accelerate (autocast for mixed precision, the fp16 loss scaler). FSDP calls
 torch's `fully_shard` itself, as Accelerate's FSDP2 plugin does, because Accelerate enables FSDP

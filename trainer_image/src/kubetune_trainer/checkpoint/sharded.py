@@ -48,8 +48,8 @@ def shard_files(checkpoint: Path, rank: int) -> list[Path]:
 def files_of_rank(checkpoint: Path, rank: int, world_size: int) -> list[Path]:
     """What process `rank` contributes to a checkpoint on its node's disk: its shards and random
     state; rank 0 also everything written once (the DCP index, position, schedule, adapter)."""
-    from kubetune_trainer.storage.checkpoint_store import PARTS_DIR
-    from kubetune_trainer.training_state import rng_file
+    from kubetune_trainer.checkpoint.store import PARTS_DIR
+    from kubetune_trainer.checkpoint.training_state import rng_file
 
     own = set(shard_files(checkpoint, rank)) | {checkpoint / rng_file(rank)}
     if rank != 0:
@@ -162,7 +162,7 @@ def damage(checkpoint: Path) -> str | None:
 
     import torch.distributed.checkpoint as dcp
 
-    from kubetune_trainer.training_state import SCHEDULER_FILE, STATE_FILE, SavedState
+    from kubetune_trainer.checkpoint.training_state import SCHEDULER_FILE, STATE_FILE, SavedState
 
     try:
         SavedState.from_json((checkpoint / STATE_FILE).read_text())

@@ -20,7 +20,7 @@ from typing import Callable
 
 from kubetune_api import layout
 from kubetune_api.contract import TrainerEnv
-from kubetune_trainer import checkpoints
+from kubetune_trainer.checkpoint import files as checkpoints
 from kubetune_trainer.storage import s3
 from kubetune_trainer.storage.tree import open_tree
 from kubetune_trainer.storage.uploader import BackgroundUploader, Task
