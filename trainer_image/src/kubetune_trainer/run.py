@@ -26,9 +26,12 @@ from kubetune_api.contract import TrainerEnv, TrainerLog
 from kubetune_api.quantity import parse_quantity
 from kubetune_api.spec import TrainingJob, TrainingJobSpec
 from kubetune_api.strategy import resolve_strategy, unsharded_note
-from kubetune_trainer.checkpoint import files as checkpoints, training_state
 from kubetune_trainer.attention import choose_attention
+from kubetune_trainer.checkpoint import files as checkpoints, runs, training_state
+from kubetune_trainer.checkpoint.resume import claim_run, local_start_checkpoint, place_run, run_id_from_env
 from kubetune_trainer.checkpoint.sharded import ShardedState, files_of_rank, full_trained_state
+from kubetune_trainer.checkpoint.store import CheckpointStore, local_path_for
+from kubetune_trainer.checkpoint.training_state import Position, SavedState
 from kubetune_trainer.compilation import CompileTimer, compile_regions
 from kubetune_trainer.consistency import check_replicas_agree
 from kubetune_trainer.data.cache import EmbeddingCache, open_store
@@ -46,9 +49,6 @@ from kubetune_trainer.placement import use_channels_last
 from kubetune_trainer.preemption import PREEMPTION_UPLOAD_SECONDS, Preempted, StopRequest
 from kubetune_trainer.profiling import maybe_profile
 from kubetune_trainer.reporting import Reporter
-from kubetune_trainer.checkpoint.resume import claim_run, local_start_checkpoint, place_run, run_id_from_env
-from kubetune_trainer.checkpoint import runs
-from kubetune_trainer.checkpoint.store import CheckpointStore, local_path_for
 from kubetune_trainer.storage.inputs import local_copy, origin, version_of
 from kubetune_trainer.storage.members import MEMBERS
 from kubetune_trainer.storage.stream import Prefetcher, open_stream, streamed
@@ -56,7 +56,6 @@ from kubetune_trainer.storage.uri import is_s3
 from kubetune_trainer.storage.uploader import UploadFailed
 from kubetune_trainer.step_readout import StepReadout, StepResult
 from kubetune_trainer.tracking import ABORT_SECONDS, tracker_for
-from kubetune_trainer.checkpoint.training_state import Position, SavedState
 from kubetune_trainer.validation import Validator
 
 log = logging.getLogger("kubetune.trainer")
