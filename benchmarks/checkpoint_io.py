@@ -104,9 +104,9 @@ def main(argv=None) -> None:
         os.environ.update(settings)
     import boto3
 
-    from kubetune_trainer.checkpointing import ShardedState, files_of_rank
+    from kubetune_trainer.checkpoint.sharded import ShardedState, files_of_rank
     from kubetune_trainer.storage import s3
-    from kubetune_trainer.storage.checkpoint_store import CheckpointStore
+    from kubetune_trainer.checkpoint.store import CheckpointStore
 
     s3.forget_clients()
     bucket = "bench-" + secrets.token_hex(4)

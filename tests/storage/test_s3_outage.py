@@ -12,7 +12,7 @@ import time
 import pytest
 
 from kubetune_trainer.storage import s3
-from kubetune_trainer.storage.checkpoint_store import complete_steps
+from kubetune_trainer.checkpoint.store import complete_steps
 from kubetune_trainer.storage.uri import parse_s3
 from tests.storage.conftest import new_bucket
 from tests.trainer.conftest import (captions_data, tiny_job, tiny_sd15, trainer_command,  # noqa: F401 (fixtures)

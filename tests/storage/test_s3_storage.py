@@ -6,9 +6,10 @@ import shutil
 import threading
 import time
 
-from kubetune_trainer import checkpoints
-from kubetune_trainer.storage import runs, s3
-from kubetune_trainer.storage.checkpoint_store import CheckpointStore, newest_intact
+from kubetune_trainer.checkpoint import files as checkpoints
+from kubetune_trainer.checkpoint import runs
+from kubetune_trainer.storage import s3
+from kubetune_trainer.checkpoint.store import CheckpointStore, newest_intact
 from kubetune_trainer.storage.tree import open_tree
 from kubetune_trainer.storage.uploader import Task
 from kubetune_trainer.storage.uri import parse_s3

@@ -15,8 +15,8 @@ from PIL import Image
 
 from kubetune_cli.main import cli
 from kubetune_trainer.tiny_data import write_tiny_data
-from tests.trainer.conftest import (family_job, run_dir, run_trainer, tiny_manifest, trainer_command, trainer_env,
-                                    write_manifest)
+from tests.trainer.conftest import (family_job, run_dir, run_trainer, run_trainer_expecting_failure, tiny_manifest,
+                                    trainer_command, trainer_env, write_manifest)
 
 pytestmark = pytest.mark.slow
 
@@ -264,3 +264,74 @@ def test_a_full_disk_is_one_line_naming_where_it_could_not_write(tiny_job, tmp_p
     assert result.returncode == 1, result.stderr[-2000:]
     assert "kubetune trainer: cannot write" in result.stderr and "free space" in result.stderr
     assert no_traceback(result.stderr.split("kubetune trainer: cannot write")[-1])
+
+
+# --- damaged sharded checkpoints whose manifest was re-sealed: refused naming the file, nothing lost ----
+
+@pytest.fixture(scope="module")
+def trained_once(tiny_sd15, captions_data, tmp_path_factory):
+    """One finished 2-step run, copied by each test that damages it."""
+    root = tmp_path_factory.mktemp("trained-once")
+    manifest = tiny_manifest(tiny_sd15, captions_data, root / "out", maxSteps=2)
+    result = run_trainer(manifest, root)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return manifest, root / "out"
+
+
+def damaged_copy(trained_once, tmp_path, damage) -> tuple[dict, Path]:
+    """The run copied under tmp_path, checkpoint-2 damaged, and its manifest re-sealed over the damage."""
+    import shutil
+
+    from kubetune_trainer.checkpoint import files as checkpoints
+
+    manifest, out = trained_once
+    shutil.copytree(out, tmp_path / "out")
+    checkpoint = run_dir(tmp_path / "out") / "checkpoint-2"
+    damage(checkpoint)
+    sealed = json.loads((checkpoint / checkpoints.MANIFEST).read_text())
+    files = [f for f in checkpoint.rglob("*") if f.is_file() and f.name != checkpoints.MANIFEST]
+    sealed["files"] = checkpoints.describe_files(checkpoint, files)
+    (checkpoint / checkpoints.MANIFEST).write_text(json.dumps(sealed))
+    resumed = json.loads(json.dumps(manifest))
+    resumed["spec"]["checkpoints"]["uri"] = str(tmp_path / "out")
+    resumed["spec"]["checkpoints"]["resumeFrom"] = "latest"
+    return resumed, checkpoint
+
+
+def truncate(path: Path, keep: int) -> None:
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+DAMAGED_CHECKPOINTS = [
+    # (what, how checkpoint-2 is damaged before its manifest is re-sealed, words the refusal must hold)
+    ("a shard gone", lambda c: (c / "state" / "__0_0.distcp").unlink(), ["state/__0_0.distcp is missing"]),
+    ("a shard truncated", lambda c: truncate(c / "state" / "__0_0.distcp", 100), ["state/__0_0.distcp is truncated"]),
+    (".metadata truncated", lambda c: truncate(c / "state" / ".metadata", 40), ["state/.metadata is truncated"]),
+    ("trainer_state.json empty", lambda c: (c / "trainer_state.json").write_text(""),
+     ["trainer_state.json is empty or not a trainer state"]),
+    ("scheduler.pt gone", lambda c: (c / "scheduler.pt").unlink(), ["scheduler.pt is missing"]),
+]
+
+
+@pytest.mark.parametrize("what,damage,words", DAMAGED_CHECKPOINTS, ids=[row[0] for row in DAMAGED_CHECKPOINTS])
+def test_a_damaged_checkpoint_under_a_resealed_manifest_is_refused_naming_the_file(what, damage, words, trained_once,
+                                                                                   tmp_path):
+    from kubetune_api.manifest import parse_manifest
+    from kubetune_trainer.errors import ConfigError
+    from kubetune_trainer.checkpoint.resume import place_run
+
+    resumed, checkpoint = damaged_copy(trained_once, tmp_path, damage)
+    with pytest.raises(ConfigError) as refused:  # what the trainer's main process decides before writing
+        place_run(parse_manifest(resumed).spec.checkpoints, "default", "tiny", None)
+    message = str(refused.value)
+    assert all(word in message for word in [str(checkpoint), *words, "delete it"]), message
+    assert "\n" not in message
+
+
+def test_the_trainer_refuses_a_damaged_checkpoint_in_one_line_and_writes_nothing(trained_once, tmp_path):
+    resumed, checkpoint = damaged_copy(trained_once, tmp_path, lambda c: (c / "state" / "__0_0.distcp").unlink())
+    before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "out").rglob("*"))
+    stderr = run_trainer_expecting_failure(resumed, tmp_path)  # exit 2: bad input, not retried
+    assert f"checkpoint {checkpoint} is damaged" in stderr and "state/__0_0.distcp is missing" in stderr
+    assert no_traceback(stderr)
+    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "out").rglob("*")) == before, "nothing written"

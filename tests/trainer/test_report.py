@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from kubetune_api import layout
 from kubetune_cli.main import cli
-from kubetune_trainer.storage.catalog import describe_run
+from kubetune_trainer.checkpoint.catalog import describe_run
 from tests.trainer.conftest import run_dir, run_trainer, tiny_manifest
 
 pytestmark = pytest.mark.slow

@@ -114,7 +114,8 @@ def test_the_pod_monitor_selects_the_master_pods_the_operator_renders(helm, exam
     from kubetune_operator.backends import PyTorchJobBackend
     from kubetune_operator.settings import Settings
 
-    args = ["--set", "metrics.podMonitor.enabled=true", "--set", "metrics.podMonitor.labels.release=kps"]
+    args = ["--set", "backend=pytorchjob", "--set", "metrics.podMonitor.enabled=true",
+            "--set", "metrics.podMonitor.labels.release=kps"]
     if watch:
         args += ["--set", "operator.watchNamespaces={" + ",".join(watch) + "}"]
     monitor = next(d for d in documents_of(render(helm, *args)) if d["kind"] == "PodMonitor")
@@ -183,12 +184,12 @@ def operator_env(documents: list[dict]) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("settings,backends,pytorchjobs,trainjobs,runtime", [
-    ([], "pytorchjob", True, False, False),
-    (["--set", "backend=trainjob"], "trainjob", False, True, True),
-    (["--set", "trainjob.enabled=true"], "pytorchjob,trainjob", True, True, True),
-    (["--set", "backend=trainjob", "--set", "pytorchjob.enabled=true"], "pytorchjob,trainjob", True, True, True),
+    ([], "trainjob", False, True, True),
+    (["--set", "backend=pytorchjob"], "pytorchjob", True, False, False),
+    (["--set", "backend=pytorchjob", "--set", "trainjob.enabled=true"], "pytorchjob,trainjob", True, True, True),
+    (["--set", "pytorchjob.enabled=true"], "pytorchjob,trainjob", True, True, True),
     (["--set", "backend=trainjob", "--set", "trainjob.runtime.create=false"], "trainjob", False, True, False),
-], ids=["default", "trainjob", "pytorchjob-plus-trainjob", "trainjob-plus-pytorchjob", "own-runtime"])
+], ids=["default-trainjob", "pytorchjob", "pytorchjob-plus-trainjob", "trainjob-plus-pytorchjob", "own-runtime"])
 def test_rbac_and_the_runtime_follow_the_enabled_backends(helm, settings, backends, pytorchjobs, trainjobs, runtime):
     documents = documents_of(render(helm, *settings))
     rules = rbac_rules(documents)
@@ -262,7 +263,7 @@ def test_reading_kueues_workloads_is_granted_only_with_kueue_enabled(helm):
 
 def test_watched_namespaces_get_roles_and_the_cluster_role_keeps_only_what_is_cluster_scoped(helm):
     documents = documents_of(render(helm, "--set", "operator.watchNamespaces={team-a,team-b}",
-                                    "--set", "trainjob.enabled=true", "--set", "kueue.enabled=true"))
+                                    "--set", "pytorchjob.enabled=true", "--set", "kueue.enabled=true"))
     cluster_rules = rbac_rules(documents)
     assert set(cluster_rules) == {
         "/namespaces", "apiextensions.k8s.io/customresourcedefinitions",

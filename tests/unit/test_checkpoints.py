@@ -1,8 +1,8 @@
 """Checkpoint directories count only when their manifest is written and matches the files."""
 import json
 
-from kubetune_trainer import checkpoints
-from kubetune_trainer.storage.checkpoint_store import newest_intact
+from kubetune_trainer.checkpoint import files as checkpoints
+from kubetune_trainer.checkpoint.store import newest_intact
 
 
 def newest_step(root) -> int | None:

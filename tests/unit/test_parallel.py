@@ -4,7 +4,8 @@ import copy
 import pytest
 
 from kubetune_api.manifest import parse_manifest
-from kubetune_trainer.parallel import resolve_strategy, shard_units
+from kubetune_api.strategy import resolve_strategy
+from kubetune_trainer.parallel import shard_units
 
 
 def spec_of(example_manifest, **changes):
@@ -20,6 +21,8 @@ def spec_of(example_manifest, **changes):
 
 @pytest.mark.parametrize("changes,world,on_gpu,fits,expected", [
     ({"distributed__strategy": "fsdp"}, 4, True, True, "fsdp"),
+    ({"distributed__strategy": "fsdp"}, 1, True, False, "ddp"),   # explicit, but one process: unsharded
+    ({"distributed__strategy": "fsdp"}, 2, False, True, "fsdp"),  # explicit on the CPU: shards over gloo
     ({"distributed__strategy": "ddp"}, 4, True, False, "ddp"),
     ({}, 4, True, True, "ddp"),                      # auto: fits under ddp
     ({}, 4, True, False, "fsdp"),                    # auto: does not fit whole on one GPU

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
 
 from kubetune_api.spec import TrainingJobSpec
 from kubetune_trainer.errors import ConfigError
-from kubetune_trainer.planning import resolved_strategy
+from kubetune_api.strategy import resolve_strategy
 from kubetune_trainer.planning.activations import Activations
 from kubetune_trainer.planning.estimate import MemoryEstimate, estimate_from_parts
 from kubetune_trainer.planning.models import load_models
@@ -153,6 +154,7 @@ def test_the_cpu_has_no_cuda_overhead(sd15_configs, sd15_models):
 
 @pytest.mark.parametrize("sections, world, device, ddp_fits, expected", [
     ({"distributed": {"strategy": "fsdp"}}, 8, "cuda", True, "fsdp"),      # explicit wins
+    ({"distributed": {"strategy": "fsdp"}}, 1, "cuda", False, "ddp"),      # ... over more than one process
     ({"distributed": {"strategy": "ddp"}}, 8, "cuda", False, "ddp"),
     ({}, 1, "cuda", False, "ddp"),                                          # nothing to shard over
     ({}, 8, "cpu", False, "ddp"),                                           # always ddp on the CPU
@@ -162,7 +164,7 @@ def test_the_cpu_has_no_cuda_overhead(sd15_configs, sd15_models):
 ])
 def test_auto_chooses_fsdp_only_when_ddp_does_not_fit(sd15_configs, sections, world, device, ddp_fits, expected):
     spec = make_spec(sd15_configs, **sections)
-    assert resolved_strategy(spec, world, device, lambda: ddp_fits) == expected
+    assert resolve_strategy(spec, world, device == "cuda", lambda: ddp_fits) == expected
 
 
 # --- suggestions -------------------------------------------------------------------------------
@@ -178,6 +180,35 @@ class StubPlanner:
         parts.update(device="cuda", strategy=strategy, world_size=world, weights_by_model={}, notes=())
         numbers = {k: 0 for k, v in parts.items() if v is None}
         return MemoryEstimate(**{**parts, **numbers, "weights": int(total * GIB)})
+
+
+@pytest.mark.parametrize("strategy, world, capacity_gib, expected", [
+    ("fsdp", 1, 80, "ddp"),    # issue 30: the plan said fsdp over one process; the trainer trains unsharded
+    ("fsdp", 4, 80, "fsdp"),
+    ("auto", 4, 80, "ddp"),    # fits under ddp
+    ("auto", 4, 20, "fsdp"),   # does not: sharded
+    ("auto", 1, 20, "ddp"),
+])
+def test_the_plan_reports_the_strategy_the_trainer_runs(sd15_configs, strategy, world, capacity_gib, expected):
+    from kubetune_api import strategy as resolution
+    from kubetune_trainer import run
+    from kubetune_trainer.planning import plan_job
+
+    spec = make_spec(sd15_configs, distributed={"strategy": strategy})
+    plan = plan_job(spec, int(capacity_gib * GIB), world_size=world, device="cuda", planner=StubPlanner())
+    assert plan.estimate.strategy == expected
+    # The trainer asks the same function (kubetune_trainer.run's _prepare_model), with its own memory answer.
+    assert run.resolve_strategy is resolution.resolve_strategy
+    assert resolution.resolve_strategy(spec, world, True, lambda: 30 <= capacity_gib) == expected
+
+
+def test_strategy_auto_is_resolved_in_one_module_only():
+    from tests.conftest import REPO
+
+    readers = sorted(str(path.relative_to(REPO)) for folder in ("api/src", "cli/src", "operator/src", "trainer_image/src")
+                     for path in (REPO / folder).rglob("*.py")
+                     if re.search(r"""strategy\s*[!=]=\s*["']auto["']""", path.read_text()))
+    assert readers == ["api/src/kubetune_api/strategy.py"]
 
 
 CHECKPOINTING = "spec.training.gradientCheckpointing=true"

@@ -6,8 +6,8 @@ import threading
 import pytest
 
 from kubetune_api import layout
-from kubetune_trainer.storage import runs
-from kubetune_trainer.storage.runs import RunRecord, choose_version
+from kubetune_trainer.checkpoint import runs
+from kubetune_trainer.checkpoint.runs import RunRecord, choose_version
 from kubetune_trainer.storage.tree import LocalTree
 from kubetune_trainer.storage.uploader import BackgroundUploader, Task, UploadFailed
 

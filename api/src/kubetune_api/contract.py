@@ -9,12 +9,19 @@ passes between them is named here and nowhere else:
     environment the Kubeflow controller sets for the node launcher (NodeEnv, PyTorchJob and
     TrainJob alike);
   * the Prometheus gauges the trainer serves and the operator reads back into status.progress
-    and status.validation.
+    and status.validation;
+  * the trainer's exit codes, which the backends' restart policies read;
+  * the log lines a local sweep (kubetune_cli.sweep) reads its trials' progress from: each line's
+    format (the trainer writes it) beside its pattern (the CLI parses it);
+  * the backends a job may run on (spec.backend, the operator's backends, the chart's values).
+
+tests/unit/test_contract.py greps the packages for these values written out anywhere else.
 
 Torch-free and kopf-free, like the rest of kubetune_api: both sides import it.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 from typing import Mapping
 
@@ -24,6 +31,7 @@ from kubetune_api.families import FAMILIES
 
 API_GROUP = "kubetune.dev"
 API_VERSION = "v1alpha1"
+API_GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"  # a manifest's apiVersion
 KIND = "TrainingJob"
 PLURAL = "trainingjobs"
 SHORT_NAMES = ("tj",)
@@ -50,8 +58,23 @@ TRAINER_ARGS = ("--config", CONFIG_PATH)
 CACHE_STAGE_COMMAND = ("python", "-m", "kubetune_trainer")
 CACHE_STAGE_ARGS = ("--config", CONFIG_PATH, "--cache-only")
 CACHE_STAGE_FIRST = "--cache-stage"
-# The exit code of a trainer stopped by SIGTERM after its last checkpoint: retryable, never a failure.
+# ---- the trainer's exit codes ------------------------------------------------------------------
+
+# The exit code of a trainer stopped by SIGTERM after its last checkpoint (128 + SIGTERM): retryable,
+# never a failure.
 EXIT_PREEMPTED = 143
+# The job itself is wrong (a bad spec, data or model): retrying cannot help.
+EXIT_BAD_INPUT = 2
+# The loss became inf/NaN: a retry would diverge again at the same step.
+EXIT_DIVERGED = 3
+
+# ---- the backends ---------------------------------------------------------------------------------
+
+# The Kubeflow job a TrainingJob runs as: PyTorchJob (Training Operator v1.9) or TrainJob (Trainer v2.3
+# with JobSet). spec.backend's values, the operator's backends and the chart's `backend` value.
+PYTORCHJOB = "pytorchjob"
+TRAINJOB = "trainjob"
+BACKENDS = (PYTORCHJOB, TRAINJOB)
 
 # ---- the environment the operator sets --------------------------------------------------------------
 
@@ -206,3 +229,47 @@ class TrainerGauge:
     @staticmethod
     def full_name(name: str) -> str:
         return f"{TRAINER_METRIC_PREFIX}_{name}"
+
+
+# ---- the log lines a local sweep reads --------------------------------------------------------------
+
+class TrainerLog:
+    """The trainer's log lines that `kubetune sweep` (run locally) reads its trials' progress from.
+
+    Each line's format (for the logging call, %-style) sits beside the pattern that parses it, so a
+    change to one is a change to the other; tests/unit/test_contract.py checks they round-trip.
+    """
+
+    # Every `log_every` steps (kubetune_trainer.reporting): step, planned steps, loss, lr, throughput.
+    STEP = "step %d/%d loss %.5f lr %.3e %.2f samples/s"
+    STEP_PATTERN = re.compile(r"\bstep (\d+)/\d+ loss ([-+0-9.einfa]+)")
+    # After each validation (kubetune_trainer.validation): "<metric> <value>" pairs, comma-separated.
+    VALIDATION = "validation at step %d: %s"
+    VALIDATION_PATTERN = re.compile(r"validation at step (\d+): (.*)$")
+    # At the end of a run (kubetune_trainer.run): the written weights' URIs, comma-separated.
+    FINAL_WEIGHTS = "final weights: %s"
+    FINAL_WEIGHTS_PATTERN = re.compile(r"final weights: (\S+)")
+
+    @staticmethod
+    def validation_metrics(metrics: Mapping[str, float]) -> str:
+        """VALIDATION's second argument."""
+        return ", ".join(f"{name} {value:.5f}" for name, value in metrics.items())
+
+    @classmethod
+    def parse_validation(cls, line: str) -> tuple[int, dict[str, float]] | None:
+        """(step, metric -> value) of a VALIDATION line; None for any other line."""
+        match = cls.VALIDATION_PATTERN.search(line)
+        if not match:
+            return None
+        pairs = (part.rsplit(" ", 1) for part in match.group(2).split(", ") if " " in part)
+        return int(match.group(1)), {name: float(value) for name, value in pairs}
+
+    @classmethod
+    def parse_steps(cls, text: str) -> list[tuple[int, float]]:
+        """(step, loss) of every STEP line in `text`, in order."""
+        return [(int(step), float(loss)) for step, loss in cls.STEP_PATTERN.findall(text)]
+
+    @classmethod
+    def parse_final_weights(cls, text: str) -> list[str]:
+        """The first URI of every FINAL_WEIGHTS line in `text`, in order."""
+        return [uri.rstrip(",") for uri in cls.FINAL_WEIGHTS_PATTERN.findall(text)]

@@ -20,6 +20,7 @@ from kubetune_api.memory_rules import (CUDA_OVERHEAD_BYTES, EMA_BYTES, GIB, PREC
                                        TRAINED_WEIGHT_BYTES, optimizer_state_bytes, optimizer_step_bytes)
 from kubetune_api.quantity import parse_quantity
 from kubetune_api.spec import TrainingJobSpec, encoders_on_gpu
+from kubetune_api.strategy import resolve_strategy
 
 # Activations in fp32 ("no" mixed precision) against the bf16 calibration: every saved tensor doubles.
 FP32_ACTIVATION_FACTOR = 2.0
@@ -110,15 +111,11 @@ def fit_problem(spec: TrainingJobSpec, capacity: int) -> str | None:
         return None
     estimator = CoarseEstimator()
     world = world_size(spec)
-    strategy = "fsdp" if spec.distributed.strategy == "fsdp" else "ddp"
+    # The strategy the trainer will run (auto: fsdp where ddp does not fit and sharding is possible).
+    strategy = resolve_strategy(spec, world, True, lambda: estimator.estimate(spec, world, "ddp").fits(capacity))
     estimate = estimator.estimate(spec, world, strategy)
     if estimate.fits(capacity):
         return None
-    if spec.distributed.strategy == "auto" and world > 1:
-        sharded = estimator.estimate(spec, world, "fsdp")
-        if sharded.fits(capacity):
-            return None  # the trainer will choose fsdp
-        estimate = sharded
     fixes = suggest(estimator, spec, capacity, strategy)
     advice = "; ".join(f"{fix.description} (~{fix.estimate.total / GIB:.0f} GiB: "
                        f"{', '.join(fix.overrides)})" for fix in fixes[:3])

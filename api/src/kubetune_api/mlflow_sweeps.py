@@ -18,6 +18,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from kubetune_api.contract import SWEEP_LABEL
 from kubetune_api.sweep import TrainingSweepSpec
 
 TIMEOUT_SECONDS = 5
@@ -51,7 +52,7 @@ def start_sweep_run(uri: str, experiment: str, namespace: str, sweep: str, param
     """A new run named after the sweep, tagged with it, with PARAMS; its id."""
     created = _call(uri, "POST", "runs/create", {
         "experiment_id": experiment_id(uri, experiment), "run_name": sweep, "start_time": _now(),
-        "tags": [{"key": "kubetune.dev/sweep", "value": f"{namespace}/{sweep}"},
+        "tags": [{"key": SWEEP_LABEL, "value": f"{namespace}/{sweep}"},  # the trials' label, as a tag
                  {"key": "kubetune.kind", "value": "TrainingSweep"}]})
     run_id = created["run"]["info"]["run_id"]
     items = [{"key": key, "value": clip(value, MAX_PARAM_VALUE)} for key, value in params.items()]

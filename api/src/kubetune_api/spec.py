@@ -15,7 +15,7 @@ from typing import Annotated, Any, Callable, Literal, Optional, Union, get_args
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 from pydantic.alias_generators import to_camel
 
-from kubetune_api.contract import API_GROUP, API_VERSION, CLIP_METRICS, KIND  # noqa: F401  (the contract names the API)
+from kubetune_api.contract import API_GROUP, API_GROUP_VERSION, API_VERSION, BACKENDS, CLIP_METRICS, KIND  # noqa: F401  (the contract names the API)
 from kubetune_api import families as table
 from kubetune_api.families import FAMILIES, FAMILY_NAMES
 from kubetune_api.rules import Rule, enforce, entries
@@ -1242,7 +1242,7 @@ class TrainingJobSpec(_Model):
     image: Optional[Annotated[str, Field(min_length=1, max_length=1024)]] = Field(
         default=None, description="Trainer image; unset = the operator's default.",
     )
-    backend: Optional[Literal["pytorchjob", "trainjob"]] = Field(
+    backend: Optional[Literal[BACKENDS]] = Field(
         default=None, description="Which Kubeflow job runs the training: pytorchjob (a PyTorchJob of the Kubeflow "
         "Training Operator v1.9) or trainjob (a TrainJob of Kubeflow Trainer v2.3 with JobSet); unset = the "
         "operator's default (Helm value backend). Fixed once the job started.",
@@ -1414,7 +1414,7 @@ class ObjectMeta(_Model):
 class TrainingJob(_Model):
     """A whole TrainingJob manifest, as written to `kubectl apply`."""
 
-    api_version: Literal["kubetune.dev/v1alpha1"] = Field(description="kubetune.dev/v1alpha1")
+    api_version: Literal[API_GROUP_VERSION] = Field(description=API_GROUP_VERSION)
     kind: Literal["TrainingJob"] = Field(description="TrainingJob")
     metadata: ObjectMeta
     spec: TrainingJobSpec

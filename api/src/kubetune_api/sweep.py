@@ -14,6 +14,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, Field, StrictBool, ValidationError, field_validator, model_validator
 
+from kubetune_api.contract import API_GROUP_VERSION
 from kubetune_api.families import FAMILIES
 from kubetune_api.manifest import field_by_alias, model_in, parse_manifest, read_document
 from kubetune_api.spec import ObjectMeta, TrainingJobSpec, _Model
@@ -225,7 +226,7 @@ MAX_SWEEP_NAME = 63
 class TrainingSweep(_Model):
     """A whole TrainingSweep manifest."""
 
-    api_version: Literal["kubetune.dev/v1alpha1"]
+    api_version: Literal[API_GROUP_VERSION]
     kind: Literal["TrainingSweep"]
     metadata: ObjectMeta
     spec: TrainingSweepSpec

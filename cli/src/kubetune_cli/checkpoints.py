@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from kubetune_api import layout
-from kubetune_trainer.storage.catalog import human_size
+from kubetune_trainer.checkpoint.catalog import human_size
 
 STEP_HELP = "A checkpoint's step, the newest complete one, or the run's final weights."
 
@@ -85,7 +85,7 @@ def storage_errors(uri: str):
     one line naming the URI."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from kubetune_trainer.storage.catalog import PullFailed
+    from kubetune_trainer.checkpoint.catalog import PullFailed
     from kubetune_trainer.storage.confine import UnsafePath
 
     try:
@@ -97,7 +97,7 @@ def storage_errors(uri: str):
 
 
 def load_runs(target: Target):
-    from kubetune_trainer.storage.catalog import describe
+    from kubetune_trainer.checkpoint.catalog import describe
 
     with storage_errors(target.uri):
         found = describe(target.uri)

@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 
 from kubetune_api.manifest import ManifestError, load_manifest
+from kubetune_api.strategy import unsharded_note
 
 GIB = 2**30
 DEFAULT_GPU_MEMORY_GIB = 80.0
@@ -57,7 +58,8 @@ def render_text(name: str, spec, plan) -> str:
         lines.append(f"  in CPU memory     {gib(e.host):>11}   (not counted above: see the notes)")
     verdict = "fits" if plan.fits else "does NOT fit"
     lines.append(f"  total             {gib(e.total):>11}   {verdict} in {gib(plan.capacity)}")
-    lines += [f"note: {note}" for note in e.notes]
+    unsharded = unsharded_note(spec, e.world_size)
+    lines += [f"note: {note}" for note in e.notes + ([unsharded] if unsharded else [])]
     if not plan.fits:
         if plan.suggestions:
             lines.append("what would fit (each estimated again):")

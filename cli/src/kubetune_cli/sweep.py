@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+from kubetune_api.contract import API_GROUP_VERSION, KIND, SWEEP_LABEL, TrainerEnv, TrainerLog
 from kubetune_api.mlflow_sweeps import end_sweep_run, start_sweep_run, sweep_run_params
 from kubetune_api.spec import MlflowSpec, TrainingJobSpec
 from kubetune_api.search import Trial, best_trial, format_parameters, next_trial, should_stop
@@ -34,9 +34,6 @@ from kubetune_api.sweep import TRAINING_LOSS, VALIDATION_METRICS, TrainingSweep,
 
 LAST_LOSSES = 5            # a trial's training-loss objective: the mean of its last logged losses
 POLL_SECONDS = 0.5
-STEP_LINE = re.compile(r"\bstep (\d+)/\d+ loss ([-+0-9.einfa]+)")
-VALIDATION_LINE = re.compile(r"validation at step (\d+): (.*)$")
-WEIGHTS_LINE = re.compile(r"final weights: (\S+)")
 
 
 @dataclass
@@ -56,9 +53,9 @@ def write_trial_manifest(sweep: TrainingSweep, trial: Trial, directory: Path,
     spec = trial_spec(sweep.spec, trial.parameters)
     if parent_run_id:  # the trial is a child of the sweep's MLflow run
         spec = with_value(spec, "tracking.mlflow.parentRunId", parent_run_id)
-    manifest = {"apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingJob",
+    manifest = {"apiVersion": API_GROUP_VERSION, "kind": KIND,
                 "metadata": {"name": trial_name(sweep, trial.number),
-                             "labels": {"kubetune.dev/sweep": sweep.metadata.name}},
+                             "labels": {SWEEP_LABEL: sweep.metadata.name}},
                 "spec": spec}
     path = directory / f"{trial_name(sweep, trial.number)}.yaml"
     path.write_text(yaml.safe_dump(manifest, sort_keys=False))
@@ -68,17 +65,15 @@ def write_trial_manifest(sweep: TrainingSweep, trial: Trial, directory: Path,
 def reported(log_text: str, metric: str) -> dict[int, float]:
     """Step -> the objective as the trial reported it so far (from its log)."""
     if metric == TRAINING_LOSS:
-        losses = [(int(step), float(loss)) for step, loss in STEP_LINE.findall(log_text)]
+        losses = TrainerLog.parse_steps(log_text)
         return {step: _mean([loss for _, loss in losses[max(0, i + 1 - LAST_LOSSES):i + 1]])
                 for i, (step, _) in enumerate(losses)}
     name = VALIDATION_METRICS[metric]
     values = {}
     for line in log_text.splitlines():
-        match = VALIDATION_LINE.search(line)
-        if match:
-            metrics = dict(part.rsplit(" ", 1) for part in match.group(2).split(", "))
-            if name in metrics:
-                values[int(match.group(1))] = float(metrics[name])
+        validation = TrainerLog.parse_validation(line)
+        if validation and name in validation[1]:
+            values[validation[0]] = validation[1][name]
     return values
 
 
@@ -149,7 +144,7 @@ class LocalSweep:
         log = self.workdir / f"{trial_name(self.sweep, trial.number)}.log"
         threads = str(max(1, (os.cpu_count() or 1) // self.parallel))  # no oversubscribed cores
         env = {**os.environ, "OMP_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1",
-               "KUBETUNE_RUN_ID": f"{self.sweep.metadata.name}-trial-{trial.number}"}
+               TrainerEnv.NAMES["run_id"]: f"{self.sweep.metadata.name}-trial-{trial.number}"}
         with log.open("w") as out:
             process = subprocess.Popen([sys.executable, "-m", "kubetune_trainer", "--config", str(manifest)],
                                        stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -187,9 +182,9 @@ class LocalSweep:
             trial.state = "stopped"
         elif code == 0 and trial.value is not None and math.isfinite(trial.value):
             trial.state = "succeeded"
-            weights = WEIGHTS_LINE.findall(text)
+            weights = TrainerLog.parse_final_weights(text)
             if weights:
-                trial.output_uri = str(Path(weights[-1].rstrip(",")).parent)  # PBT resumes its checkpoints
+                trial.output_uri = str(Path(weights[-1]).parent)  # PBT resumes its checkpoints
                 self.weights[trial.number] = trial.output_uri
         else:
             trial.state = "failed"

@@ -68,7 +68,7 @@ def resolve_step(command: str, run, step: str) -> int | str:
 
 def pull_weights(run, step: int | str, out: Path) -> list[Path]:
     """Download the final weights or one checkpoint (verified against its manifest) into `out`."""
-    from kubetune_trainer.storage.catalog import pull_checkpoint, pull_final
+    from kubetune_trainer.checkpoint.catalog import pull_checkpoint, pull_final
 
     if step == "final":
         with storage_errors(run.uri):

@@ -51,7 +51,7 @@ LINTERS = ("kube-score", "checkov")
 # The chart's value combinations: target name -> `helm template` arguments.
 CHART_VARIANTS: dict[str, list[str]] = {
     "chart-defaults": [],
-    "chart-trainjob": ["--set", "backend=trainjob"],
+    "chart-pytorchjob": ["--set", "backend=pytorchjob"],
     "chart-watch-namespaces": ["--set", "operator.watchNamespaces={team-a,team-b}", "--set", "kueue.enabled=true"],
     "chart-monitors": ["--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.podMonitor.enabled=true"],
     "chart-hardened": ["--set", "webhook.certificates=cert-manager", "--set", "networkPolicy.enabled=true"],

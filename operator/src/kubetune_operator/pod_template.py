@@ -84,7 +84,7 @@ def job_env(job: TrainingJob, job_uid: str, settings: Settings) -> list[dict]:
     region = s3.region or settings.s3_region
     path_style = s3.path_style if s3.path_style is not None else settings.s3_path_style
     # A restarted pod of the same TrainingJob continues its run's version; a re-created job
-    # (new UID) gets a new one (kubetune_trainer.storage.runs).
+    # (new UID) gets a new one (kubetune_trainer.checkpoint.runs).
     env = TrainerEnv(job_name=job.metadata.name, namespace=job.metadata.namespace or "default", run_id=job_uid,
                      s3_path_style=path_style).to_env()
     if endpoint:

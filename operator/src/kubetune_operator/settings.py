@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from kubetune_api.contract import BACKENDS, PYTORCHJOB, TrainerEnv
 from kubetune_operator import image_policy
 from kubetune_operator.network_policy import NetworkPolicySettings
 
@@ -45,8 +46,8 @@ class Settings:
     default_gpu_memory: str = "80Gi"
     # The backend of jobs without spec.backend, and every backend jobs may choose (the chart grants
     # RBAC for these only): pytorchjob (Training Operator v1.9), trainjob (Trainer v2.3 + JobSet).
-    backend: str = "pytorchjob"
-    backends: tuple[str, ...] = ("pytorchjob",)
+    backend: str = PYTORCHJOB
+    backends: tuple[str, ...] = (PYTORCHJOB,)
     # The ClusterTrainingRuntime TrainJobs reference (the chart ships it), and how often it restarts
     # a job after a retryable failure (its JobSet failurePolicy.maxRestarts).
     trainjob_runtime: str = "kubetune-trainer"
@@ -62,7 +63,7 @@ class Settings:
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "Settings":
         env = os.environ if env is None else env
-        path_style = env.get("KUBETUNE_S3_PATH_STYLE", "").lower()
+        path_style = env.get(TrainerEnv.NAMES["s3_path_style"], "").lower()  # the chart passes it under the trainer's name
         return cls(
             trainer_image=env.get("KUBETUNE_TRAINER_IMAGE", cls.trainer_image),
             allowed_image_prefixes=image_policy.parse_prefixes(env.get("KUBETUNE_ALLOWED_IMAGE_PREFIXES", "")),
@@ -129,7 +130,7 @@ def _one_of(value: str, allowed: tuple[str, ...], setting: str) -> str:
     return value
 
 
-KNOWN_BACKENDS = ("pytorchjob", "trainjob")
+KNOWN_BACKENDS = BACKENDS
 
 
 def _backends(default: str, enabled: str) -> dict:

@@ -8,9 +8,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kubetune_api.ports import free_listen_port
+from kubetune_api.contract import TrainerEnv
 from kubetune_api.spec import TrainingJob
 from kubetune_trainer.launcher import NodePlace, launch
-from kubetune_trainer.run_directory import job_manifest_text
+from kubetune_trainer.checkpoint.resume import job_manifest_text
 
 
 def trainer_command(config: Path, trainer_args: tuple[str, ...] = ()) -> list[str]:
@@ -35,7 +36,7 @@ def s3_environment(job: TrainingJob) -> dict[str, str]:
     if s3.region:
         env["AWS_DEFAULT_REGION"] = s3.region
     if s3.path_style is not None:
-        env["KUBETUNE_S3_PATH_STYLE"] = str(s3.path_style).lower()
+        env[TrainerEnv.NAMES["s3_path_style"]] = str(s3.path_style).lower()
     return env
 
 

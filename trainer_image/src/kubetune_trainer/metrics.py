@@ -1,4 +1,4 @@
-"""Prometheus metrics of the main training process, served on KUBETUNE_METRICS_ADDR:PORT.
+"""Prometheus metrics of the main training process, served on TrainerEnv.metrics_addr:metrics_port.
 
 The operator reads these for `status.progress`; Prometheus scrapes them for the dashboard
 (charts/kubetune/dashboards). Every series carries the TrainingJob's namespace and name as
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 
-from kubetune_api.contract import VALIDATION_METRICS, TrainerGauge
+from kubetune_api.contract import TRAINER_METRIC_PREFIX, VALIDATION_METRICS, TrainerEnv, TrainerGauge
 
-PREFIX = "kubetune_trainer"
+PREFIX = TRAINER_METRIC_PREFIX
 PHASES = ("data_wait", "forward_backward", "optimizer", "checkpoint", "validation")
 # Step times from a tiny CPU model (tens of ms) to a large model on many GPUs (a minute).
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -41,17 +41,17 @@ class TrainerMetrics:
             return Histogram(f"{PREFIX}_{name}", text, job_labels, buckets=buckets,
                              registry=self.registry).labels(*values)
 
-        self.step = gauge("step", "Optimizer steps done.")
-        self.planned_steps = gauge("planned_steps", "Optimizer steps the run will take.")
+        self.step = gauge(TrainerGauge.STEP, "Optimizer steps done.")
+        self.planned_steps = gauge(TrainerGauge.PLANNED_STEPS, "Optimizer steps the run will take.")
         self.epoch = gauge("epoch", "Passes over the training data started (0-based).")
         # Absent until this process's first step: a resumed run starts at step N with no loss yet,
         # and a 0 there would read as a loss (status.progress.loss, a sweep's objective).
-        self._loss = Gauge(f"{PREFIX}_loss", "Training loss of the latest step (mean over processes).", job_labels,
+        self._loss = Gauge(TrainerGauge.full_name(TrainerGauge.LOSS), "Training loss of the latest step (mean over processes).", job_labels,
                            registry=self.registry)
         self.learning_rate = gauge("learning_rate", "Learning rate of the latest step.")
         self.samples_per_second = gauge("samples_per_second", "Training samples per second, all processes.")
-        self.eta_seconds = gauge("eta_seconds", "Estimated seconds until the last step.")
-        self.run_version = gauge("run_version", "N of this run's directory <checkpoints.uri>/<namespace>/<job>/v<N>.")
+        self.eta_seconds = gauge(TrainerGauge.ETA_SECONDS, "Estimated seconds until the last step.")
+        self.run_version = gauge(TrainerGauge.RUN_VERSION, "N of this run's directory <checkpoints.uri>/<namespace>/<job>/v<N>.")
         self.step_duration = histogram("step_duration_seconds", "Wall time of one optimizer step.", STEP_BUCKETS)
         phase_seconds = Counter(f"{PREFIX}_step_phase_seconds", "Time spent per phase of the training steps "
                                 "(rate() / steps = the step-time breakdown).", job_labels + ["phase"],
@@ -63,7 +63,7 @@ class TrainerMetrics:
                                    "per rank (0 on the CPU).", ("rank",))
         self._pod_info = gauge("pod_info", "1 for each pod of the run (join trainer_pod to DCGM's pod label).",
                                ("trainer_pod", "node_rank"))
-        self.last_checkpoint_step = gauge("last_checkpoint_step", "Step of the newest complete checkpoint "
+        self.last_checkpoint_step = gauge(TrainerGauge.LAST_CHECKPOINT_STEP, "Step of the newest complete checkpoint "
                                           "(uploaded, when checkpoints go to S3).")
         self.checkpoint_size = gauge("checkpoint_size_bytes", "Size of the newest complete checkpoint.")
         self.samples_skipped = gauge("samples_skipped", "Bad samples left out of the run (spec.data.skipBad).")
@@ -107,11 +107,6 @@ class TrainerMetrics:
 
     @classmethod
     def from_env(cls, namespace: str, job: str) -> "TrainerMetrics":
-        """Served only when KUBETUNE_METRICS_PORT is set (the operator sets it for the master pod)."""
-        port = os.environ.get("KUBETUNE_METRICS_PORT")
-        return cls(
-            namespace=namespace,
-            job=job,
-            port=int(port) if port else None,
-            addr=os.environ.get("KUBETUNE_METRICS_ADDR", "0.0.0.0"),
-        )
+        """Served only when TrainerEnv.metrics_port is set (the operator sets it for the master pod)."""
+        env = TrainerEnv.from_env(os.environ)
+        return cls(namespace=namespace, job=job, port=env.metrics_port, addr=env.metrics_addr or "0.0.0.0")

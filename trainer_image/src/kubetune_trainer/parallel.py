@@ -3,7 +3,7 @@
 Everything the loop does that differs between the two lives here: wrapping the module and
 building its optimizer, accumulating gradients without a collective, backward, clipping, and
 unwrapping. Checkpoints do not differ: both go through torch.distributed.checkpoint's
-state-dict API (see checkpointing.py), which is also what lets a run resume under the other one.
+state-dict API (see checkpoint/sharded.py), which is also what lets a run resume under the other one.
 
 DDP goes through Accelerate (autocast for mixed precision, the fp16 loss scaler). FSDP calls
 torch's `fully_shard` itself, as Accelerate's FSDP2 plugin does, because Accelerate enables FSDP
@@ -17,25 +17,12 @@ from typing import Callable
 
 import torch
 
-from kubetune_api.spec import TrainingJobSpec, fsdp_conflicts
+from kubetune_api.spec import TrainingJobSpec
 from kubetune_trainer.errors import ConfigError
 
 log = logging.getLogger("kubetune.trainer")
 OptimizerFactory = Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
 PRECISIONS = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def resolve_strategy(spec: TrainingJobSpec, world_size: int, on_gpu: bool,
-                     fits_under_ddp: Callable[[], bool]) -> str:
-    """ddp or fsdp: the spec's choice, or for auto, fsdp only where the model does not fit a GPU."""
-    strategy = spec.distributed.strategy
-    if strategy != "auto":
-        return strategy
-    if world_size == 1 or not on_gpu:
-        return "ddp"  # one process has nothing to shard over; CPU memory is what the pod requests
-    if fsdp_conflicts(spec):
-        return "ddp"  # a quantized base, 8-bit optimizer state or fp16 cannot be sharded (see the spec)
-    return "ddp" if fits_under_ddp() else "fsdp"
 
 
 def shard_units(module: torch.nn.Module) -> list[torch.nn.Module]:

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import signal
 
-RETRYABLE_EXIT_CODE = 128 + signal.SIGTERM
-CONFIG_ERROR_EXIT_CODE = 2  # the job itself is wrong: retrying cannot help
-DIVERGED_EXIT_CODE = 3  # the loss became inf/NaN: a retry would diverge again at the same step
+from kubetune_api.contract import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PREEMPTED
+
+# The trainer's names for the contract's exit codes (the backends' restart policies read them).
+RETRYABLE_EXIT_CODE = EXIT_PREEMPTED
+CONFIG_ERROR_EXIT_CODE = EXIT_BAD_INPUT
+DIVERGED_EXIT_CODE = EXIT_DIVERGED
 
 # How long a stopping run waits for its queued uploads: the operator's pods get
 # terminationGracePeriodSeconds 120, and saving the last checkpoint comes first.

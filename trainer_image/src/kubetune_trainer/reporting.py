@@ -13,6 +13,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from kubetune_api.contract import TrainerLog
+
 log = logging.getLogger("kubetune.trainer")
 
 
@@ -70,7 +72,7 @@ class Reporter:
             self._writer.add_scalar("train/lr", lr, step, walltime=wall)
             self._writer.add_scalar("train/samples_per_second", samples_per_second, step, walltime=wall)
         if step % self.log_every == 0 or step == self.total_steps:
-            log.info("step %d/%d loss %.5f lr %.3e %.2f samples/s", step, self.total_steps, loss, lr,
+            log.info(TrainerLog.STEP, step, self.total_steps, loss, lr,
                      samples_per_second)
             if self.tracker is not None:  # queued: sent in batches by the tracker's thread
                 self.tracker.log_metrics(step, {"train/loss": loss, "train/lr": lr})

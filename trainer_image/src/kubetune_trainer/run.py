@@ -22,12 +22,16 @@ from pathlib import Path
 import torch
 
 from kubetune_api import layout
-from kubetune_api.contract import TrainerEnv
+from kubetune_api.contract import TrainerEnv, TrainerLog
 from kubetune_api.quantity import parse_quantity
 from kubetune_api.spec import TrainingJob, TrainingJobSpec
-from kubetune_trainer import checkpoints, training_state
+from kubetune_api.strategy import resolve_strategy, unsharded_note
 from kubetune_trainer.attention import choose_attention
-from kubetune_trainer.checkpointing import ShardedState, files_of_rank, full_trained_state
+from kubetune_trainer.checkpoint import files as checkpoints, runs, training_state
+from kubetune_trainer.checkpoint.resume import claim_run, local_start_checkpoint, place_run, run_id_from_env
+from kubetune_trainer.checkpoint.sharded import ShardedState, files_of_rank, full_trained_state
+from kubetune_trainer.checkpoint.store import CheckpointStore, local_path_for
+from kubetune_trainer.checkpoint.training_state import Position, SavedState
 from kubetune_trainer.compilation import CompileTimer, compile_regions
 from kubetune_trainer.consistency import check_replicas_agree
 from kubetune_trainer.data.cache import EmbeddingCache, open_store
@@ -40,14 +44,11 @@ from kubetune_trainer.loop import SampleLog, Stepper, iterate_steps, plan_steps,
 from kubetune_trainer.phase_clock import PhaseClock
 from kubetune_trainer.optim import (PlateauScheduler, build_lr_scheduler, build_optimizer, follow_spec_after_resume,
                                     set_optimizer_mode)
-from kubetune_trainer.parallel import build_parallel, resolve_strategy
+from kubetune_trainer.parallel import build_parallel
 from kubetune_trainer.placement import use_channels_last
 from kubetune_trainer.preemption import PREEMPTION_UPLOAD_SECONDS, Preempted, StopRequest
 from kubetune_trainer.profiling import maybe_profile
 from kubetune_trainer.reporting import Reporter
-from kubetune_trainer.run_directory import claim_run, local_start_checkpoint, place_run, run_id_from_env
-from kubetune_trainer.storage import runs
-from kubetune_trainer.storage.checkpoint_store import CheckpointStore, local_path_for
 from kubetune_trainer.storage.inputs import local_copy, origin, version_of
 from kubetune_trainer.storage.members import MEMBERS
 from kubetune_trainer.storage.stream import Prefetcher, open_stream, streamed
@@ -55,7 +56,6 @@ from kubetune_trainer.storage.uri import is_s3
 from kubetune_trainer.storage.uploader import UploadFailed
 from kubetune_trainer.step_readout import StepReadout, StepResult
 from kubetune_trainer.tracking import ABORT_SECONDS, tracker_for
-from kubetune_trainer.training_state import Position, SavedState
 from kubetune_trainer.validation import Validator
 
 log = logging.getLogger("kubetune.trainer")
@@ -142,7 +142,7 @@ class Run:
     def __init__(self, job: TrainingJob, stop: StopRequest):
         self.job, self.spec, self.stop = job, job.spec, stop
         # The operator names the pod's TrainingJob; a local run goes by its manifest.
-        self.namespace = os.environ.get("KUBETUNE_NAMESPACE") or job.metadata.namespace or "default"
+        self.namespace = TrainerEnv.from_env(os.environ).namespace or job.metadata.namespace or "default"
         self.run_id = run_id_from_env()
 
     # --- phases ---------------------------------------------------------------------------------
@@ -342,7 +342,7 @@ class Run:
 
     def save_checkpoint(self, force: bool = False) -> None:
         """Every process stages its share together; writing, hashing, uploading and the manifest
-        follow in the background (storage.checkpoint_store)."""
+        follow in the background (checkpoint.store)."""
         pos = self.position
         if not (force or self._checkpoint_due()):
             return
@@ -394,7 +394,7 @@ class Run:
             self._record_run(self.position.step, finished=True)
         self.store.flush()  # raises if the final weights could not be uploaded
         if self.is_main:
-            log.info("final weights: %s", ", ".join(self._store_uri(p) for p in written))
+            log.info(TrainerLog.FINAL_WEIGHTS, ", ".join(self._store_uri(p) for p in written))
             self._write_report()
             if self.accelerator.device.type == "cuda":
                 log.info("peak GPU memory on rank 0: %.2f GiB allocated, %.2f GiB reserved",
@@ -437,9 +437,8 @@ class Run:
         spec = self.spec
         on_gpu = self.accelerator.device.type == "cuda"
         strategy = resolve_strategy(spec, self.world_size, on_gpu, self._fits_under_ddp)
-        if strategy == "fsdp" and self.world_size == 1:
-            log.info("spec.distributed.strategy fsdp: one process has nothing to shard over; training unsharded")
-            strategy = "ddp"
+        if unsharded_note(spec, self.world_size):
+            log.info(unsharded_note(spec, self.world_size))
         self.parallel = build_parallel(strategy, spec, self.accelerator)
         if use_channels_last(self.family.trainable_module, self.accelerator.device):
             log.info("%s in channels_last memory order", type(self.family.trainable_module).__name__)
@@ -671,7 +670,7 @@ class Run:
         checkpoints as storage has them). A run that trained never fails for its report: a warning
         says so, and `kubetune report` writes one later."""
         from kubetune_trainer.run_report import write_report
-        from kubetune_trainer.storage.catalog import describe_run
+        from kubetune_trainer.checkpoint.catalog import describe_run
         from kubetune_trainer.storage.tree import LocalTree
 
         started = time.perf_counter()

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from kubetune_api.contract import TrainerLog
 from kubetune_api.spec import TrainingJobSpec
 from kubetune_trainer.data.sampler import in_order
 from kubetune_trainer.drawing import Draw
@@ -155,7 +156,7 @@ class Validator:
         for name, value in metrics.items():
             self._writer.add_scalar(f"validation/{name}", value, step)
         if metrics:
-            log.info("validation at step %d: %s", step, ", ".join(f"{k} {v:.5f}" for k, v in metrics.items()))
+            log.info(TrainerLog.VALIDATION, step, TrainerLog.validation_metrics(metrics))
         folder = self.output / "samples" / f"step-{step:07d}"
         if images and isinstance(images[0], Clip):  # a video family's samples
             written = record_clips(images, folder, self._writer, step)

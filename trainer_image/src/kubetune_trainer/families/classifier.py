@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kubetune_trainer.checkpointing import STATE_DIR, saved_trained_weights
+from kubetune_trainer.checkpoint.sharded import STATE_DIR, saved_trained_weights
 from kubetune_trainer.classification_metrics import classification_metrics
 from kubetune_trainer.data.image_folder import read_labelled
 from kubetune_trainer.device_copy import to_device

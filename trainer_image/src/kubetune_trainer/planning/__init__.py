@@ -3,7 +3,7 @@
     plan = plan_job(spec, gpu_memory_bytes=80 * 2**30)   # what `kubetune plan` prints
     plan.estimate.total, plan.fits, plan.suggestions
     choose_strategy(spec, world_size, gpu_memory_bytes)  # "ddp" or "fsdp", for strategy: auto
-    fits_under_ddp(spec, world_size, gpu_memory_bytes)   # the question behind it, for parallel.resolve_strategy
+    fits_under_ddp(spec, world_size, gpu_memory_bytes)   # the question behind it (kubetune_api.strategy)
 
 Importing this package builds nothing; the models are built (without weights) when a plan is asked for.
 
@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kubetune_api.spec import TrainingJobSpec, fsdp_conflicts
+from kubetune_api.spec import TrainingJobSpec
+from kubetune_api.strategy import resolve_strategy
 
 
 @dataclass(frozen=True)
@@ -31,17 +32,6 @@ class Plan:
         return self.estimate.fits(self.capacity)
 
 
-def resolved_strategy(spec: TrainingJobSpec, world: int, device: str, ddp_fits) -> str:
-    """The strategy a job runs with: its own, or for auto, fsdp only where several GPUs are there to
-    shard over, the model does not fit one under ddp, and nothing in the spec rules fsdp out."""
-    strategy = spec.distributed.strategy
-    if strategy != "auto":
-        return strategy
-    if world == 1 or device != "cuda" or fsdp_conflicts(spec):
-        return "ddp"
-    return "ddp" if ddp_fits() else "fsdp"
-
-
 def plan_job(spec: TrainingJobSpec, gpu_memory_bytes: int, world_size: int | None = None,
              device: str | None = None, attention: str = "fused", planner=None) -> Plan:
     """The per-GPU estimate of `spec` under its strategy, and fixes when it does not fit."""
@@ -51,8 +41,8 @@ def plan_job(spec: TrainingJobSpec, gpu_memory_bytes: int, world_size: int | Non
     device = device or ("cuda" if spec.resources.gpus_per_node > 0 else "cpu")
     world = world_size or job_world_size(spec)
     planner = planner or Planner(device, attention)
-    strategy = resolved_strategy(spec, world, device,
-                                 lambda: planner.estimate(spec, world, "ddp").fits(gpu_memory_bytes))
+    strategy = resolve_strategy(spec, world, device == "cuda",
+                                lambda: planner.estimate(spec, world, "ddp").fits(gpu_memory_bytes))
     estimate = planner.estimate(spec, world, strategy)
     fixes = [] if estimate.fits(gpu_memory_bytes) else suggest(planner, spec, gpu_memory_bytes, strategy)
     return Plan(estimate, gpu_memory_bytes, fixes)
@@ -69,7 +59,7 @@ def fits_under_ddp(spec: TrainingJobSpec, world_size: int, gpu_memory_bytes: int
 def choose_strategy(spec: TrainingJobSpec, world_size: int, gpu_memory_bytes: int) -> str:
     """"ddp" or "fsdp" for a job on `world_size` GPUs of `gpu_memory_bytes` each (strategy auto:
     fsdp when the ddp estimate does not fit)."""
-    return resolved_strategy(spec, world_size, "cuda", lambda: fits_under_ddp(spec, world_size, gpu_memory_bytes))
+    return resolve_strategy(spec, world_size, True, lambda: fits_under_ddp(spec, world_size, gpu_memory_bytes))
 
 
 def __getattr__(name: str):

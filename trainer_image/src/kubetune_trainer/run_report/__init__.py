@@ -15,7 +15,7 @@ from pathlib import Path
 from kubetune_api import layout
 from kubetune_trainer.run_report.facts import GRID_FILE, LOGS, SAMPLES, gather
 from kubetune_trainer.run_report.page import render
-from kubetune_trainer.storage.catalog import RunEntry
+from kubetune_trainer.checkpoint.catalog import RunEntry
 from kubetune_trainer.storage.tree import LocalTree, open_tree
 
 
@@ -72,7 +72,7 @@ def write_page(text: str, out: Path) -> Path:
 
 
 def write_report(run: RunEntry, out: Path, local: Path | None = None, files: dict[str, int] | None = None) -> Path:
-    """The report of RUN (as kubetune_trainer.storage.catalog describes it) written to OUT.
+    """The report of RUN (as kubetune_trainer.checkpoint.catalog describes it) written to OUT.
 
     local: a directory already holding the run's records (the trainer's own run directory), else they are
     read from the run's URI. files: the run's files by relative name, else listed from the run's URI.

@@ -2,7 +2,7 @@
 
 Where it comes from: the run's TensorBoard events (logs/), its validation grids
 (samples/step-NNNNNNN/grid.png), the TrainingJob it trained (job.yaml), and what storage says about it
-(kubetune_trainer.storage.catalog: run.json, the checkpoint manifests, the final weights). Anything
+(kubetune_trainer.checkpoint.catalog: run.json, the checkpoint manifests, the final weights). Anything
 absent is noted in `missing`, so a run without logs still gets a page that says what it lacks.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import yaml
 
 from kubetune_api import layout
 from kubetune_trainer.run_report.events import Point, Scalars, read_scalars
-from kubetune_trainer.storage.catalog import RunEntry
+from kubetune_trainer.checkpoint.catalog import RunEntry
 
 LOGS, SAMPLES, BEST = "logs", "samples", "best"
 GRID_FILE = "grid.png"

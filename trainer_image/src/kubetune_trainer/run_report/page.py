@@ -21,7 +21,7 @@ from pathlib import Path
 from kubetune_api import layout
 from kubetune_trainer.run_report import charts
 from kubetune_trainer.run_report.facts import Grid, RunFacts
-from kubetune_trainer.storage.catalog import human_size
+from kubetune_trainer.checkpoint.catalog import human_size
 
 MAX_GRID_WIDTH = 1280
 MIN_GRID_WIDTH = 512

@@ -6,13 +6,15 @@ import json
 import os
 from pathlib import Path
 
+from kubetune_api.contract import TrainerEnv
+
 from kubetune_trainer.storage import s3
 from kubetune_trainer.storage.uri import is_s3, parse_s3
 
 
 def cache_root() -> Path:
     """Where s3:// inputs are mirrored; the operator points this at a volume of the pod."""
-    return Path(os.environ.get("KUBETUNE_CACHE_DIR", Path.home() / ".cache" / "kubetune" / "inputs"))
+    return Path(TrainerEnv.from_env(os.environ).cache_dir or Path.home() / ".cache" / "kubetune" / "inputs")
 
 
 def mirrors_root() -> Path:

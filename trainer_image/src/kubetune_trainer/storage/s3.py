@@ -16,8 +16,12 @@ from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 
+from kubetune_api.contract import TrainerEnv
 from kubetune_trainer.storage.confine import confined
 from kubetune_trainer.storage.uri import S3Location
+
+# The operator's path-style setting (TrainerEnv.s3_path_style), read raw: it also keys the client cache.
+PATH_STYLE = TrainerEnv.NAMES["s3_path_style"]
 
 log = logging.getLogger(__name__)
 PARALLEL_FILES = 8
@@ -25,7 +29,7 @@ MULTIPART_CHUNK = 64 * 1024 * 1024
 
 
 def _path_style() -> bool | None:
-    value = os.environ.get("KUBETUNE_S3_PATH_STYLE", "").lower()
+    value = os.environ.get(PATH_STYLE, "").lower()
     return {"true": True, "1": True, "false": False, "0": False}.get(value)
 
 
@@ -33,7 +37,7 @@ def client():
     """One client per S3 configuration of the environment (boto3 clients are thread-safe): a run
     started in-process with spec.s3's endpoint (kubetune train) gets its own."""
     return _client(os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("AWS_DEFAULT_REGION"),
-                   os.environ.get("KUBETUNE_S3_PATH_STYLE"), os.environ.get("AWS_ACCESS_KEY_ID"))
+                   os.environ.get(PATH_STYLE), os.environ.get("AWS_ACCESS_KEY_ID"))
 
 
 def forget_clients() -> None:

@@ -1,6 +1,6 @@
 """A directory of runs, read and written the same way whether it is a local path or s3://.
 
-Run versions (storage/runs.py) and the `kubetune checkpoints` commands only need to list a
+Run versions (checkpoint/runs.py) and the `kubetune checkpoints` commands only need to list a
 level, read and write a small file and delete a subtree; this is that much, twice.
 """
 from __future__ import annotations

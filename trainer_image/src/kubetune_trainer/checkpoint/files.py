@@ -2,7 +2,7 @@
 
 A checkpoint counts only when its manifest exists and every file it lists has the recorded size
 and checksum, so a run killed mid-save never resumes from half a checkpoint (which one a run
-resumes from: storage.checkpoint_store.newest_intact, for local and s3:// runs alike).
+resumes from: checkpoint.store.newest_intact, for local and s3:// runs alike).
 """
 from __future__ import annotations
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Callable
 
 from kubetune_api import layout
-from kubetune_trainer import checkpoints
+from kubetune_api.contract import TrainerEnv
+from kubetune_trainer.checkpoint import files as checkpoints
 from kubetune_trainer.storage import s3
 from kubetune_trainer.storage.tree import open_tree
 from kubetune_trainer.storage.uploader import BackgroundUploader, Task
@@ -56,7 +57,7 @@ def merge_parts(records: dict[int, dict], world_size: int) -> dict[str, dict] | 
 
 
 def staging_root() -> Path:
-    return Path(os.environ.get("KUBETUNE_STAGING_DIR", Path.home() / ".cache" / "kubetune" / "staging"))
+    return Path(TrainerEnv.from_env(os.environ).staging_dir or Path.home() / ".cache" / "kubetune" / "staging")
 
 
 def local_path_for(uri: str, staging: Path | None = None) -> Path:

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubetune_api import layout
-from kubetune_trainer import checkpoints
-from kubetune_trainer.storage import runs
-from kubetune_trainer.storage.checkpoint_store import complete_steps
+from kubetune_trainer.checkpoint import files as checkpoints
+from kubetune_trainer.checkpoint import runs
+from kubetune_trainer.checkpoint.store import complete_steps
 from kubetune_trainer.storage.tree import open_tree
 
 

@@ -1,6 +1,6 @@
 """Where this run writes and where it starts from, decided once by the main process.
 
-The main process looks up the run's version (storage/runs.py) and picks the checkpoint to start
+The main process looks up the run's version (checkpoint/runs.py) and picks the checkpoint to start
 from, in this order:
   1. the newest intact checkpoint of this very run (a pod restarted after preemption);
   2. with resumeFrom: latest, the newest intact checkpoint of the job's earlier runs;
@@ -24,8 +24,8 @@ from kubetune_api import layout
 from kubetune_api.contract import TrainerEnv
 from kubetune_api.spec import CheckpointSpec, TrainingJob
 from kubetune_trainer.errors import ConfigError
-from kubetune_trainer.storage import runs
-from kubetune_trainer.storage.checkpoint_store import fetch_intact, local_path_for, newest_intact
+from kubetune_trainer.checkpoint import runs
+from kubetune_trainer.checkpoint.store import fetch_intact, local_path_for, newest_intact
 from kubetune_trainer.storage.tree import open_tree
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,10 @@ def place_run(checkpoints: CheckpointSpec, namespace: str, job: str, run_id: str
         if problem:
             raise ConfigError(f"spec.checkpoints.resumeFrom: {start_from} cannot be resumed: {problem}; "
                               "name a complete checkpoint (`kubetune checkpoints ls JOB` lists them) or use latest")
+    if start_from is not None:  # intact by its manifest; is what resuming reads there and whole?
+        from kubetune_trainer.checkpoint.sharded import refuse_damaged
+
+        refuse_damaged(local_path_for(start_from), start_from)
     return RunPlace(choice.version, run_uri, start_from, job_uri, choice)
 
 

@@ -48,8 +48,8 @@ def shard_files(checkpoint: Path, rank: int) -> list[Path]:
 def files_of_rank(checkpoint: Path, rank: int, world_size: int) -> list[Path]:
     """What process `rank` contributes to a checkpoint on its node's disk: its shards and random
     state; rank 0 also everything written once (the DCP index, position, schedule, adapter)."""
-    from kubetune_trainer.storage.checkpoint_store import PARTS_DIR
-    from kubetune_trainer.training_state import rng_file
+    from kubetune_trainer.checkpoint.store import PARTS_DIR
+    from kubetune_trainer.checkpoint.training_state import rng_file
 
     own = set(shard_files(checkpoint, rank)) | {checkpoint / rng_file(rank)}
     if rank != 0:
@@ -148,6 +148,65 @@ class ShardedState:
                        optim_state_dict=state["optimizer"], options=_options(strict=False))
         if self.ema is not None:
             self.ema.load_named_shadow(state["ema"])
+
+
+def damage(checkpoint: Path) -> str | None:
+    """What is wrong with a checkpoint whose manifest verified, naming the file; None when it loads.
+
+    The manifest's checksums catch a crash mid-save and damage after it. They cannot catch damage
+    that someone sealed into a new manifest (a shard deleted, the DCP index truncated, the position
+    emptied, then the manifest rewritten over what was left): this reads what resuming reads, without
+    reading a tensor, so such a checkpoint is refused in one line instead of a traceback mid-load.
+    """
+    import pickle
+
+    import torch.distributed.checkpoint as dcp
+
+    from kubetune_trainer.checkpoint.training_state import SCHEDULER_FILE, STATE_FILE, SavedState
+
+    try:
+        SavedState.from_json((checkpoint / STATE_FILE).read_text())
+    except FileNotFoundError:
+        return f"{STATE_FILE} is missing"
+    except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError):
+        return f"{STATE_FILE} is empty or not a trainer state"
+    if not (checkpoint / SCHEDULER_FILE).is_file():
+        return f"{SCHEDULER_FILE} is missing"
+    index = checkpoint / STATE_DIR / ".metadata"
+    try:
+        metadata = dcp.FileSystemReader(checkpoint / STATE_DIR).read_metadata()
+    except FileNotFoundError:
+        return f"{STATE_DIR}/.metadata is missing"
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError, IndexError,
+            KeyError, UnicodeDecodeError, RuntimeError):
+        return f"{STATE_DIR}/.metadata is truncated or unreadable"
+    if not isinstance(getattr(metadata, "storage_data", None), dict):
+        return f"{STATE_DIR}/.metadata is truncated or unreadable"
+    needed: dict[str, int] = {}
+    for info in metadata.storage_data.values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(needed.items()):
+        shard = index.parent / name
+        if not shard.is_file():
+            return f"{STATE_DIR}/{name} is missing (the index lists it)"
+        if shard.stat().st_size < end:
+            return f"{STATE_DIR}/{name} is truncated ({shard.stat().st_size} bytes, the index reads up to {end})"
+    return None
+
+
+def refuse_damaged(checkpoint: Path, label: str) -> None:
+    """ConfigError naming the checkpoint (`label`: its path or URI), the file and the fix, if damaged.
+
+    Refused rather than passed over for an older one: the damage came after the checkpoint was sealed,
+    by something other than the trainer, and resuming from an older checkpoint would save new ones
+    over the steps of this one, destroying what its owner may still recover. Deleting it is one
+    command, and the next start then resumes from the newest intact checkpoint before it.
+    """
+    problem = damage(checkpoint)
+    if problem is not None:
+        raise ConfigError(f"checkpoint {label} is damaged and cannot be resumed: {problem} (its manifest was "
+                          "rewritten after the damage); delete it to resume from the newest intact checkpoint "
+                          "before it, or point spec.checkpoints.resumeFrom at another checkpoint")
 
 
 def saved_model_shapes(checkpoint: Path) -> dict[str, tuple[int, ...]]:
