@@ -15,6 +15,7 @@ from PIL import Image
 
 from kubetune_cli.main import cli
 from kubetune_trainer.tiny_data import write_tiny_data
+from tests.storage.conftest import s3_server  # noqa: F401 - a fixture, for the missing-bucket row
 from tests.trainer.conftest import (family_job, run_dir, run_trainer, tiny_manifest, trainer_command, trainer_env,
                                     write_manifest)
 
@@ -161,6 +162,15 @@ MANIFESTS = [
     ("credentials inside the S3 endpoint", lambda: example_text().replace(
         "spec:\n", "spec:\n  s3: {endpointUrl: 'http://AKIAEXAMPLE:wJalrXUtnFEMI@minio:9000'}\n", 1),
      ["spec.s3.endpointUrl must not carry credentials", "http://***@minio:9000"]),
+    ("YAML nested very deep", lambda: example_text() + "x: " + "[" * 5000 + "]" * 5000 + "\n",
+     ["nested deeper than 64 levels"]),
+    ("a key written twice", lambda: example_text().replace("name: sd15-lora-demo",
+                                                           "name: sd15-lora-demo\n  name: other"),
+     ["the key 'name' is written twice in one mapping (first on line 8)", "line 9"]),
+    ("a bucket name with a trailing newline", lambda: example_text().replace(
+        "uri: /data/pets", 'uri: "s3://pets-bucket\\n"'), ["spec.data.uri", "'pets-bucket\\n' is not an S3 bucket"]),
+    ("a label value ending in a newline", lambda: example_text().replace(
+        "name: sd15-lora-demo", 'name: sd15-lora-demo\n  labels: {team: "a\\n"}'), ["label team", "'a\\n'"]),
 ]
 
 
@@ -264,3 +274,145 @@ def test_a_full_disk_is_one_line_naming_where_it_could_not_write(tiny_job, tmp_p
     assert result.returncode == 1, result.stderr[-2000:]
     assert "kubetune trainer: cannot write" in result.stderr and "free space" in result.stderr
     assert no_traceback(result.stderr.split("kubetune trainer: cannot write")[-1])
+
+
+# --- the command line: one table answers every error a command did not ------------------------
+
+class NewStorageTrouble(Exception):
+    """Stands for an error class kubetune has never seen, raised by a storage library."""
+
+
+def storage_library_error(base_name: str) -> type[BaseException]:
+    """A subclass, new to kubetune, of one of botocore's error classes (as a botocore upgrade brings)."""
+    import botocore.exceptions
+
+    base = getattr(botocore.exceptions, base_name)
+    return type("BrandNewS3Trouble", (base,), {"fmt": "something new went wrong with S3"})
+
+
+UNANSWERED = [
+    # (what, the error a command raises without catching it, words the one line must hold, exit code)
+    ("a storage error class never seen before", lambda: storage_library_error("BotoCoreError")(),
+     ["S3 error (something new went wrong with S3)", "AWS_ENDPOINT_URL"], 1),
+    ("a connection error class never seen before",
+     lambda: storage_library_error("EndpointConnectionError")(endpoint_url="http://127.0.0.1:9"),
+     ["cannot reach the S3 endpoint", "AWS_ENDPOINT_URL"], 1),
+    ("a file that vanished", lambda: FileNotFoundError(2, "No such file or directory", "/gone/weights.bin"),
+     ["/gone/weights.bin: No such file or directory: check the path"], 2),
+    ("a bug", lambda: NewStorageTrouble("a surprise"), ["unexpected NewStorageTrouble: a surprise", "a kubetune bug"], 1),
+]
+
+
+@pytest.mark.parametrize("what,error,words,code", UNANSWERED, ids=[w for w, _, _, _ in UNANSWERED])
+def test_an_error_no_command_answered_is_one_line_from_the_one_table(what, error, words, code, monkeypatch):
+    import kubetune_cli.checkpoints
+
+    def raising(*_args, **_kwargs):
+        raise error()
+
+    monkeypatch.setattr(kubetune_cli.checkpoints, "resolve", raising)
+    result = kubetune("checkpoints", "ls", "s3://bucket/runs")
+    assert result.exit_code == code, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kubetune checkpoints: "), result.output
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+def test_a_step_in_unicode_digits_is_refused_in_one_line(tmp_path):
+    for command in (["checkpoints", "pull", str(tmp_path), "-o", str(tmp_path / "o")],
+                    ["export", str(tmp_path), "--format", "kohya", "--out", str(tmp_path / "o")]):
+        result = kubetune(*command, "--step", "²")
+        assert result.exit_code == 1, (command, result.output)
+        assert "--step '²': use a step number, latest or final" in result.output, result.output
+        assert isinstance(result.exception, SystemExit)
+
+
+def endpoint_down(request, monkeypatch) -> None:
+    from kubetune_api.ports import free_listen_port
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_listen_port()}")  # nothing listens there
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+
+
+def real_store(request, monkeypatch) -> None:
+    request.getfixturevalue("s3_server")
+
+
+S3_TROUBLE = [
+    # (what, the store this shell points at, the URI, words the one line must hold)
+    ("an S3 endpoint that is down", endpoint_down, "s3://some-bucket/data",
+     ["cannot reach the S3 endpoint", "check AWS_ENDPOINT_URL (or spec.s3.endpointUrl)"]),
+    ("a bucket that does not exist", real_store, "s3://no-such-bucket-kt/data",
+     ["S3 bucket 'no-such-bucket-kt' does not exist", "create the bucket"]),
+]
+
+
+@pytest.mark.parametrize("what,store,uri,words", S3_TROUBLE, ids=[w for w, _, _, _ in S3_TROUBLE])
+def test_s3_trouble_is_one_line_from_the_cli_and_the_trainer(what, store, uri, words, request, monkeypatch,
+                                                             tiny_job, tmp_path):
+    from kubetune_trainer.storage import s3
+
+    store(request, monkeypatch)
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # the answer, not botocore's ten retries, is under test
+    s3.forget_clients()
+    manifest = tiny_job()
+    manifest["spec"]["data"]["uri"] = uri
+    try:
+        listed = kubetune("checkpoints", "ls", uri)
+        trained = kubetune("train", "-f", str(write_manifest(manifest, tmp_path)))
+    finally:
+        s3.forget_clients()
+    assert listed.exit_code == 1 and f"kubetune checkpoints: cannot read {uri}: " in listed.output, listed.output
+    assert trained.exit_code == 1, trained.output[-2000:]
+    said = [line for line in trained.output.splitlines() if line.startswith("kubetune trainer: ")]
+    assert len(said) == 1, trained.output[-2000:]
+    for word in words:
+        assert word in listed.output and word in said[0], (listed.output, said)
+    assert no_traceback(trained.output)
+
+
+# --- checkpoints pull -o: nothing of the user's replaced without --force, nothing written through a link ---
+
+def test_pull_replaces_no_file_without_force_writes_through_no_link_and_refuses_the_root(finished_job, tmp_path):
+    _, run = finished_job
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "pytorch_lora_weights.safetensors").write_text("the user's own file")
+    pull = ("checkpoints", "pull", str(run), "--step", "final", "-o", str(out))
+    result = kubetune(*pull)
+    assert result.exit_code == 1 and "already holds pytorch_lora_weights.safetensors" in result.output, result.output
+    assert "--force" in result.output
+    assert (out / "pytorch_lora_weights.safetensors").read_text() == "the user's own file", "untouched"
+    assert not list(out.glob(".kubetune-pull-*")), "no staging left behind"
+    result = kubetune(*pull, "--force")
+    assert result.exit_code == 0, result.output
+    assert (out / "pytorch_lora_weights.safetensors").stat().st_size > 100, "replaced with --force"
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "target.pt").write_text("outside")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "scheduler.pt").symlink_to(elsewhere / "target.pt")  # a file the checkpoint holds
+    result = kubetune("checkpoints", "pull", str(run), "--step", "2", "-o", str(linked), "--force")
+    assert result.exit_code == 1, result.output
+    assert f"{linked / 'scheduler.pt'} is a symbolic link: kubetune never writes through one" in result.output
+    assert (elsewhere / "target.pt").read_text() == "outside" and (linked / "scheduler.pt").is_symlink()
+
+    result = kubetune("checkpoints", "pull", str(run), "-o", "/", "--force")
+    assert result.exit_code == 1 and "-o / is the file system's root" in result.output, result.output
+
+
+def test_a_folder_inside_the_pull_target_that_links_out_is_never_written_through(tmp_path):
+    from kubetune_trainer.storage.catalog import PullFailed, check_destinations
+
+    elsewhere, target = tmp_path / "elsewhere", tmp_path / "target"
+    elsewhere.mkdir()
+    target.mkdir()
+    (target / "unet").symlink_to(elsewhere)  # a full fine-tune's final weights go to unet/...
+    for force in (False, True):
+        with pytest.raises(PullFailed, match="unet is a symbolic link: kubetune never writes through one"):
+            check_destinations(["unet/config.json", "unet/model.safetensors"], target, force)
+    check_destinations(["unet2/config.json"], target, False)  # a real new folder is fine
