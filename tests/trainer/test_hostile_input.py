@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -416,3 +417,149 @@ def test_a_folder_inside_the_pull_target_that_links_out_is_never_written_through
         with pytest.raises(PullFailed, match="unet is a symbolic link: kubetune never writes through one"):
             check_destinations(["unet/config.json", "unet/model.safetensors"], target, force)
     check_destinations(["unet2/config.json"], target, False)  # a real new folder is fine
+
+
+# --- processes: no worker outlives its launcher, no silent server holds the end of a run --------
+
+def process_gone(pid: int) -> bool:
+    """Exited (or a zombie waiting for whoever adopted it to reap it): no longer training."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def test_kubetune_train_killed_with_sigkill_leaves_no_worker_training(tiny_job, tmp_path):
+    import time
+
+    from tests.trainer.test_distributed import descendants, kubetune_train
+
+    launcher = kubetune_train(tiny_job(maxSteps=100_000, logEverySteps=1), tmp_path, 2,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    for line in launcher.stderr:
+        if "step 2/" in line:
+            break
+    workers = descendants(launcher.pid)
+    assert len(workers) >= 2, "the launcher's two trainer processes"
+    launcher.kill()  # SIGKILL: the launcher can pass nothing on
+    launcher.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not all(process_gone(pid) for pid in workers):
+        time.sleep(0.2)
+    left = [pid for pid in workers if not process_gone(pid)]
+    for pid in left:  # never leave them to the rest of the session
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"trainer processes {left} outlived their launcher"
+    assert list(run_dir(tmp_path / "out").glob("checkpoint-*/manifest.json")), "they stopped as on SIGTERM: a checkpoint"
+
+
+SILENT_SERVER_SCRIPT = """
+import logging, socket, sys, time
+logging.basicConfig(level=logging.INFO)
+from kubetune_api.spec import MlflowSpec
+from kubetune_trainer.tracking import MlflowTracker
+
+listener = socket.create_server(("127.0.0.1", 0))
+listener.listen(16)
+held = []  # accepted connections are never answered (the kernel accepts them for us too)
+port = listener.getsockname()[1]
+tracker = MlflowTracker(MlflowSpec(uri=f"http://127.0.0.1:{port}", experiment="silent"), "run", {"a": "1"}, {})
+tracker.log_metrics(1, {"train/loss": 0.5})
+time.sleep(1)
+started = time.monotonic()
+tracker.close("FINISHED")
+print(f"closed after {time.monotonic() - started:.1f} s", file=sys.stderr)
+"""
+
+
+def test_an_mlflow_server_that_accepts_and_never_answers_holds_the_end_of_a_run_seconds_only(tmp_path):
+    import time
+
+    from kubetune_trainer.tracking import CLOSE_SECONDS_UNREACHABLE
+
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", SILENT_SERVER_SCRIPT], env=trainer_env(), capture_output=True,
+                            text=True, timeout=120)
+    took = time.monotonic() - started
+    assert result.returncode == 0, result.stderr[-2000:]
+    closed = float(result.stderr.split("closed after ")[1].split(" s")[0])
+    assert CLOSE_SECONDS_UNREACHABLE <= closed < CLOSE_SECONDS_UNREACHABLE + 2, result.stderr[-2000:]
+    assert "stopped waiting for http://127.0.0.1:" in result.stderr
+    assert took < 60, f"the process ended {took:.0f} s after it started: the silent server held it"
+
+
+# --- sweeps: search spaces counted, never built; a sweep's trials never resume another's runs ---
+
+def billion_values_sweep(algorithm: str) -> dict:
+    template = yaml_load(Path("manifests/examples/sd15-lora.yaml").read_text())
+    return {"apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingSweep", "metadata": {"name": "huge"},
+            "spec": {"algorithm": algorithm, "maxTrials": 4, "parallelTrials": 1,
+                     "template": {"spec": template["spec"]}, "objective": {"metric": "loss"},
+                     "parameters": {"training.seed": {"intRange": [0, 999_999_999]},
+                                    "training.learningRate": {"floatRange": [1e-6, 1e-2], "step": 1e-11}}}}
+
+
+def yaml_load(text: str):
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def yaml_dump(document) -> str:
+    import yaml
+
+    return yaml.safe_dump(document)
+
+
+def test_a_search_space_of_a_billion_values_is_counted_not_built(tmp_path):
+    import time
+
+    import yaml
+
+    from kubetune_api.search import next_trial
+    from kubetune_api.sweep import load_sweep
+
+    path = tmp_path / "huge.yaml"
+    path.write_text(yaml.safe_dump(billion_values_sweep("grid")))
+    started = time.monotonic()
+    result = kubetune("validate", "-f", str(path))
+    assert result.exit_code == 1, result.output
+    assert "spec.parameters: the grid has " in result.output and " points, more than 10000" in result.output, \
+        result.output
+    path.write_text(yaml.safe_dump(billion_values_sweep("random")))
+    result = kubetune("validate", "-f", str(path))
+    assert result.exit_code == 0, result.output
+    sweep = load_sweep(path)
+    drawn = [next_trial(sweep.spec, []).parameters["training.seed"] for _ in range(2)]
+    assert 0 <= drawn[0] <= 999_999_999 and drawn[0] == drawn[1], "a draw, repeatable by its seed"
+    assert time.monotonic() - started < 10, "counted and drawn from, never built (10^9 values would take minutes)"
+
+
+def test_a_second_local_sweep_of_the_same_name_resumes_none_of_the_firsts_runs(tmp_path):
+    """Two `kubetune sweep` of sweeps named alike train trial jobs of the same names (<sweep>-<n>):
+    each sweep's trials carry its own identity in their run id, so the second gets new run versions
+    where it used to continue (and overwrite) the first's finished runs; and the trial logs the first
+    left in the workdir are not replaced without --force. (Both checked here without training: the
+    whole path, two 2-step sweeps, takes about a minute.)"""
+    from kubetune_api.sweep import load_sweep
+    from kubetune_cli.sweep import LocalSweep
+    from kubetune_trainer.storage.runs import RunRecord, choose_version
+    from tests.trainer.test_local_sweep import write_sweep
+
+    path = write_sweep(tmp_path, tmp_path / "model", tmp_path / "data", "same", {"adapter.rank": {"choice": [2]}},
+                       algorithm="grid", maxTrials=1, parallelTrials=1)
+    first, second = (LocalSweep(load_sweep(path), tmp_path / "work") for _ in range(2))
+    assert first.trial_run_id(0) != second.trial_run_id(0)
+    assert first.trial_run_id(0) == first.trial_run_id(0) and first.trial_run_id(0).startswith("same-")
+    finished = RunRecord(version=0, run_id=first.trial_run_id(0), steps=2, finished=True)
+    assert choose_version([finished], first.trial_run_id(0)).continuing, "a trial restarted within its sweep resumes"
+    chosen = choose_version([finished], second.trial_run_id(0))
+    assert (chosen.version, chosen.continuing) == (1, False), "another sweep's trial gets a run of its own"
+
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "same-0.log").write_text("the first sweep's trial log")
+    result = kubetune("sweep", "-f", str(path), "--workdir", str(tmp_path / "work"))
+    assert result.exit_code == 1, result.output
+    assert "holds the trial logs of an earlier sweep 'same' (same-0.log, ...)" in result.output
+    assert "--force" in result.output and "--workdir" in result.output
+    assert (tmp_path / "work" / "same-0.log").read_text() == "the first sweep's trial log"
