@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from PIL import Image
 
 from kubetune_cli.main import cli
 from kubetune_trainer.tiny_data import write_tiny_data
+from tests.storage.conftest import s3_server  # noqa: F401 - a fixture, for the missing-bucket row
 from tests.trainer.conftest import (family_job, run_dir, run_trainer, run_trainer_expecting_failure, tiny_manifest,
                                     trainer_command, trainer_env, write_manifest)
 
@@ -161,6 +163,15 @@ MANIFESTS = [
     ("credentials inside the S3 endpoint", lambda: example_text().replace(
         "spec:\n", "spec:\n  s3: {endpointUrl: 'http://AKIAEXAMPLE:wJalrXUtnFEMI@minio:9000'}\n", 1),
      ["spec.s3.endpointUrl must not carry credentials", "http://***@minio:9000"]),
+    ("YAML nested very deep", lambda: example_text() + "x: " + "[" * 5000 + "]" * 5000 + "\n",
+     ["nested deeper than 64 levels"]),
+    ("a key written twice", lambda: example_text().replace("name: sd15-lora-demo",
+                                                           "name: sd15-lora-demo\n  name: other"),
+     ["the key 'name' is written twice in one mapping (first on line 8)", "line 9"]),
+    ("a bucket name with a trailing newline", lambda: example_text().replace(
+        "uri: /data/pets", 'uri: "s3://pets-bucket\\n"'), ["spec.data.uri", "'pets-bucket\\n' is not an S3 bucket"]),
+    ("a label value ending in a newline", lambda: example_text().replace(
+        "name: sd15-lora-demo", 'name: sd15-lora-demo\n  labels: {team: "a\\n"}'), ["label team", "'a\\n'"]),
 ]
 
 
@@ -335,3 +346,291 @@ def test_the_trainer_refuses_a_damaged_checkpoint_in_one_line_and_writes_nothing
     assert f"checkpoint {checkpoint} is damaged" in stderr and "state/__0_0.distcp is missing" in stderr
     assert no_traceback(stderr)
     assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "out").rglob("*")) == before, "nothing written"
+
+
+# --- the command line: one table answers every error a command did not ------------------------
+
+class NewStorageTrouble(Exception):
+    """Stands for an error class kubetune has never seen, raised by a storage library."""
+
+
+def storage_library_error(base_name: str) -> type[BaseException]:
+    """A subclass, new to kubetune, of one of botocore's error classes (as a botocore upgrade brings)."""
+    import botocore.exceptions
+
+    base = getattr(botocore.exceptions, base_name)
+    return type("BrandNewS3Trouble", (base,), {"fmt": "something new went wrong with S3"})
+
+
+UNANSWERED = [
+    # (what, the error a command raises without catching it, words the one line must hold, exit code)
+    ("a storage error class never seen before", lambda: storage_library_error("BotoCoreError")(),
+     ["S3 error (something new went wrong with S3)", "AWS_ENDPOINT_URL"], 1),
+    ("a connection error class never seen before",
+     lambda: storage_library_error("EndpointConnectionError")(endpoint_url="http://127.0.0.1:9"),
+     ["cannot reach the S3 endpoint", "AWS_ENDPOINT_URL"], 1),
+    ("a file that vanished", lambda: FileNotFoundError(2, "No such file or directory", "/gone/weights.bin"),
+     ["/gone/weights.bin: No such file or directory: check the path"], 2),
+    ("a bug", lambda: NewStorageTrouble("a surprise"), ["unexpected NewStorageTrouble: a surprise", "a kubetune bug"], 1),
+]
+
+
+@pytest.mark.parametrize("what,error,words,code", UNANSWERED, ids=[w for w, _, _, _ in UNANSWERED])
+def test_an_error_no_command_answered_is_one_line_from_the_one_table(what, error, words, code, monkeypatch):
+    import kubetune_cli.checkpoints
+
+    def raising(*_args, **_kwargs):
+        raise error()
+
+    monkeypatch.setattr(kubetune_cli.checkpoints, "resolve", raising)
+    result = kubetune("checkpoints", "ls", "s3://bucket/runs")
+    assert result.exit_code == code, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kubetune checkpoints: "), result.output
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+def test_a_step_in_unicode_digits_is_refused_in_one_line(tmp_path):
+    for command in (["checkpoints", "pull", str(tmp_path), "-o", str(tmp_path / "o")],
+                    ["export", str(tmp_path), "--format", "kohya", "--out", str(tmp_path / "o")]):
+        result = kubetune(*command, "--step", "²")
+        assert result.exit_code == 1, (command, result.output)
+        assert "--step '²': use a step number, latest or final" in result.output, result.output
+        assert isinstance(result.exception, SystemExit)
+
+
+def endpoint_down(request, monkeypatch) -> None:
+    from kubetune_api.ports import free_listen_port
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_listen_port()}")  # nothing listens there
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+
+
+def real_store(request, monkeypatch) -> None:
+    request.getfixturevalue("s3_server")
+
+
+S3_TROUBLE = [
+    # (what, the store this shell points at, the URI, words the one line must hold)
+    ("an S3 endpoint that is down", endpoint_down, "s3://some-bucket/data",
+     ["cannot reach the S3 endpoint", "check AWS_ENDPOINT_URL (or spec.s3.endpointUrl)"]),
+    ("a bucket that does not exist", real_store, "s3://no-such-bucket-kt/data",
+     ["S3 bucket 'no-such-bucket-kt' does not exist", "create the bucket"]),
+]
+
+
+@pytest.mark.parametrize("what,store,uri,words", S3_TROUBLE, ids=[w for w, _, _, _ in S3_TROUBLE])
+def test_s3_trouble_is_one_line_from_the_cli_and_the_trainer(what, store, uri, words, request, monkeypatch,
+                                                             tiny_job, tmp_path):
+    from kubetune_trainer.storage import s3
+
+    store(request, monkeypatch)
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # the answer, not botocore's ten retries, is under test
+    s3.forget_clients()
+    manifest = tiny_job()
+    manifest["spec"]["data"]["uri"] = uri
+    try:
+        listed = kubetune("checkpoints", "ls", uri)
+        trained = kubetune("train", "-f", str(write_manifest(manifest, tmp_path)))
+    finally:
+        s3.forget_clients()
+    assert listed.exit_code == 1 and f"kubetune checkpoints: cannot read {uri}: " in listed.output, listed.output
+    assert trained.exit_code == 1, trained.output[-2000:]
+    said = [line for line in trained.output.splitlines() if line.startswith("kubetune trainer: ")]
+    assert len(said) == 1, trained.output[-2000:]
+    for word in words:
+        assert word in listed.output and word in said[0], (listed.output, said)
+    assert no_traceback(trained.output)
+
+
+# --- checkpoints pull -o: nothing of the user's replaced without --force, nothing written through a link ---
+
+def test_pull_replaces_no_file_without_force_writes_through_no_link_and_refuses_the_root(finished_job, tmp_path):
+    _, run = finished_job
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "pytorch_lora_weights.safetensors").write_text("the user's own file")
+    pull = ("checkpoints", "pull", str(run), "--step", "final", "-o", str(out))
+    result = kubetune(*pull)
+    assert result.exit_code == 1 and "already holds pytorch_lora_weights.safetensors" in result.output, result.output
+    assert "--force" in result.output
+    assert (out / "pytorch_lora_weights.safetensors").read_text() == "the user's own file", "untouched"
+    assert not list(out.glob(".kubetune-pull-*")), "no staging left behind"
+    result = kubetune(*pull, "--force")
+    assert result.exit_code == 0, result.output
+    assert (out / "pytorch_lora_weights.safetensors").stat().st_size > 100, "replaced with --force"
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "target.pt").write_text("outside")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "scheduler.pt").symlink_to(elsewhere / "target.pt")  # a file the checkpoint holds
+    result = kubetune("checkpoints", "pull", str(run), "--step", "2", "-o", str(linked), "--force")
+    assert result.exit_code == 1, result.output
+    assert f"{linked / 'scheduler.pt'} is a symbolic link: kubetune never writes through one" in result.output
+    assert (elsewhere / "target.pt").read_text() == "outside" and (linked / "scheduler.pt").is_symlink()
+
+    result = kubetune("checkpoints", "pull", str(run), "-o", "/", "--force")
+    assert result.exit_code == 1 and "-o / is the file system's root" in result.output, result.output
+
+
+def test_a_folder_inside_the_pull_target_that_links_out_is_never_written_through(tmp_path):
+    from kubetune_trainer.checkpoint.catalog import PullFailed, check_destinations
+
+    elsewhere, target = tmp_path / "elsewhere", tmp_path / "target"
+    elsewhere.mkdir()
+    target.mkdir()
+    (target / "unet").symlink_to(elsewhere)  # a full fine-tune's final weights go to unet/...
+    for force in (False, True):
+        with pytest.raises(PullFailed, match="unet is a symbolic link: kubetune never writes through one"):
+            check_destinations(["unet/config.json", "unet/model.safetensors"], target, force)
+    check_destinations(["unet2/config.json"], target, False)  # a real new folder is fine
+
+
+# --- processes: no worker outlives its launcher, no silent server holds the end of a run --------
+
+def process_gone(pid: int) -> bool:
+    """Exited (or a zombie waiting for whoever adopted it to reap it): no longer training."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def test_kubetune_train_killed_with_sigkill_leaves_no_worker_training(tiny_job, tmp_path):
+    import time
+
+    from tests.trainer.test_distributed import descendants, kubetune_train
+
+    launcher = kubetune_train(tiny_job(maxSteps=100_000, logEverySteps=1), tmp_path, 2,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    for line in launcher.stderr:
+        if "step 2/" in line:
+            break
+    workers = descendants(launcher.pid)
+    assert len(workers) >= 2, "the launcher's two trainer processes"
+    launcher.kill()  # SIGKILL: the launcher can pass nothing on
+    launcher.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not all(process_gone(pid) for pid in workers):
+        time.sleep(0.2)
+    left = [pid for pid in workers if not process_gone(pid)]
+    for pid in left:  # never leave them to the rest of the session
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"trainer processes {left} outlived their launcher"
+    assert list(run_dir(tmp_path / "out").glob("checkpoint-*/manifest.json")), "they stopped as on SIGTERM: a checkpoint"
+
+
+SILENT_SERVER_SCRIPT = """
+import logging, socket, sys, time
+logging.basicConfig(level=logging.INFO)
+from kubetune_api.spec import MlflowSpec
+from kubetune_trainer.tracking import MlflowTracker
+
+listener = socket.create_server(("127.0.0.1", 0))
+listener.listen(16)
+held = []  # accepted connections are never answered (the kernel accepts them for us too)
+port = listener.getsockname()[1]
+tracker = MlflowTracker(MlflowSpec(uri=f"http://127.0.0.1:{port}", experiment="silent"), "run", {"a": "1"}, {})
+tracker.log_metrics(1, {"train/loss": 0.5})
+time.sleep(1)
+started = time.monotonic()
+tracker.close("FINISHED")
+print(f"closed after {time.monotonic() - started:.1f} s", file=sys.stderr)
+"""
+
+
+def test_an_mlflow_server_that_accepts_and_never_answers_holds_the_end_of_a_run_seconds_only(tmp_path):
+    import time
+
+    from kubetune_trainer.tracking import CLOSE_SECONDS_UNREACHABLE
+
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", SILENT_SERVER_SCRIPT], env=trainer_env(), capture_output=True,
+                            text=True, timeout=120)
+    took = time.monotonic() - started
+    assert result.returncode == 0, result.stderr[-2000:]
+    closed = float(result.stderr.split("closed after ")[1].split(" s")[0])
+    assert CLOSE_SECONDS_UNREACHABLE <= closed < CLOSE_SECONDS_UNREACHABLE + 2, result.stderr[-2000:]
+    assert "stopped waiting for http://127.0.0.1:" in result.stderr
+    assert took < 60, f"the process ended {took:.0f} s after it started: the silent server held it"
+
+
+# --- sweeps: search spaces counted, never built; a sweep's trials never resume another's runs ---
+
+def billion_values_sweep(algorithm: str) -> dict:
+    template = yaml_load(Path("manifests/examples/sd15-lora.yaml").read_text())
+    return {"apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingSweep", "metadata": {"name": "huge"},
+            "spec": {"algorithm": algorithm, "maxTrials": 4, "parallelTrials": 1,
+                     "template": {"spec": template["spec"]}, "objective": {"metric": "loss"},
+                     "parameters": {"training.seed": {"intRange": [0, 999_999_999]},
+                                    "training.learningRate": {"floatRange": [1e-6, 1e-2], "step": 1e-11}}}}
+
+
+def yaml_load(text: str):
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def yaml_dump(document) -> str:
+    import yaml
+
+    return yaml.safe_dump(document)
+
+
+def test_a_search_space_of_a_billion_values_is_counted_not_built(tmp_path):
+    import time
+
+    import yaml
+
+    from kubetune_api.search import next_trial
+    from kubetune_api.sweep import load_sweep
+
+    path = tmp_path / "huge.yaml"
+    path.write_text(yaml.safe_dump(billion_values_sweep("grid")))
+    started = time.monotonic()
+    result = kubetune("validate", "-f", str(path))
+    assert result.exit_code == 1, result.output
+    assert "spec.parameters: the grid has " in result.output and " points, more than 10000" in result.output, \
+        result.output
+    path.write_text(yaml.safe_dump(billion_values_sweep("random")))
+    result = kubetune("validate", "-f", str(path))
+    assert result.exit_code == 0, result.output
+    sweep = load_sweep(path)
+    drawn = [next_trial(sweep.spec, []).parameters["training.seed"] for _ in range(2)]
+    assert 0 <= drawn[0] <= 999_999_999 and drawn[0] == drawn[1], "a draw, repeatable by its seed"
+    assert time.monotonic() - started < 10, "counted and drawn from, never built (10^9 values would take minutes)"
+
+
+def test_a_second_local_sweep_of_the_same_name_resumes_none_of_the_firsts_runs(tmp_path):
+    """Two `kubetune sweep` of sweeps named alike train trial jobs of the same names (<sweep>-<n>):
+    each sweep's trials carry its own identity in their run id, so the second gets new run versions
+    where it used to continue (and overwrite) the first's finished runs; and the trial logs the first
+    left in the workdir are not replaced without --force. (Both checked here without training: the
+    whole path, two 2-step sweeps, takes about a minute.)"""
+    from kubetune_api.sweep import load_sweep
+    from kubetune_cli.sweep import LocalSweep
+    from kubetune_trainer.storage.runs import RunRecord, choose_version
+    from tests.trainer.test_local_sweep import write_sweep
+
+    path = write_sweep(tmp_path, tmp_path / "model", tmp_path / "data", "same", {"adapter.rank": {"choice": [2]}},
+                       algorithm="grid", maxTrials=1, parallelTrials=1)
+    first, second = (LocalSweep(load_sweep(path), tmp_path / "work") for _ in range(2))
+    assert first.trial_run_id(0) != second.trial_run_id(0)
+    assert first.trial_run_id(0) == first.trial_run_id(0) and first.trial_run_id(0).startswith("same-")
+    finished = RunRecord(version=0, run_id=first.trial_run_id(0), steps=2, finished=True)
+    assert choose_version([finished], first.trial_run_id(0)).continuing, "a trial restarted within its sweep resumes"
+    chosen = choose_version([finished], second.trial_run_id(0))
+    assert (chosen.version, chosen.continuing) == (1, False), "another sweep's trial gets a run of its own"
+
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "same-0.log").write_text("the first sweep's trial log")
+    result = kubetune("sweep", "-f", str(path), "--workdir", str(tmp_path / "work"))
+    assert result.exit_code == 1, result.output
+    assert "holds the trial logs of an earlier sweep 'same' (same-0.log, ...)" in result.output
+    assert "--force" in result.output and "--workdir" in result.output
+    assert (tmp_path / "work" / "same-0.log").read_text() == "the first sweep's trial log"

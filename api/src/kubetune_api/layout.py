@@ -42,7 +42,7 @@ def version_name(version: int) -> str:
 
 def parse_version(name: str) -> int | None:
     """v3 -> 3; anything else (a stray file, "v", "v1a") -> None."""
-    match = _VERSION.match(name)
+    match = _VERSION.fullmatch(name)
     return int(match.group(1)) if match else None
 
 
@@ -51,5 +51,5 @@ def checkpoint_name(step: int) -> str:
 
 
 def parse_checkpoint(name: str) -> int | None:
-    match = _CHECKPOINT.match(name)
+    match = _CHECKPOINT.fullmatch(name)
     return int(match.group(1)) if match else None

@@ -18,14 +18,20 @@ from kubetune_api.spec import TrainingJob
 
 
 MAX_MANIFEST_BYTES = 1024 * 1024  # the API server refuses objects over 1.5 MiB; a manifest is far smaller
+MAX_NESTING = 64  # a TrainingJob nests about 6 levels; far under Python's recursion limit
 
 
 class ManifestLoader(yaml.SafeLoader):
     """YAML as the API server reads it: `1e-4` is a number (PyYAML's YAML 1.1 makes it a string).
 
     Aliases (`*name`) are refused: a few lines of nested aliases expand to billions of nodes (a
-    "billion laughs" document), and a TrainingJob never needs them.
+    "billion laughs" document), and a TrainingJob never needs them. Nesting is bounded (a few KB of
+    `[[[[...` would otherwise end in a RecursionError, which is no YAMLError), and a key written
+    twice in one mapping is refused naming it and its line (YAML's "last wins" silently drops the
+    first, which the API server's strict decoding refuses too).
     """
+
+    _depth = 0
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
@@ -33,7 +39,27 @@ class ManifestLoader(yaml.SafeLoader):
             raise yaml.composer.ComposerError(
                 None, None, "YAML aliases (*name) are not accepted in a TrainingJob manifest: write the value out",
                 mark)
-        return super().compose_node(parent, index)
+        if self._depth >= MAX_NESTING:
+            raise yaml.composer.ComposerError(
+                None, None, f"nested deeper than {MAX_NESTING} levels; a TrainingJob is a few levels deep",
+                self.peek_event().start_mark)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} is written twice in one mapping (first on line {seen[key] + 1}); "
+                    "keep one", key_node.start_mark)
+            if isinstance(key, (str, int, float, bool)):
+                seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
 
 
 ManifestLoader.add_implicit_resolver(

@@ -85,7 +85,9 @@ def draw(distribution: Distribution, rng: random.Random) -> Any:
     if kind == "log_uniform":
         low, high = distribution.log_uniform
         return math.exp(rng.uniform(math.log(low), math.log(high)))
-    return rng.choice(distribution.grid())  # int and float ranges: one of their steps
+    # int and float ranges: one of their steps, picked by index (the grid may be 10^9 values long;
+    # randrange draws as rng.choice over the built list would)
+    return distribution.value_at(rng.randrange(distribution.count()))
 
 
 def _tpe(sweep: TrainingSweepSpec, trials: list[Trial]) -> dict[str, Any]:
@@ -184,13 +186,13 @@ def perturb(sweep: TrainingSweepSpec, parameters: dict[str, Any], rng: random.Ra
         if rng.random() < sweep.pbt.resample_probability:
             moved[path] = draw(distribution, rng)
             continue
-        values = distribution.grid()
-        if values is None:
+        count = distribution.count()
+        if count is None:
             low, high = getattr(distribution, distribution.kind)
             moved[path] = min(high, max(low, value * rng.choice((0.8, 1.25))))
         else:
-            index = values.index(value) if value in values else 0
-            moved[path] = values[min(len(values) - 1, max(0, index + rng.choice((-1, 1))))]
+            index = distribution.index_of(value) + rng.choice((-1, 1))
+            moved[path] = distribution.value_at(min(count - 1, max(0, index)))
     return moved
 
 

@@ -61,7 +61,7 @@ def check_storage_uri(value: str) -> str:
     if not rest or rest.startswith("/"):
         raise ValueError("an s3 URI needs a bucket: s3://bucket/prefix")
     bucket, _, prefix = rest.partition("/")
-    if not _S3_BUCKET.match(bucket):
+    if not _S3_BUCKET.fullmatch(bucket):
         raise ValueError(f"{bucket!r} is not an S3 bucket name: 3-63 lowercase letters, digits, dots and hyphens, "
                          "starting and ending with a letter or digit")
     odd = sorted({c for c in prefix if c in _KEY_CHARACTERS_REFUSED or not c.isprintable()})
@@ -1357,9 +1357,9 @@ ANNOTATIONS_MAX_BYTES = 256 * 1024  # Kubernetes' limit on all of an object's an
 def check_metadata_key(key: str) -> str:
     """A label or annotation key as Kubernetes accepts it: [prefix/]name."""
     prefix, _, name = key.rpartition("/")
-    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
         raise ValueError(f"key {key!r}: its prefix must be a DNS subdomain of at most 253 characters")
-    if len(name) > 63 or not _QUALIFIED_NAME.match(name):
+    if len(name) > 63 or not _QUALIFIED_NAME.fullmatch(name):
         raise ValueError(f"key {key!r}: the name must be 1-63 characters [A-Za-z0-9._-], starting and "
                          "ending alphanumeric")
     return key
@@ -1368,7 +1368,7 @@ def check_metadata_key(key: str) -> str:
 def check_labels(labels: dict[str, str]) -> dict[str, str]:
     for key, value in labels.items():
         check_metadata_key(key)
-        if len(value) > 63 or (value and not _QUALIFIED_NAME.match(value)):
+        if len(value) > 63 or (value and not _QUALIFIED_NAME.fullmatch(value)):
             raise ValueError(f"label {key}: value {value[:70]!r} must be at most 63 characters [A-Za-z0-9._-], "
                              "starting and ending alphanumeric")
     return labels

@@ -63,6 +63,8 @@ class Distribution(_Model):
                 raise ValueError(f"[{low}, {high}]: low must be below high")
             if self.kind == "log_uniform" and low <= 0:
                 raise ValueError(f"logUniform [{low}, {high}]: low must be above 0")
+            if self.kind == "float_range" and not math.isfinite((high - low) / self.step):
+                raise ValueError(f"floatRange [{low}, {high}] step {self.step}: too many steps to count")
         return self
 
     @property
@@ -70,27 +72,49 @@ class Distribution(_Model):
         return next(name for name in ("choice", "uniform", "log_uniform", "int_range", "float_range")
                     if getattr(self, name) is not None)
 
-    def grid(self) -> list | None:
-        """Every value, for a grid search; None for a continuous distribution."""
+    def count(self) -> int | None:
+        """How many values a grid search would try; None for a continuous distribution. Counted,
+        never built: an intRange [0, 10^9] is one number here."""
         if self.kind == "choice":
-            return list(self.choice)
+            return len(self.choice)
         if self.kind == "int_range":
             low, high = self.int_range
-            return list(range(low, high + 1, int(self.step or 1)))
+            return len(range(low, high + 1, int(self.step or 1)))
         if self.kind == "float_range":
             low, high = self.float_range
-            count = int(math.floor((high - low) / self.step + 1e-9)) + 1
-            return [round(low + i * self.step, 12) for i in range(count)]
+            return int(math.floor((high - low) / self.step + 1e-9)) + 1
         return None
+
+    def value_at(self, index: int) -> Any:
+        """The index-th value of the grid (0 <= index < count()), without building the grid."""
+        if self.kind == "choice":
+            return self.choice[index]
+        if self.kind == "int_range":
+            return self.int_range[0] + index * int(self.step or 1)
+        return round(self.float_range[0] + index * self.step, 12)
+
+    def index_of(self, value: Any) -> int:
+        """The grid index of value, or of the step nearest to it (0 for a choice not among them)."""
+        if self.kind == "choice":
+            return self.choice.index(value) if value in self.choice else 0
+        low = getattr(self, self.kind)[0]
+        index = round((value - low) / (self.step or 1))
+        return min(self.count() - 1, max(0, index))
+
+    def grid(self) -> list | None:
+        """Every value, for a grid search (bounded by GRID_LIMIT before anyone builds it); None for
+        a continuous distribution."""
+        count = self.count()
+        return None if count is None else [self.value_at(i) for i in range(count)]
 
     def probes(self) -> list:
         """Values that stand for everything the distribution can give: its choices, or its bounds
         and a point between them (which also shows a real number where an integer is needed)."""
         if self.kind == "choice":
             return list(self.choice)
-        values = self.grid()
-        if values is not None:
-            return sorted({values[0], values[-1], values[len(values) // 2]})
+        count = self.count()
+        if count is not None:
+            return sorted({self.value_at(0), self.value_at(count - 1), self.value_at(count // 2)})
         low, high = getattr(self, self.kind)
         middle = math.sqrt(low * high) if self.kind == "log_uniform" else (low + high) / 2
         return [low, middle, high]
@@ -181,12 +205,13 @@ class TrainingSweepSpec(_Model):
         elif self.pbt is not None:
             problems.append(f"spec.pbt applies to algorithm pbt only (this sweep is {self.algorithm}): remove it")
         if self.algorithm == "grid":
-            continuous = [path for path, d in self.parameters.items() if d.grid() is None]
+            continuous = [path for path, d in self.parameters.items() if d.count() is None]
             if continuous:
                 problems.append(f"spec.algorithm grid needs finite parameters; {', '.join(continuous)} "
                                 "are continuous: use choice, intRange or floatRange with a step")
-            elif math.prod(len(d.grid()) for d in self.parameters.values()) > GRID_LIMIT:
-                problems.append(f"spec.parameters: the grid has more than {GRID_LIMIT} points")
+            elif (points := math.prod(d.count() for d in self.parameters.values())) > GRID_LIMIT:
+                problems.append(f"spec.parameters: the grid has {points} points, more than {GRID_LIMIT}: "
+                                "give fewer values (or a larger step), or use algorithm random")
         template = _template_spec(self.template.spec)  # raises naming spec.template.spec.<field>
         problems += _objective_problems(self.objective, template)
         for path, distribution in self.parameters.items():

@@ -85,13 +85,14 @@ def storage_errors(uri: str):
     one line naming the URI."""
     from botocore.exceptions import BotoCoreError, ClientError
 
+    from kubetune_api.failures import answer
     from kubetune_trainer.checkpoint.catalog import PullFailed
     from kubetune_trainer.storage.confine import UnsafePath
 
     try:
         yield
     except (BotoCoreError, ClientError) as err:
-        fail(f"cannot read {uri}: {err} (check AWS_ENDPOINT_URL and the AWS credentials of this shell)")
+        fail(f"cannot read {uri}: {answer(err).message}")  # the one table's words for it
     except (PullFailed, UnsafePath) as err:
         fail(str(err))
 
@@ -146,14 +147,16 @@ def ls(job: str, namespace: str | None) -> None:
 @version_option
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Directory to download into.")
-def pull(job: str, namespace: str | None, step: str, version: int | None, out_dir: str) -> None:
+@click.option("--force", is_flag=True, help="Replace files of the same names already in the directory.")
+def pull(job: str, namespace: str | None, step: str, version: int | None, out_dir: str, force: bool) -> None:
     """Download a checkpoint (verified against its manifest) or the final weights of JOB."""
-    from kubetune_cli.trained import check_step, choose_run, pull_weights, resolve_step, step_label
+    from kubetune_cli.trained import check_pull_folder, check_step, choose_run, pull_weights, resolve_step, step_label
 
     check_step("checkpoints", step)
+    out = Path(out_dir)
+    check_pull_folder("checkpoints", out)
     run = choose_run("checkpoints", resolve(job, namespace), version)
     chosen = resolve_step("checkpoints", run, step)
-    out = Path(out_dir)
-    written = pull_weights(run, chosen, out)
+    written = pull_weights(run, chosen, out, force)
     size = sum(p.stat().st_size for p in written)
     click.echo(f"pulled {step_label(chosen)} of {run.uri} ({len(written)} files, {human_size(size)}) into {out}")

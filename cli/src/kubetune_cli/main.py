@@ -22,7 +22,33 @@ FAMILIES = FAMILY_NAMES
 LAYOUTS = sorted(get_args(Layout))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class AnsweringGroup(click.Group):
+    """The top-level group: whatever a command raises that it did not answer itself is answered
+    here, from the one table (kubetune_api.failures), in one line on stderr with its exit code."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, SystemExit):
+            raise
+        except BaseException as err:  # noqa: BLE001 - this is the place every error is answered
+            exit_with_answer(ctx, err)
+
+
+def exit_with_answer(ctx: click.Context, err: BaseException) -> None:
+    import os
+
+    from kubetune_api.failures import answer, answer_unexpected
+
+    if os.environ.get("KUBETUNE_TRACEBACK"):
+        raise err
+    found = answer(err) or answer_unexpected(err)
+    command = " ".join(filter(None, ["kubetune", ctx.invoked_subcommand]))
+    click.echo(f"{command}: {found.message}", err=True)
+    sys.exit(found.code)
+
+
+@click.group(cls=AnsweringGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     """Kubernetes-native fine-tuning of image-generation models."""
 
@@ -61,7 +87,8 @@ def is_sweep(path: Path) -> bool:
               help="Trials at once (default: spec.parallelTrials).")
 @click.option("--workdir", default=None, type=click.Path(file_okay=False),
               help="Where the trials' manifests and logs go (default: ./kubetune-sweeps/<name>).")
-def sweep(path: str, parallel: int | None, workdir: str | None) -> None:
+@click.option("--force", is_flag=True, help="Replace the manifests and logs an earlier sweep left in the workdir.")
+def sweep(path: str, parallel: int | None, workdir: str | None, force: bool) -> None:
     """Run a TrainingSweep's trials on this machine and print each trial and the best."""
     from kubetune_api.sweep import load_sweep
     from kubetune_cli.sweep import LocalSweep
@@ -71,8 +98,14 @@ def sweep(path: str, parallel: int | None, workdir: str | None) -> None:
     except ManifestError as err:
         click.echo(f"{path}: invalid\n{err}", err=True)
         sys.exit(1)
-    runner = LocalSweep(loaded, Path(workdir or Path("kubetune-sweeps") / loaded.metadata.name), parallel,
-                        echo=lambda line: click.echo(line, err=True))
+    folder = Path(workdir or Path("kubetune-sweeps") / loaded.metadata.name)
+    earlier = sorted(folder.glob(f"{loaded.metadata.name}-*.log")) if folder.is_dir() else []
+    if earlier and not force:
+        click.echo(f"kubetune sweep: {folder} holds the trial logs of an earlier sweep {loaded.metadata.name!r} "
+                   f"({earlier[0].name}, ...): pass --workdir DIR for this one, or --force to replace them (its runs "
+                   "are kept either way: every sweep's trials get runs of their own)", err=True)
+        sys.exit(1)
+    runner = LocalSweep(loaded, folder, parallel, echo=lambda line: click.echo(line, err=True))
     succeeded = runner.run()
     click.echo(runner.table())
     sys.exit(0 if succeeded else 1)

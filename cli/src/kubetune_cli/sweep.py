@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,6 +94,10 @@ class LocalSweep:
         self.failed_sweep = ""
         self.mlflow: MlflowSpec | None = TrainingJobSpec.model_validate(self.spec.template.spec).tracking.mlflow
         self.parent_run_id: str | None = None  # the sweep's MLflow run
+        # This sweep's own identity, in every trial's run id: a trial restarted within the sweep finds
+        # its run again, while a later sweep of the same name (same trial job names) gets new run
+        # versions instead of resuming, and overwriting, the earlier sweep's finished runs.
+        self.identity = f"{sweep.metadata.name}-{uuid.uuid4().hex[:12]}"
 
     def run(self) -> bool:
         """Run every trial; True unless too many failed."""
@@ -144,13 +149,16 @@ class LocalSweep:
         log = self.workdir / f"{trial_name(self.sweep, trial.number)}.log"
         threads = str(max(1, (os.cpu_count() or 1) // self.parallel))  # no oversubscribed cores
         env = {**os.environ, "OMP_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1",
-               TrainerEnv.NAMES["run_id"]: f"{self.sweep.metadata.name}-trial-{trial.number}"}
+               TrainerEnv.NAMES["run_id"]: self.trial_run_id(trial.number)}
         with log.open("w") as out:
             process = subprocess.Popen([sys.executable, "-m", "kubetune_trainer", "--config", str(manifest)],
                                        stdout=out, stderr=subprocess.STDOUT, env=env)
         self.running.append(RunningTrial(trial, process, log))
         copied = f" (copies trial {trial.exploited_from})" if trial.exploited_from is not None else ""
         self.echo(f"trial {trial.number} started{copied}: {format_parameters(trial.parameters)}")
+
+    def trial_run_id(self, number: int) -> str:
+        return f"{self.identity}-trial-{number}"
 
     def _poll(self) -> None:
         metric = self.spec.objective.metric

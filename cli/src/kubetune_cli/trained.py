@@ -23,7 +23,8 @@ def fail(command: str, message: str) -> None:
 
 
 def check_step(command: str, step: str) -> None:
-    if step not in ("latest", "final") and not step.isdigit():
+    # ASCII digits only: str.isdigit() takes '²' and '٣', which int() then refuses with a traceback
+    if step not in ("latest", "final") and not (step.isascii() and step.isdigit()):
         fail(command, f"--step {step!r}: use a step number, latest or final")
 
 
@@ -66,16 +67,17 @@ def resolve_step(command: str, run, step: str) -> int | str:
     return int(step)
 
 
-def pull_weights(run, step: int | str, out: Path) -> list[Path]:
-    """Download the final weights or one checkpoint (verified against its manifest) into `out`."""
+def pull_weights(run, step: int | str, out: Path, force: bool = False) -> list[Path]:
+    """Download the final weights or one checkpoint (verified against its manifest) into `out`;
+    a file already there is replaced only with force."""
     from kubetune_trainer.checkpoint.catalog import pull_checkpoint, pull_final
 
     if step == "final":
         with storage_errors(run.uri):
-            return pull_final(run, out)
+            return pull_final(run, out, force)
     entry = run.checkpoint(step)
     with storage_errors(entry.uri):
-        return pull_checkpoint(entry, out)
+        return pull_checkpoint(entry, out, force)
 
 
 def step_label(step: int | str) -> str:
@@ -93,6 +95,18 @@ def read_job(command: str, run):
         fail(command, f"{run.uri} has no {layout.JOB_FILE}: the run was written by a kubetune that did not "
                       "record its TrainingJob; train it again with this version")
     return TrainingJob.model_validate(yaml.safe_load(text))
+
+
+def check_pull_folder(command: str, out: Path) -> None:
+    """`checkpoints pull -o`: a folder (new or not: files already there are checked one by one, see
+    checkpoint.catalog.check_destinations), never a file, a link or the file system's root."""
+    if out.is_symlink():
+        fail(command, f"-o {out} is a symbolic link: kubetune never writes through one; give a real folder")
+    if out.exists() and not out.is_dir():
+        fail(command, f"-o {out} exists as a file: give a folder path (the file is left as it is)")
+    resolved = out.resolve()
+    if resolved == Path(resolved.anchor):
+        fail(command, f"-o {out} is the file system's root: give a folder of its own, e.g. -o ./weights")
 
 
 def check_out_folder(command: str, out: Path, force: bool) -> None:

@@ -7,27 +7,19 @@ what there was to save — retry, the run resumes from its checkpoint; anything 
 from __future__ import annotations
 
 import argparse
-import errno
 import sys
 from pathlib import Path
 
+from kubetune_api.failures import answer, disk_full
+from kubetune_trainer.parent_watch import watch_launcher
 from kubetune_trainer.preemption import (CONFIG_ERROR_EXIT_CODE, DIVERGED_EXIT_CODE, RETRYABLE_EXIT_CODE, Preempted,
                                          StopRequest, is_lost_peer)
-
-# Out of room: the disk, the quota, or the process's file-size limit.
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-
-
-def disk_full(error: BaseException) -> bool:
-    """An OSError for lack of room, or a library's wrapper of one (safetensors says "(os error 28)")."""
-    if isinstance(error, OSError) and error.errno in DISK_FULL:
-        return True
-    return any(f"(os error {code})" in str(error) for code in DISK_FULL)
 
 
 def main(argv: list[str] | None = None) -> int:
     # First of all: a stop request while models load must end the process, not wait for SIGKILL.
     stop = StopRequest().install()
+    watch_launcher()  # and a launcher killed outright stops this process the same way (SIGTERM)
     parser = argparse.ArgumentParser(prog="python -m kubetune_trainer", description=__doc__)
     parser.add_argument("--config", required=True, type=Path, help="the TrainingJob manifest")
     parser.add_argument("--cache-only", action="store_true",
@@ -67,16 +59,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kubetune trainer: {stopped}", file=sys.stderr)
         return RETRYABLE_EXIT_CODE
     except Exception as err:
-        if disk_full(err):
-            where = getattr(err, "filename", None) or "a file"
-            print(f"kubetune trainer: cannot write {where}: no room left ({err}); free space on that disk, or point "
-                  "spec.checkpoints.uri (and KUBETUNE_STAGING_DIR for s3:// runs) at a larger one", file=sys.stderr)
-            return 1
-        if not is_lost_peer(err):
-            raise
-        print(f"kubetune trainer: another process of the job is gone ({err}); stopping so that the job can "
-              "restart from its last checkpoint", file=sys.stderr)
-        return RETRYABLE_EXIT_CODE
+        if is_lost_peer(err) and not disk_full(err):
+            print(f"kubetune trainer: another process of the job is gone ({err}); stopping so that the job can "
+                  "restart from its last checkpoint", file=sys.stderr)
+            return RETRYABLE_EXIT_CODE
+        found = answer(err)  # the one table the CLI answers from too (S3, files, memory, ...)
+        if found is None:
+            raise  # a bug: its traceback is what a report needs
+        print(f"kubetune trainer: {found.message}", file=sys.stderr)
+        return found.code
     finally:
         stop.uninstall()
     return 0

@@ -12,6 +12,8 @@ that the pod's grace period leaves room for. Here:
   * SIGTERM or SIGINT (Ctrl-C) is passed on to every worker, which take one last checkpoint together
     and exit 143; the launcher waits for them as long as they need (the kubelet's grace period
     is the limit, not ours);
+  * a launcher killed outright (SIGKILL) leaves no worker behind: each asks the kernel for
+    SIGTERM when its launcher dies (kubetune_trainer.parent_watch) and stops as above;
   * when a worker fails on its own, the others are asked to stop (SIGTERM, then SIGKILL after
     WORKER_STOP_SECONDS) and the node exits with the failure's code, so the restart policy
     sees why the node stopped (node_exit_code).
@@ -26,6 +28,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from kubetune_trainer.parent_watch import LAUNCHER_PID_VARIABLE
 from kubetune_trainer.preemption import CONFIG_ERROR_EXIT_CODE, RETRYABLE_EXIT_CODE
 
 log = logging.getLogger("kubetune.launcher")
@@ -107,7 +110,8 @@ class Launcher:
         previous = {sig: signal.signal(sig, self._on_stop_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             for local_rank in range(self.place.processes):
-                self.workers.append(subprocess.Popen(self.command, env=worker_env(self.env, self.place, local_rank)))
+                env = {**worker_env(self.env, self.place, local_rank), LAUNCHER_PID_VARIABLE: str(os.getpid())}
+                self.workers.append(subprocess.Popen(self.command, env=env))
             if self._stop_signal is not None:  # it came while the workers started: tell the late ones too
                 self._signal_running(self._stop_signal)
             self._supervise()

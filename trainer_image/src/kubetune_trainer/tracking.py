@@ -54,7 +54,8 @@ RETRY_SECONDS = 30.0                 # first pause after a failure; doubled up t
 MAX_RETRY_SECONDS = 300.0
 MAX_BUFFERED = 100_000               # metric values kept while the server is unreachable (the oldest go first)
 CLOSE_SECONDS = 900.0                # the most the end of a run waits for the last metrics and the weights
-CLOSE_SECONDS_UNREACHABLE = 30.0     # ... when the server did not answer the last attempt
+CLOSE_SECONDS_UNREACHABLE = 5.0      # ... while the server is silent: it failed the last attempt, or never
+                                     # answered at all (one that accepts connections and never replies)
 ABORT_SECONDS = 20.0                 # ... when the run failed or was stopped (within the pod's grace period)
 
 # MLflow's HTTP client retries a refused connection 7 times with growing pauses (minutes): the
@@ -198,11 +199,22 @@ class MlflowTracker:
             self._condition.notify()
         if not wait:
             return
-        if timeout is None:
-            timeout = CLOSE_SECONDS_UNREACHABLE if self._failing else CLOSE_SECONDS
-        if not self._done.wait(timeout):
-            log.info("MLflow: stopped waiting for %s after %.0f s; what was not sent yet is not logged", self.uri,
-                     timeout)
+        started = time.monotonic()
+        while not self._done.wait(0.1):
+            waited = time.monotonic() - started
+            # Silence is judged as the wait goes: a server that answers its first call late gets the
+            # long bound from then on, one that never answers is left after a few seconds.
+            limit = timeout if timeout is not None else (
+                CLOSE_SECONDS_UNREACHABLE if self._silent() else CLOSE_SECONDS)
+            if waited >= limit:
+                log.info("MLflow: stopped waiting for %s after %.0f s; what was not sent yet is not logged",
+                         self.uri, waited)
+                return
+
+    def _silent(self) -> bool:
+        """The server failed the last attempt, or has not answered the first call (the run's creation)
+        yet: no reason to believe the end of the run will reach it."""
+        return self._failing or self.run_id is None
 
     # --- the background thread ---
 

@@ -103,23 +103,47 @@ class PullFailed(RuntimeError):
     """A download that could not be verified (nothing of it is left in the target)."""
 
 
-def pull_checkpoint(entry: CheckpointEntry, target: Path) -> list[Path]:
+def pull_checkpoint(entry: CheckpointEntry, target: Path, force: bool = False) -> list[Path]:
     """Download one checkpoint, check every file against its manifest, then move it into target:
-    a pull that fails leaves nothing unverified behind."""
+    a pull that fails leaves nothing unverified behind, and replaces a file already in target only
+    with force."""
     tree = open_tree(entry.uri)
+    names = sorted(tree.files())
+    check_destinations(names, target, force)
     with _staging_beside(target) as staging:
-        tree.fetch(sorted(tree.files()), staging)
+        tree.fetch(names, staging)
         manifest, problem = checkpoints.verify(staging)
         if manifest is None:
             raise PullFailed(f"{entry.uri} did not arrive intact: {problem}")
-        return _move_into(staging, target)
+        return _move_into(staging, target, force)
 
 
-def pull_final(run: RunEntry, target: Path) -> list[Path]:
+def pull_final(run: RunEntry, target: Path, force: bool = False) -> list[Path]:
     """Download the final weights (the files at the run's root)."""
+    names = sorted(run.final_files)
+    check_destinations(names, target, force)
     with _staging_beside(target) as staging:
-        open_tree(run.uri).fetch(sorted(run.final_files), staging)
-        return _move_into(staging, target)
+        open_tree(run.uri).fetch(names, staging)
+        return _move_into(staging, target, force)
+
+
+def check_destinations(names: list[str], target: Path, force: bool) -> None:
+    """Before anything is downloaded: no file of the user's in target is replaced without force, and
+    nothing is written through a symbolic link inside target (a folder linked elsewhere would take
+    the files out of target; a linked file would be replaced, not its target written)."""
+    clashes = []
+    for name in names:
+        destination = target / name
+        for place in [*reversed(destination.relative_to(target).parents), Path(name)][1:]:
+            if (target / place).is_symlink():
+                raise PullFailed(f"{target / place} is a symbolic link: kubetune never writes through one; "
+                                 "remove it or pull into another folder")
+        if destination.exists():
+            clashes.append(name)
+    if clashes and not force:
+        more = f" and {len(clashes) - 1} more" if len(clashes) > 1 else ""
+        raise PullFailed(f"{target} already holds {clashes[0]}{more}: pass --force to replace them, or pull into "
+                         "another folder")
 
 
 @contextmanager
@@ -133,9 +157,11 @@ def _staging_beside(target: Path):
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _move_into(staging: Path, target: Path) -> list[Path]:
+def _move_into(staging: Path, target: Path, force: bool) -> list[Path]:
+    files = sorted(p for p in staging.rglob("*") if p.is_file())
+    check_destinations([str(f.relative_to(staging)) for f in files], target, force)  # again: as late as can be
     moved = []
-    for file in sorted(p for p in staging.rglob("*") if p.is_file()):
+    for file in files:
         destination = target / file.relative_to(staging)
         destination.parent.mkdir(parents=True, exist_ok=True)
         file.replace(destination)

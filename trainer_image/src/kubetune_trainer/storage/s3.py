@@ -51,6 +51,13 @@ def forget_clients() -> None:
 os.register_at_fork(after_in_child=forget_clients)
 
 
+def max_attempts() -> int:
+    """10 attempts (about 15 s against an endpoint that refuses), or AWS_MAX_ATTEMPTS as the AWS tools
+    read it: a shell that prefers a quick answer from a store that is down sets it lower."""
+    text = os.environ.get("AWS_MAX_ATTEMPTS", "")
+    return int(text) if text.isascii() and text.isdigit() and int(text) > 0 else 10
+
+
 @lru_cache(maxsize=8)
 def _client(endpoint: str | None, region: str | None, path_style_setting: str | None, access_key: str | None):
     """Adaptive retries ride out blips. The arguments only key the cache; boto3 reads the environment."""
@@ -61,7 +68,7 @@ def _client(endpoint: str | None, region: str | None, path_style_setting: str | 
     if path_style is None:  # self-hosted endpoints rarely have wildcard DNS for virtual hosts
         path_style = bool(os.environ.get("AWS_ENDPOINT_URL"))
     config = Config(
-        retries={"max_attempts": 10, "mode": "adaptive"},
+        retries={"max_attempts": max_attempts(), "mode": "adaptive"},
         s3={"addressing_style": "path" if path_style else "auto"},
         max_pool_connections=PARALLEL_FILES * 4,
     )
