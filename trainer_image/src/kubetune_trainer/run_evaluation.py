@@ -238,13 +238,16 @@ def clip_scorer(source: str | None, device: torch.device, named: str = "spec.val
 def score_generated(generated: list, samples: list, clip, described: dict) -> dict[str, bytes]:
     """The files of a generating family's evaluation: each generated image against its sample's own
     image (ssim; with a CLIP scorer clip_image) and against its prompt (clip_text)."""
-    from PIL import Image
-
     from kubetune_trainer.evaluation import ssim
+    from kubetune_trainer.image_input import to_rgb
+    from kubetune_trainer.storage.stream import open_image
 
     if len(generated) != len(samples):
         raise RuntimeError(f"generate_for returned {len(generated)} images for {len(samples)} samples")
-    references = [Image.open(reference_path(sample)).convert("RGB") for sample in samples]
+    references = []
+    for sample in samples:  # the sample's own image, by the rules its training read it with (image_input)
+        with open_image(reference_path(sample)) as image:
+            references.append(to_rgb(image))
     prompts = [prompt_of(sample) for sample in samples]
     scores = {"ssim": ssim(generated, references)}
     if clip is not None:
