@@ -75,7 +75,8 @@ def to_rgb(image: Image.Image) -> Image.Image:
         raise ImageRefused(f"has mode {image.mode}, which kubetune does not convert to RGB; save it as RGB "
                            "(PNG or JPEG)")
     image.load()
-    image = ImageOps.exif_transpose(image)
+    if image.getexif().get(ORIENTATION_TAG, 1) != 1:  # exif_transpose copies even an upright image
+        image = ImageOps.exif_transpose(image)
     if image.mode in SIXTEEN_BIT_GREY:
         image = _scaled(np.asarray(image, dtype=np.float64) * (255 / 65535))
     elif image.mode == "F":
