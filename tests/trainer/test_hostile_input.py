@@ -431,6 +431,14 @@ def test_a_hostile_file_is_refused_naming_it_before_anything_is_decoded(what, sp
         assert word in message, message
 
 
+def test_a_control_image_for_generate_is_bounded_from_its_header(tmp_path):
+    from kubetune_trainer.generation import GenerationError, Request, check_request
+
+    header_only_png(tmp_path / "strip.png", 1, 20_000_000)
+    with pytest.raises(GenerationError, match=r"--control .*strip.png: is 1x20000000 pixels, longer than 16 times"):
+        check_request("flux-kontext", Request(prompts=("make it blue",), controls=(tmp_path / "strip.png",)))
+
+
 def test_a_fifo_among_the_images_is_refused_by_the_trainer_not_waited_on(spoiled, tiny_sd15, tmp_path):
     manifest = family_job("sd15", "captions", tiny_sd15, spoiled(lambda root: fifo(root / "0002.png")),
                           tmp_path / "out")
