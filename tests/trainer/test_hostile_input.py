@@ -439,6 +439,27 @@ def test_a_control_image_for_generate_is_bounded_from_its_header(tmp_path):
         check_request("flux-kontext", Request(prompts=("make it blue",), controls=(tmp_path / "strip.png",)))
 
 
+def test_fifos_in_an_edit_pairs_set_are_named_not_waited_on(tmp_path):
+    """The layouts that list folders (edit pairs here; image folders read images the same way) meet a
+    FIFO by its suffix: an instruction .txt and a control image, each named."""
+    from kubetune_trainer.data.edit_pairs import read_edit_pairs
+    from kubetune_trainer.data.screening import Screen
+
+    data = write_tiny_data("edit-pairs", tmp_path / "pairs", count=6, size=32, seed=0)
+    fifo(data / "training_images" / "0002.txt")
+    fifo(data / "control_images" / "0004.jpg")
+    screen = Screen(skip_bad=True)
+    signal.alarm(60)  # opening a FIFO for reading would block: fail instead of hanging
+    try:
+        kept = screen.images(read_edit_pairs(data, screen))
+    finally:
+        signal.alarm(0)
+    assert len(kept) == 4
+    assert [problem.split(": ", 1)[1] for problem in screen.skipped] == [
+        "is a FIFO (named pipe), not a regular file: only regular files are read from a data set"] * 2
+    assert "0002.txt" in screen.skipped[0] and "0004.jpg" in screen.skipped[1]
+
+
 def test_a_fifo_among_the_images_is_refused_by_the_trainer_not_waited_on(spoiled, tiny_sd15, tmp_path):
     manifest = family_job("sd15", "captions", tiny_sd15, spoiled(lambda root: fifo(root / "0002.png")),
                           tmp_path / "out")
