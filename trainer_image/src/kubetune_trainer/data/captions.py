@@ -12,11 +12,11 @@ from pathlib import Path
 
 import torch
 
+from kubetune_trainer.data.data_files import data_file, not_text
 from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.data.keyed import KeyedDataset
 from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.errors import ConfigError
-from kubetune_trainer.data.data_files import data_file, not_text
 from kubetune_trainer.storage.confine import UnsafePath, confined
 from kubetune_trainer.storage.stream import NotARegularFile, regular_file
 

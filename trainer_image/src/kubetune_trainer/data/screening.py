@@ -44,9 +44,7 @@ def _checked(path: Path) -> tuple[str | None, tuple[int, int] | None]:
                 size = oriented_size(image)
                 to_rgb(image)  # the pixels as trained: a truncated file or a mode not converted fails here
                 return None, size
-    except ImageRefused as err:
-        return str(err), None
-    except NotARegularFile as err:
+    except (ImageRefused, NotARegularFile) as err:  # a size, a mode or a kind of file: the reason says which
         return str(err), None
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         return f"is larger than {Image.MAX_IMAGE_PIXELS} pixels (a decompression bomb?)", None
