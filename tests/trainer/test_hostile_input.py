@@ -634,3 +634,271 @@ def test_a_second_local_sweep_of_the_same_name_resumes_none_of_the_firsts_runs(t
     assert "holds the trial logs of an earlier sweep 'same' (same-0.log, ...)" in result.output
     assert "--force" in result.output and "--workdir" in result.output
     assert (tmp_path / "work" / "same-0.log").read_text() == "the first sweep's trial log"
+
+
+# --- images: every mode to RGB by one rule, bounded before decoding, only regular files ----------
+
+def saved(image: Image.Image, path: Path, **options) -> Path:
+    image.save(path, **options)
+    return path
+
+
+def grey16(path: Path) -> Path:
+    """A 16-bit grey PNG at 32896/65535 (mid grey): Pillow's own RGB conversion clips it to white."""
+    import numpy as np
+    return saved(Image.fromarray(np.full((8, 8), 32896, dtype=np.uint16)), path.with_suffix(".png"))
+
+
+def grey16_big_endian(path: Path) -> Path:
+    import numpy as np
+    return saved(Image.fromarray(np.full((8, 8), 16448, dtype=">u2")), path.with_suffix(".tif"))
+
+
+def grey32(path: Path) -> Path:
+    import numpy as np
+    return saved(Image.fromarray(np.full((8, 8), 65535, dtype=np.int32)), path.with_suffix(".tif"))
+
+
+def grey_float(path: Path) -> Path:
+    import numpy as np
+    return saved(Image.fromarray(np.full((8, 8), 0.25, dtype=np.float32)), path.with_suffix(".tif"))
+
+
+def palette_with_transparency(path: Path) -> Path:
+    image = Image.new("P", (8, 8), 0)
+    image.putpalette([0, 0, 255] * 256)  # every entry blue, entry 0 transparent
+    return saved(image, path.with_suffix(".png"), transparency=0)
+
+
+def palette_of(colour: tuple[int, int, int]) -> Image.Image:
+    image = Image.new("P", (8, 8), 0)
+    image.putpalette(list(colour) * 256)
+    return image
+
+
+def turned_by_exif(path: Path) -> Path:
+    """20x10 stored, left half red and right half blue, with EXIF orientation 6 (turn a quarter
+    clockwise to view): viewed it is 10x20, red on top."""
+    image = Image.new("RGB", (20, 10), (0, 0, 255))
+    image.paste((255, 0, 0), (0, 0, 10, 10))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    return saved(image, path.with_suffix(".png"), exif=exif.tobytes())
+
+
+# (what, how to write it, the RGB the trainer reads at its centre: the stated rule)
+IMAGE_MODES = [
+    ("16-bit grey (I;16) is scaled, not clipped", grey16, (128, 128, 128)),
+    ("16-bit big-endian grey (I;16B)", grey16_big_endian, (64, 64, 64)),
+    ("32-bit grey (I) is read as 16-bit", grey32, (255, 255, 255)),
+    ("float grey (F) is read as 0..1", grey_float, (64, 64, 64)),
+    ("transparent RGBA is white", lambda p: saved(Image.new("RGBA", (8, 8), (255, 0, 0, 0)), p.with_suffix(".png")),
+     (255, 255, 255)),
+    ("half-transparent black over white", lambda p: saved(Image.new("RGBA", (8, 8), (0, 0, 0, 128)),
+                                                          p.with_suffix(".png")), (127, 127, 127)),
+    ("grey with alpha (LA)", lambda p: saved(Image.new("LA", (8, 8), (0, 255)), p.with_suffix(".png")), (0, 0, 0)),
+    ("a palette with a transparent entry", palette_with_transparency, (255, 255, 255)),
+    ("a palette image", lambda p: saved(palette_of((0, 200, 0)), p.with_suffix(".png")), (0, 200, 0)),
+    ("CMYK (Pillow's formula, no ICC)", lambda p: saved(Image.new("CMYK", (8, 8), (0, 255, 0, 0)),
+                                                        p.with_suffix(".tif")), (255, 0, 255)),
+    ("1-bit", lambda p: saved(Image.new("1", (8, 8), 1), p.with_suffix(".png")), (255, 255, 255)),
+]
+
+
+@pytest.mark.parametrize("what,write,rgb", IMAGE_MODES, ids=[w for w, _, _ in IMAGE_MODES])
+def test_every_image_mode_is_read_by_its_stated_rule(what, write, rgb, tmp_path):
+    from kubetune_trainer.data.captions import CaptionedImage, CaptionsDataset
+    from kubetune_trainer.data.images import ImageTransform
+    from kubetune_trainer.data.screening import Screen
+
+    path = write(tmp_path / "image")
+    samples = Screen(skip_bad=False).images([CaptionedImage(path, "x")])  # screened as before training
+    dataset = CaptionsDataset(samples, ImageTransform(8), caption_dropout=0.0, seed=0)  # the loader every layout shares
+    pixels = dataset[0, 0]["pixel_values"]
+    read = tuple(round(float(v)) for v in (pixels[:, 4, 4] + 1) * 127.5)
+    assert all(abs(a - b) <= 1 for a, b in zip(read, rgb)), (what, read, rgb)
+
+
+def test_exif_orientation_is_applied_to_the_pixels_and_to_the_size_buckets_read(tmp_path):
+    from kubetune_trainer.data.captions import CaptionedImage, CaptionsDataset
+    from kubetune_trainer.data.images import ImageTransform
+    from kubetune_trainer.storage.stream import image_size
+
+    path = turned_by_exif(tmp_path / "turned")
+    assert image_size(path) == (10, 20), "buckets see the image as it is viewed: portrait"
+    dataset = CaptionsDataset([CaptionedImage(path, "x")], ImageTransform((10, 20)), 0.0, seed=0)
+    pixels = (dataset[0, 0]["pixel_values"] + 1) * 127.5
+    assert pixels.shape[1:] == (20, 10)
+    assert pixels[0, 2, 5] > 200 and pixels[2, 2, 5] < 50, "red on top"
+    assert pixels[2, 17, 5] > 200 and pixels[0, 17, 5] < 50, "blue below"
+
+
+def test_every_image_loader_reads_pixels_through_image_input():
+    """One rule for every loader: no data module converts an image to RGB by itself."""
+    sources = Path("trainer_image/src/kubetune_trainer/data").glob("*.py")
+    offenders = [p.name for p in sources if '.convert("RGB")' in p.read_text() or "Image.open(" in p.read_text()]
+    assert offenders == []
+
+
+def header_only_png(path: Path, width: int, height: int) -> None:
+    """A PNG whose header says width x height (what Image.open reads); its pixels are never reached."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(b"\0\0" * 4)) + chunk(b"IEND", b""))
+
+
+def fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+def metadata_linked_outside(root: Path) -> None:
+    outside = root.parent / "elsewhere.jsonl"
+    (root / "metadata.jsonl").rename(outside)
+    os.symlink(outside, root / "metadata.jsonl")
+
+
+# (what, how the 12-sample captions set is spoiled, words the refusal must hold): read and screened
+# in this process, as the trainer does before training (the trainer's exit 2 for these is the
+# table above's ConfigError path, run once for the FIFO in test_a_fifo_among_the_images_...)
+BAD_FILES = [
+    ("a 1x20,000,000 strip", lambda root: header_only_png(root / "0001.png", 1, 20_000_000),
+     ["0001.png", "1x20000000", "longer than 16 times its shorter side"]),
+    ("an image over the pixel limit", lambda root: header_only_png(root / "0001.png", 10_000, 9_000),
+     ["0001.png", "larger than 89478485 pixels"]),
+    ("a FIFO among the images", lambda root: fifo(root / "0002.png"), ["0002.png", "FIFO", "not a regular file"]),
+    ("a metadata.jsonl linked out of the data set", metadata_linked_outside,
+     ["metadata.jsonl", "leads outside", "symbolic link"]),
+    ("a caption holding a lone surrogate", lambda root: rewrite_line(root, 2, rb'{"file_name": "0001.png", '
+                                                                           rb'"text": "a \ud800 b"}'),
+     ["metadata.jsonl:2", "lone surrogate \\ud800"]),
+    ("an image mode not converted (LAB)", lambda root: saved(Image.new("LAB", (32, 32)), root / "0003.tif")
+     and rewrite_line(root, 4, b'{"file_name": "0003.tif", "text": "x"}'), ["0003.tif", "mode LAB"]),
+]
+
+
+@pytest.mark.parametrize("what,spoil,words", BAD_FILES, ids=[w for w, _, _ in BAD_FILES])
+def test_a_hostile_file_is_refused_naming_it_before_anything_is_decoded(what, spoil, words, spoiled):
+    from kubetune_trainer.data.captions import read_captions
+    from kubetune_trainer.data.screening import Screen
+    from kubetune_trainer.errors import ConfigError
+
+    root = spoiled(spoil)
+    signal.alarm(60)  # a FIFO opened for reading would block: fail instead of hanging
+    try:
+        with pytest.raises((ConfigError, FileNotFoundError)) as refused:
+            Screen(skip_bad=False).images(read_captions(root, Screen(skip_bad=False)))
+    finally:
+        signal.alarm(0)
+    message = str(refused.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message, message
+
+
+def test_a_control_image_for_generate_is_bounded_from_its_header(tmp_path):
+    from kubetune_trainer.generation import GenerationError, Request, check_request
+
+    header_only_png(tmp_path / "strip.png", 1, 20_000_000)
+    with pytest.raises(GenerationError, match=r"--control .*strip.png: is 1x20000000 pixels, longer than 16 times"):
+        check_request("flux-kontext", Request(prompts=("make it blue",), controls=(tmp_path / "strip.png",)))
+
+
+def test_fifos_in_an_edit_pairs_set_are_named_not_waited_on(tmp_path):
+    """The layouts that list folders (edit pairs here; image folders read images the same way) meet a
+    FIFO by its suffix: an instruction .txt and a control image, each named."""
+    from kubetune_trainer.data.edit_pairs import read_edit_pairs
+    from kubetune_trainer.data.screening import Screen
+
+    data = write_tiny_data("edit-pairs", tmp_path / "pairs", count=6, size=32, seed=0)
+    fifo(data / "training_images" / "0002.txt")
+    fifo(data / "control_images" / "0004.jpg")
+    screen = Screen(skip_bad=True)
+    signal.alarm(60)  # opening a FIFO for reading would block: fail instead of hanging
+    try:
+        kept = screen.images(read_edit_pairs(data, screen))
+    finally:
+        signal.alarm(0)
+    assert len(kept) == 4
+    assert [problem.split(": ", 1)[1] for problem in screen.skipped] == [
+        "is a FIFO (named pipe), not a regular file: only regular files are read from a data set"] * 2
+    assert "0002.txt" in screen.skipped[0] and "0004.jpg" in screen.skipped[1]
+
+
+def test_a_fifo_among_the_images_is_refused_by_the_trainer_not_waited_on(spoiled, tiny_sd15, tmp_path):
+    manifest = family_job("sd15", "captions", tiny_sd15, spoiled(lambda root: fifo(root / "0002.png")),
+                          tmp_path / "out")
+    result = subprocess.run(trainer_command(write_manifest(manifest, tmp_path)), env=trainer_env(),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "0002.png is a FIFO (named pipe), not a regular file" in result.stderr, result.stderr[-3000:]
+    assert no_traceback(result.stderr) and not (tmp_path / "out").exists()
+
+
+# --- broken model folders: named by file and key, bounded before anything is built --------------
+
+def config_copy(model: Path, tmp_path: Path) -> Path:
+    """The tiny model's config files only (what kubetune plan reads)."""
+    import shutil
+
+    return Path(shutil.copytree(model, tmp_path / "model", ignore=shutil.ignore_patterns("*.safetensors", "*.bin")))
+
+
+def set_key(file: Path, key: str, value) -> None:
+    config = json.loads(file.read_text())
+    config[key] = value
+    file.write_text(json.dumps(config))
+
+
+BROKEN_MODELS = [
+    ("a config that is not JSON", lambda m: (m / "unet/config.json").write_text("{not json"),
+     ["unet/config.json", "is not JSON"]),
+    ("a config that is a list", lambda m: (m / "text_encoder/config.json").write_text("[1, 2]"),
+     ["text_encoder/config.json", "holds a JSON list"]),
+    ("a negative size", lambda m: set_key(m / "text_encoder/config.json", "hidden_size", -8),
+     ["text_encoder/config.json", "hidden_size is -8", "at least 1"]),
+    ("a zero size", lambda m: set_key(m / "unet/config.json", "in_channels", 0),
+     ["unet/config.json", "in_channels is 0"]),
+    ("an absurd layer count", lambda m: set_key(m / "text_encoder/config.json", "num_hidden_layers", 10**8),
+     ["text_encoder/config.json", "num_hidden_layers is 100000000", "0 to 1024"]),
+    ("a file instead of the folder", lambda m: None, ["spec.model.pretrained", "is a file, not a model folder"]),
+]
+
+
+def broken_model(what, breaks, tiny_sd15, tmp_path) -> Path:
+    if what == "a file instead of the folder":
+        (tmp_path / "model.json").write_text("{}")
+        return tmp_path / "model.json"
+    model = config_copy(tiny_sd15, tmp_path)
+    breaks(model)
+    return model
+
+
+@pytest.mark.parametrize("what,breaks,words", BROKEN_MODELS, ids=[w for w, _, _ in BROKEN_MODELS])
+def test_kubetune_plan_names_a_broken_model_folder_by_file_and_key(what, breaks, words, tiny_job, tiny_sd15, tmp_path):
+    manifest = tiny_job()
+    manifest["spec"]["model"]["pretrained"] = str(broken_model(what, breaks, tiny_sd15, tmp_path))
+    result = kubetune("plan", "-f", str(write_manifest(manifest, tmp_path)))
+    assert result.exit_code == 2, result.output
+    for word in words:
+        assert word in result.output, result.output
+    assert isinstance(result.exception, SystemExit), result.exception
+
+
+def test_the_trainer_names_a_broken_model_folder_before_loading_it(tiny_job, tiny_sd15, tmp_path):
+    """The trainer (and `kubetune train`, which runs it) checks the folder with plan's function
+    (model_folder): one case here, every case through plan above."""
+    what, breaks, words = next(row for row in BROKEN_MODELS if row[0] == "an absurd layer count")
+    manifest = tiny_job()
+    manifest["spec"]["model"]["pretrained"] = str(broken_model(what, breaks, tiny_sd15, tmp_path))
+    result = subprocess.run(trainer_command(write_manifest(manifest, tmp_path)), env=trainer_env(),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    for word in words:
+        assert word in result.stderr, result.stderr[-3000:]
+    assert no_traceback(result.stderr)

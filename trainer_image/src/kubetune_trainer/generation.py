@@ -104,12 +104,17 @@ def check_request(family: str, request: Request) -> None:
 def check_image(path: Path) -> None:
     from PIL import Image, UnidentifiedImageError
 
+    from kubetune_trainer.image_input import ImageRefused, check_bounds
+
     if not path.is_file():
-        raise GenerationError(f"--control {path}: no such file")
+        raise GenerationError(f"--control {path}: no such file (or not a regular file)")
     try:
         with Image.open(path) as image:
+            check_bounds(image.size)  # from the header: the loader then decodes it by image_input's rules
             image.verify()
-    except (UnidentifiedImageError, OSError, SyntaxError) as err:
+    except ImageRefused as err:
+        raise GenerationError(f"--control {path}: {err}") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError) as err:
         raise GenerationError(f"--control {path}: not a readable image ({err})") from None
 
 

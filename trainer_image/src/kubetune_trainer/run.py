@@ -127,6 +127,19 @@ def check_local_inputs(spec: TrainingJobSpec) -> None:
             raise ConfigError(f"{field}: {uri} does not exist (a local path; a hub id reads org/name)")
 
 
+def check_model_folder(spec: TrainingJobSpec) -> None:
+    """A local spec.model.pretrained's config files, checked before the family loads them (model_folder)."""
+    from kubetune_trainer.families import definition_for
+    from kubetune_trainer.model_folder import check_configs, model_folder
+
+    uri = spec.model.pretrained
+    if not looks_local(uri):
+        return
+    root = model_folder(uri, "spec.model.pretrained")
+    subfolders = {component.subfolder for component in definition_for(spec.model.family).architecture.values()}
+    check_configs(root, sorted(subfolders))
+
+
 def images_of(dataset, keys: list) -> list[Path]:
     """The image files of a batch's samples (keys (epoch, index) into a keyed data set)."""
     return [path for _, index in keys for path in image_paths(dataset.samples[index])]
@@ -185,6 +198,7 @@ class Run:
         with self.accelerator.local_main_process_first():
             self.spec = with_local_inputs(self.spec)
         check_local_inputs(self.spec)
+        check_model_folder(self.spec)
         dtype = WEIGHT_DTYPES[self.spec.training.mixed_precision]
         log.info("loading %s from %s (%d process(es), %d CPU thread(s) each)", self.spec.model.family,
                  self.spec.model.pretrained, self.world_size, torch.get_num_threads())

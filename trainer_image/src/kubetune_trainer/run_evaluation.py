@@ -250,17 +250,15 @@ def score_generated(generated: list, samples: list, clip, described: dict, fps: 
     prompts = [prompt_of(sample) for sample in samples]
     if generated and isinstance(generated[0], Clip):
         return _scored_clips(generated, samples, prompts, clip, described, fps)
-    from PIL import Image
-
     from kubetune_trainer.evaluation import ssim
 
-    references = [Image.open(reference_path(sample)).convert("RGB") for sample in samples]
+    references = [_read_rgb(reference_path(sample)) for sample in samples]
     scores = {"ssim": ssim(generated, references)}
     if clip is not None:
         scores["clip_image"] = clip.image_similarity(generated, references)
         scores["clip_text"] = clip.text_similarity(generated, prompts)
         if all(isinstance(sample, EditPair) for sample in samples):
-            controls = [Image.open(sample.controls[0]).convert("RGB") for sample in samples]
+            controls = [_read_rgb(sample.controls[0]) for sample in samples]
             scores["clip_directional"] = clip.directional_similarity(controls, generated, prompts)
     images = {f"images/{i:04d}.png": _png_image(image) for i, image in enumerate(generated)}
     rows = [[f"images/{i:04d}.png", str(reference_path(sample)), prompts[i],
@@ -268,6 +266,15 @@ def score_generated(generated: list, samples: list, clip, described: dict, fps: 
     metrics = {**{metric: found.mean for metric, found in scores.items()}, "samples": len(samples), **described}
     return {**images, "scores.csv": _csv(["image", "reference", "prompt", *scores], rows),
             "metrics.json": _json(metrics)}
+
+
+def _read_rgb(path):
+    """A sample's image by the rules its training read it with (image_input)."""
+    from kubetune_trainer.image_input import to_rgb
+    from kubetune_trainer.storage.stream import open_image
+
+    with open_image(path) as image:
+        return to_rgb(image)
 
 
 def _scored_clips(generated: list, samples: list, prompts: list[str], clip, described: dict,

@@ -12,11 +12,13 @@ from pathlib import Path
 
 import torch
 
+from kubetune_trainer.data.data_files import data_file, not_text
 from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.data.keyed import KeyedDataset
 from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.storage.confine import UnsafePath, confined
+from kubetune_trainer.storage.stream import NotARegularFile, regular_file
 
 
 @dataclass(frozen=True)
@@ -34,10 +36,10 @@ def read_captions(root: Path, screen: Screen, image_column: str = "file_name",
     """Read metadata.jsonl; name the file and line of anything wrong (or skip it: screen). A file is
     looked for beside metadata.jsonl, then in `folder` (the video-captions layout reads clips the same
     way, from videos/)."""
-    metadata = root / "metadata.jsonl"
     keys = f'{{"{image_column}": ..., "{caption_column}": ...}}'
     what = "images" if folder == IMAGES_FOLDER else "files"
-    if not metadata.is_file():
+    metadata = data_file(root, "metadata.jsonl")
+    if metadata is None:
         raise FileNotFoundError(
             f"spec.data.uri: {root} has no metadata.jsonl; the {layout} layout needs {what} plus "
             f"metadata.jsonl lines of {keys}"
@@ -66,8 +68,14 @@ def read_captions(root: Path, screen: Screen, image_column: str = "file_name",
             screen.reject(where, f"{image_column} and {caption_column} must be strings (got "
                                  f"{type(file_name).__name__}, {type(caption).__name__})")
             continue
+        if problem := not_text(caption, caption_column) or not_text(file_name, image_column):
+            screen.reject(where, problem)
+            continue
         try:
             path = _image_path(root, file_name, image_column, folder)
+        except NotARegularFile as err:
+            screen.reject(where, f"{file_name} {err}")
+            continue
         except UnsafePath as err:
             screen.reject(where, str(err))
             continue
@@ -83,10 +91,12 @@ def read_captions(root: Path, screen: Screen, image_column: str = "file_name",
 def _image_path(root: Path, file_name: str, field: str, folder: str = IMAGES_FOLDER) -> Path | None:
     """The file `file_name` names: beside metadata.jsonl, else in its `folder` (None: neither)."""
     path = confined(root, file_name, field)
-    if path.is_file():
-        return path
-    beside = confined(root, f"{folder}/{file_name}", field)  # confined to root: the folder may be a link
-    return beside if beside.is_file() else None
+    if not path.exists():
+        path = confined(root, f"{folder}/{file_name}", field)  # confined to root: the folder may be a link
+    if not path.exists():
+        return None
+    regular_file(path)  # a FIFO or a device is named (reading it would block or never end)
+    return path
 
 
 class CaptionsDataset(KeyedDataset):

@@ -19,6 +19,7 @@ from kubetune_trainer.data.keyed import KeyedDataset
 from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.storage.confine import UnsafePath, inside
+from kubetune_trainer.storage.stream import NotARegularFile, regular_file
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 NUMBERED = re.compile(r"(.+)_(\d+)")  # NAME_0, NAME_1, ...: one of a sample's several control images
@@ -62,7 +63,10 @@ def read_edit_pairs(root: Path, screen: Screen, max_references: int = 1, family:
         try:
             for path in (target, prompt, *references):
                 inside(root, path, "data file")
-            instruction = prompt.read_bytes().decode("utf-8").strip()
+            instruction = regular_file(prompt).read_bytes().decode("utf-8").strip()
+        except NotARegularFile as err:
+            screen.reject(str(prompt), str(err))
+            continue
         except FileNotFoundError:
             screen.reject(str(target), f"no instruction {prompt.name} next to it")
             continue

@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
+from PIL import Image
 
 from kubetune_trainer.data.buckets import assign_buckets, buckets_of_sizes
 from kubetune_trainer.data.images import Crop, ImageTransform
 from kubetune_trainer.errors import ConfigError
-from kubetune_trainer.storage.stream import describe, open_image
+from kubetune_trainer.image_input import ImageRefused, to_rgb
+from kubetune_trainer.storage.stream import NotARegularFile, describe, open_image
 
 Sample = TypeVar("Sample")
 
@@ -75,8 +77,10 @@ class KeyedDataset(torch.utils.data.Dataset):
         crop_rng = random.Random(f"{self.seed}:crop:{index}") if self.transform.crop_per_sample else None
         try:
             with open_image(path) as image:
-                pixels = image.convert("RGB")  # decodes: a broken file fails here
-        except (OSError, SyntaxError, ValueError) as err:  # screened before training unless streamed
+                pixels = to_rgb(image)  # bounds, orientation, mode rules; decodes: a broken file fails here
+        except (ImageRefused, NotARegularFile) as err:
+            raise ConfigError(f"{describe(path)}: {err}; fix or remove it") from None
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:  # screened before training unless streamed
             raise ConfigError(f"{describe(path)}: cannot be read as an image ({type(err).__name__}: {err}); streamed images "
                               "are checked as training reaches them: fix or remove it (with "
                               "spec.data.streaming.enabled false every image is checked before training, "

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from kubetune_trainer.data.data_files import data_file, not_text
 from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.data.keyed import KeyedDataset
 from kubetune_trainer.data.screening import Screen
@@ -34,6 +35,9 @@ class UserSample:
 def _strings(value, what: str) -> None:
     if not (isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))):
         raise TypeError(f"{what} must be text")
+    for text in [value] if isinstance(value, str) else value:
+        if problem := not_text(text, what):
+            raise TypeError(problem)
 
 
 def parse_record(record, root: Path) -> UserSample:
@@ -60,8 +64,8 @@ def parse_record(record, root: Path) -> UserSample:
 
 
 def read_pmg(root: Path, screen: Screen, file_name: str = "data.json") -> list[UserSample]:
-    path = root / file_name
-    if not path.is_file():
+    path = data_file(root, file_name)
+    if path is None:
         raise FileNotFoundError(f"spec.data.uri: {root} has no {file_name} (spec.pmg.trainJson / valJson); the pmg "
                                 f"layout needs a JSON list of {FORMS}")
     try:

@@ -19,7 +19,8 @@ from pathlib import Path
 from PIL import Image
 
 from kubetune_trainer.errors import ConfigError
-from kubetune_trainer.storage.stream import describe, open_image
+from kubetune_trainer.image_input import ImageRefused, check_bounds, oriented_size, to_rgb
+from kubetune_trainer.storage.stream import NotARegularFile, describe, open_image
 
 CHECK_THREADS = 4  # decoding releases the GIL: a few threads keep the disk and the cores busy
 # One file's check: (why it cannot be trained on or None, its (width, height) when it can).
@@ -32,15 +33,19 @@ def image_problem(path: Path) -> str | None:
 
 
 def _checked(path: Path) -> tuple[str | None, tuple[int, int] | None]:
-    """(why the image cannot be trained on or None, its (width, height) when it can)."""
+    """(why the image cannot be trained on or None, its (width, height) as trained, oriented)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with open_image(path) as image:  # a loose file, or an image inside a parquet file or shard
+                check_bounds(image.size)  # from the header, before anything is decoded
                 image.verify()  # the container: chunks, checksums
             with open_image(path) as image:
-                image.load()  # the pixels: a truncated file fails here
-                return None, image.size
+                size = oriented_size(image)
+                to_rgb(image)  # the pixels as trained: a truncated file or a mode not converted fails here
+                return None, size
+    except (ImageRefused, NotARegularFile) as err:  # a size, a mode or a kind of file: the reason says which
+        return str(err), None
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         return f"is larger than {Image.MAX_IMAGE_PIXELS} pixels (a decompression bomb?)", None
     except (OSError, SyntaxError, ValueError, Image.UnidentifiedImageError) as err:

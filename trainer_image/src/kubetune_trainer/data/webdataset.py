@@ -19,6 +19,7 @@ import json
 import tarfile
 from pathlib import Path
 
+from kubetune_trainer.data.data_files import not_text
 from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.data.stored import Columns, Stored, read_containers
 from kubetune_trainer.errors import ConfigError
@@ -143,6 +144,8 @@ def _json_field(key: str, texts: dict, column: str, kind: str):
     if not isinstance(record, dict) or column not in record:
         keys = ", ".join(map(repr, record)) if isinstance(record, dict) else "none"
         raise ValueError(f"{key}.json has no {kind} field {column!r} (spec.data.{kind}Column; it has {keys})")
+    if isinstance(record[column], str) and (problem := not_text(record[column], column)):
+        raise ValueError(f"{key}.json: {problem}")
     return record[column]
 
 

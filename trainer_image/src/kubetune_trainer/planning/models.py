@@ -8,7 +8,6 @@ parameter counts and dtypes are the trainer's.
 """
 from __future__ import annotations
 
-import json
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import torch
 from kubetune_api.spec import TrainingJobSpec
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.families import definition_for
+from kubetune_trainer.model_folder import model_folder, read_model_config
 from kubetune_trainer.reference_models import Component
 
 DTYPES = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -48,7 +48,7 @@ def local_folder(spec: TrainingJobSpec, uri: str, field: str) -> Path:
     if "://" in uri:
         raise ConfigError(f"{field}: {uri} is not a local folder; {CONFIG_HINT.format(family=spec.model.family)}, "
                           "or copy only its *.json files here and point the manifest at them (--set)")
-    path = Path(uri)
+    path = model_folder(uri, field)
     if not path.is_dir():
         raise ConfigError(f"{field}: {uri} is not a local folder (a model-hub id cannot be read here); "
                           + CONFIG_HINT.format(family=spec.model.family))
@@ -59,7 +59,7 @@ def read_config(spec: TrainingJobSpec, folder: Path, field: str) -> dict:
     file = folder / "config.json"
     if not file.is_file():
         raise ConfigError(f"{field}: {file} is missing; " + CONFIG_HINT.format(family=spec.model.family))
-    return json.loads(file.read_text())
+    return read_model_config(file)  # bounded before anything is built from it
 
 
 def build_component(component: Component, folder: Path, config: dict, auto_class: str | None = None

@@ -219,7 +219,7 @@ def read_bytes(path: Path) -> bytes:
     its container, storage.members)."""
     found = _stream_of(Path(path))
     if found is None:
-        return Path(path).read_bytes()
+        return regular_file(Path(path)).read_bytes()
     return found[0].read(Path(path), found[1])
 
 
@@ -228,12 +228,31 @@ def in_place(path: Path) -> bool:
     return _stream_of(Path(path)) is None
 
 
+class NotARegularFile(OSError):
+    """A data-set path that is a FIFO, a socket or a device: reading it would block or never end."""
+
+
+def regular_file(path: Path) -> Path:
+    """PATH, unless it is not a regular file: opening a FIFO among the images blocks the loader
+    for ever (and a device never ends), so such a path is refused naming what it is."""
+    import stat
+
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "not a regular file")
+        raise NotARegularFile(f"is {kind}, not a regular file: only regular files are read from a data set")
+    return path
+
+
 def open_image(path: Path):
-    """PATH as a PIL image, its bytes fetched first when it is a streamed placeholder."""
+    """PATH as a PIL image (its header read, its pixels not decoded yet), its bytes fetched first
+    when it is a streamed placeholder. Only a regular file is opened (see regular_file)."""
     from PIL import Image
 
     if _stream_of(Path(path)) is None:
-        return Image.open(path)
+        return Image.open(regular_file(path))
     return Image.open(io.BytesIO(read_bytes(path)))
 
 
@@ -330,23 +349,27 @@ def size_from_header(head, whole) -> tuple[int, int]:
     else, with no head or a size further in, from whole() (all its bytes)."""
     from PIL import Image
 
+    from kubetune_trainer.image_input import oriented_size
+
     if head is not None:
         try:
             with Image.open(io.BytesIO(head())) as image:
-                return image.size
+                return oriented_size(image)
         except (OSError, SyntaxError, ValueError):
             pass  # the size is further in: read the whole image
     with Image.open(io.BytesIO(whole())) as image:
-        return image.size
+        return oriented_size(image)
 
 
 def image_size(path: Path) -> tuple[int, int]:
     """(width, height) of an image, of a streamed one from as few bytes as its source allows."""
+    from kubetune_trainer.image_input import oriented_size
+
     found = _stream_of(Path(path))
     if found is not None:
         return found[0].image_size(Path(path), found[1])
     with open_image(path) as image:
-        return image.size
+        return oriented_size(image)
 
 
 class Prefetcher:
