@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Literal, Optional, Union, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from kubetune_api.contract import API_GROUP, API_VERSION, CLIP_METRICS, KIND  # noqa: F401  (the contract names the API)
@@ -159,6 +159,34 @@ class ModelSpec(_Model):
         "low-noise, or both (each sample goes to the expert of its noise level). Unset: every expert the model "
         "has. A one-expert model refuses it.",
     )
+    revision: Optional[str] = Field(
+        default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$",
+        description="For a model-hub id in pretrained: the tag, branch or commit to train from (unset: main). A "
+        "branch is resolved to its commit at the run's first start and recorded in the run, so every node and every "
+        "restart reads the same files.",
+    )
+    hub_token_secret: Optional[str] = Field(
+        default=None, min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="A Secret in the job's namespace whose key HF_TOKEN is the model hub's access token, for gated "
+        "or private hub models (pretrained, vae, spec.validation.clipModel). It reaches only the process that "
+        "downloads, as a secretKeyRef: never the ConfigMap, an argument, a log or the status.",
+    )
+    mirror_uri: Optional[StorageUri] = Field(
+        default=None,
+        description="An s3:// prefix where hub models are mirrored: the first pod that needs a (model, commit) "
+        "downloads it once from the hub into <mirrorUri>/hub/<org>/<name>/<commit>/, every other pod, job and "
+        "restart reads it from there. Unset: the operator's models.mirrorUri; unset there too, each pod downloads.",
+        json_schema_extra={"x-kubernetes-validations": [{
+            "rule": "self.startsWith('s3://')", "message": "mirrorUri is an s3:// prefix (s3://bucket/prefix)"}]},
+    )
+
+    @field_validator("mirror_uri")
+    @classmethod
+    def _mirror_on_s3(cls, value: Optional[str]) -> Optional[str]:
+        # Every pod of every job must reach the mirror: a local path is one node's disk.
+        if value is not None and not value.startswith("s3://"):
+            raise ValueError("mirrorUri is an s3:// prefix (s3://bucket/prefix): every pod must reach it")
+        return value
 
 
 
