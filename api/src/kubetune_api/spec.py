@@ -177,7 +177,8 @@ class ModelSpec(_Model):
         "downloads it once from the hub into <mirrorUri>/hub/<org>/<name>/<commit>/, every other pod, job and "
         "restart reads it from there. Unset: the operator's models.mirrorUri; unset there too, each pod downloads.",
         json_schema_extra={"x-kubernetes-validations": [{
-            "rule": "self.startsWith('s3://')", "message": "mirrorUri is an s3:// prefix (s3://bucket/prefix)"}]},
+            "rule": f"self.startsWith('s3://') && ({_STORAGE_URI_RULE})",
+            "message": f"mirrorUri is an s3:// prefix: s3://bucket/prefix ({_STORAGE_URI_FORMS})"}]},
     )
 
     @field_validator("mirror_uri")
