@@ -16,7 +16,7 @@ from kubetune_api.hub import HubInput
 from kubetune_api.spec import TrainingJob
 from kubetune_dev.hub_standin import HubStandIn
 from kubetune_trainer import hub_stage
-from kubetune_trainer.errors import ConfigError
+from kubetune_trainer.errors import ConfigError, InputsInFlux
 from kubetune_trainer.storage import hub, s3
 from kubetune_trainer.storage.uri import parse_s3
 from kubetune_trainer.tiny_models import write_tiny_model
@@ -105,6 +105,14 @@ def test_a_missing_revision_is_named(stand_in):
     item = HubInput("spec.model.pretrained", "org/tiny", "v9", "spec.model.revision")
     with pytest.raises(ConfigError, match=r"^spec.model.revision: revision 'v9' not found in org/tiny"):
         hub.resolve_commit(item, None)
+
+
+def test_a_hub_out_of_reach_is_one_retryable_line(monkeypatch):
+    from kubetune_api.ports import free_listen_port
+
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_listen_port()}")  # nothing listens there
+    with pytest.raises(InputsInFlux, match=r"^spec.model.pretrained: cannot reach the hub at http://127.0.0.1:\d+ "):
+        hub.resolve_commit(HubInput("spec.model.pretrained", "org/tiny", "main"), None)
 
 
 def job_of(manifest: dict, bucket: str) -> TrainingJob:

@@ -38,7 +38,7 @@ def mirror(model_id: str, revision: str, to: str) -> None:
 
     from kubetune_api.hub import HubInput, looks_like_hub_id
     from kubetune_api.spec import check_storage_uri
-    from kubetune_trainer.errors import ConfigError
+    from kubetune_trainer.errors import ConfigError, InputsInFlux
     from kubetune_trainer.storage import hub
 
     if not looks_like_hub_id(model_id):
@@ -57,6 +57,9 @@ def mirror(model_id: str, revision: str, to: str) -> None:
             uri = hub.mirror(item, commit, to, os.environ.get("HF_TOKEN") or None, Path(staging), hint)
     except ConfigError as err:
         fail(str(err))
+    except InputsInFlux as err:  # the hub out of reach
+        click.echo(f"kubetune models: {err}", err=True)
+        sys.exit(1)
     except Exception as err:  # S3 or network trouble: one line, not a traceback
         from botocore.exceptions import BotoCoreError, ClientError
 

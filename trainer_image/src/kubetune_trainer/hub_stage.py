@@ -23,7 +23,8 @@ from pathlib import Path
 from kubetune_api import layout
 from kubetune_api.contract import HUB_TOKEN_ENV, MODELS_MIRROR_ENV
 from kubetune_api.hub import HubInput, hub_inputs
-from kubetune_trainer.errors import ConfigError
+from kubetune_trainer.errors import ConfigError, InputsInFlux
+from kubetune_trainer.preemption import CONFIG_ERROR_EXIT_CODE, RETRYABLE_EXIT_CODE
 from kubetune_trainer.run_directory import run_id_from_env
 from kubetune_trainer.storage import hub, s3
 from kubetune_trainer.storage.inputs import cache_root
@@ -136,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
         placed = place_hub_models(job, token=os.environ.get(HUB_TOKEN_ENV) or None, token_hint=hub.JOB_TOKEN_HINT)
     except ConfigError as err:
         print(f"kubetune models: {err}", file=sys.stderr)
-        return 2
+        return CONFIG_ERROR_EXIT_CODE
+    except InputsInFlux as err:
+        print(f"kubetune models: {err}", file=sys.stderr)
+        return RETRYABLE_EXIT_CODE
     placements = placements_file(run_id_from_env())
     if placements is not None:
         placements.parent.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from kubetune_api.hub import HubInput
-from kubetune_trainer.errors import ConfigError
+from kubetune_trainer.errors import ConfigError, InputsInFlux
 from kubetune_trainer.storage import s3
 from kubetune_trainer.storage.uri import parse_s3
 
@@ -78,8 +78,14 @@ def refusal(err: Exception, item: HubInput, token: str | None, token_hint: str) 
 
 def resolve_commit(item: HubInput, token: str | None, token_hint: str = JOB_TOKEN_HINT) -> str:
     """The commit a tag, branch or commit of the model names now (asked of the hub)."""
+    import httpx2
+
     try:
         sha = _api().model_info(item.repo_id, revision=item.revision, token=token).sha
+    except (httpx2.ConnectError, httpx2.TimeoutException) as err:
+        # Not the spec's fault, and perhaps passing: a pod restarts and asks again.
+        raise InputsInFlux(f"{item.field}: cannot reach the hub at {endpoint()} for {item.repo_id} ({err}); "
+                           "check the network (or HF_ENDPOINT / the chart's models.hubEndpoint)") from None
     except Exception as err:
         refused = refusal(err, item, token, token_hint)
         if refused is None:
