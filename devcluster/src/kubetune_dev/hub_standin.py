@@ -43,7 +43,9 @@ class HubStandIn:
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="hub-stand-in", daemon=True)
+        # A short poll: stop() returns within it (tests start and stop one per test).
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="hub-stand-in", daemon=True)
 
     @property
     def endpoint(self) -> str:

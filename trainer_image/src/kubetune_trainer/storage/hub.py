@@ -124,9 +124,13 @@ def mirror(item: HubInput, commit: str, mirror: str, token: str | None, staging:
         if s3.write_text_if_absent(lock, json.dumps({"host": os.uname().nodename, "pid": os.getpid()})):
             try:
                 with _Heartbeat(lock):
-                    _download(item, commit, token, staging, location, token_hint)
+                    files = _download(item, commit, token, staging, location, token_hint)
             finally:
                 s3.delete_object(lock)
+            # The marker last, after the lock is gone: a mirror's readers copy the whole prefix, and
+            # every node must find the same files in it.
+            s3.write_text(location.child(MARKER), json.dumps({"repo": item.repo_id, "commit": commit, "files": files}))
+            log.info("%s@%s: mirrored %d files to %s", item.repo_id, commit, len(files), uri)
             break
         if not announced:
             log.info("%s@%s: another pod is mirroring it to %s; waiting", item.repo_id, commit, uri)
@@ -140,7 +144,8 @@ def mirror(item: HubInput, commit: str, mirror: str, token: str | None, staging:
     return uri
 
 
-def _download(item: HubInput, commit: str, token: str | None, staging: Path, location, token_hint: str) -> None:
+def _download(item: HubInput, commit: str, token: str | None, staging: Path, location,
+              token_hint: str) -> dict[str, int]:
     """Hub -> S3 one file at a time; files a dead holder already mirrored whole are kept."""
     from huggingface_hub import hf_hub_download
 
@@ -164,8 +169,7 @@ def _download(item: HubInput, commit: str, token: str | None, staging: Path, loc
         raise refused from None
     finally:
         shutil.rmtree(staging / commit, ignore_errors=True)
-    s3.write_text(location.child(MARKER), json.dumps({"repo": item.repo_id, "commit": commit, "files": files}))
-    log.info("%s@%s: mirrored %d files to %s", item.repo_id, commit, len(files), location.uri)
+    return files
 
 
 def download_local(item: HubInput, commit: str, token: str | None, token_hint: str = JOB_TOKEN_HINT) -> str:
