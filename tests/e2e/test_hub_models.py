@@ -76,3 +76,24 @@ def test_a_2_node_job_restarted_twice_downloads_each_file_from_the_hub_stand_in_
                                       f"{final['metadata']['uid']}.json")["Body"].read())
     assert record["spec.model.pretrained"]["commit"] == commit
     assert all(TOKEN not in log for log in logs), "the token is never logged"
+
+
+@pytest.mark.parametrize("backend", ["pytorchjob"], indirect=True)
+def test_a_gated_model_without_its_token_fails_in_one_line(
+        control_plane, api_client, core, backend, mirror_release, job_namespace, inputs_in_s3, hub):
+    name = "hub-gated"
+    manifest = example_job(inputs_in_s3, name, f"runs/{name}")
+    manifest["spec"]["model"].update(pretrained=MODEL)  # no hubTokenSecret
+    pods = PodHistory(core, job_namespace, backend)
+    try:
+        kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(manifest))
+        final = wait_until_finished(api_client, job_namespace, name)
+        log = trainer_logs(control_plane, job_namespace, name, 0, pods)[-1]
+    finally:
+        pods.stop()
+    assert final["status"]["phase"] == "Failed", final["status"]
+    assert pods.exit_codes(name, 0)[-1] == {2}, "bad input: exit 2, not retried"
+    refusal = [line for line in log.splitlines() if "is gated or private" in line]
+    assert len(refusal) == 1 and "Traceback" not in log, log[-3000:]
+    assert refusal[0].startswith(f"kubetune models: spec.model.pretrained: {MODEL} is gated or private")
+    assert "(401) without a token" in refusal[0] and "spec.model.hubTokenSecret" in refusal[0]
