@@ -81,7 +81,7 @@ def test_concurrent_downloaders_download_each_file_once(stand_in, tiny_model, bu
 def test_a_dead_downloaders_lock_is_taken_over(stand_in, bucket, tmp_path, monkeypatch):
     item = HubInput("spec.model.pretrained", "org/tiny", "main")
     commit = hub.resolve_commit(item, None)
-    lock = parse_s3(hub.mirror_uri_of(f"s3://{bucket}/m", "org/tiny", commit)).child(hub.LOCK)
+    lock = hub.lock_of(f"s3://{bucket}/m", "org/tiny", commit)
     s3.write_text(lock, "a pod that died")
     monkeypatch.setenv("KUBETUNE_HUB_LOCK_STALE_SECONDS", "1")
     time.sleep(2.1)  # S3 times are whole seconds

@@ -5,7 +5,7 @@ by every pod with the s3:// path every other model takes (storage.inputs.local_c
 size-and-time check). Its marker object MARKER is written last: a prefix without it is not a
 mirror yet.
 
-One downloader among all pods and jobs: a lock object LOCK beside the files, created with a
+One downloader among all pods and jobs: a lock object (lock_of; outside the model's prefix), created with a
 conditional put (If-None-Match: *; AWS S3, MinIO and the versitygw the dev cluster runs refuse a
 second create with 412). Whoever creates it downloads, file by file (the disk holds one file at a
 time, and a takeover skips files already mirrored whole); the others wait for the marker. The holder
@@ -34,7 +34,7 @@ from kubetune_trainer.storage.uri import parse_s3
 
 log = logging.getLogger(__name__)
 MARKER = ".kubetune-mirrored.json"
-LOCK = ".kubetune-downloading"
+LOCKS = ".locks"  # <mirror>/hub/.locks/<org>/<name>/<commit>: one lock object per (model, commit)
 HEARTBEAT_SECONDS = 30.0
 WAIT_POLL_SECONDS = 1.0
 COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -108,6 +108,11 @@ def mirror_uri_of(mirror: str, repo_id: str, commit: str) -> str:
     return f"{mirror.rstrip('/')}/hub/{repo_id}/{commit}"
 
 
+def lock_of(mirror: str, repo_id: str, commit: str):
+    """The lock of a (model, commit): beside the mirror's models, never inside one (readers copy a model's whole prefix)."""
+    return parse_s3(f"{mirror.rstrip('/')}/hub/{LOCKS}/{repo_id}/{commit}")
+
+
 def is_mirrored(uri: str) -> bool:
     return s3.read_text(parse_s3(uri).child(MARKER)) is not None
 
@@ -118,26 +123,28 @@ def mirror(item: HubInput, commit: str, mirror: str, token: str | None, staging:
     all the processes that ask at once (the others wait for it)."""
     uri = mirror_uri_of(mirror, item.repo_id, commit)
     location = parse_s3(uri)
-    lock = location.child(LOCK)
+    lock = lock_of(mirror, item.repo_id, commit)
     announced = False
     while not is_mirrored(uri):
         if s3.write_text_if_absent(lock, json.dumps({"host": os.uname().nodename, "pid": os.getpid()})):
             try:
-                with _Heartbeat(lock):
-                    files = _download(item, commit, token, staging, location, token_hint)
+                if not is_mirrored(uri):  # the previous holder may have finished between our two looks
+                    with _Heartbeat(lock):
+                        files = _download(item, commit, token, staging, location, token_hint)
+                    # Created once, never rewritten: readers copy the whole prefix, and every node
+                    # must find the same files (and times) in it.
+                    s3.write_text_if_absent(location.child(MARKER), json.dumps(
+                        {"repo": item.repo_id, "commit": commit, "files": files}))
+                    log.info("%s@%s: mirrored %d files to %s", item.repo_id, commit, len(files), uri)
             finally:
                 s3.delete_object(lock)
-            # The marker last, after the lock is gone: a mirror's readers copy the whole prefix, and
-            # every node must find the same files in it.
-            s3.write_text(location.child(MARKER), json.dumps({"repo": item.repo_id, "commit": commit, "files": files}))
-            log.info("%s@%s: mirrored %d files to %s", item.repo_id, commit, len(files), uri)
             break
         if not announced:
             log.info("%s@%s: another pod is mirroring it to %s; waiting", item.repo_id, commit, uri)
             announced = True
         age = s3.object_age_seconds(lock)
         if age is not None and age > stale_seconds() and not is_mirrored(uri):
-            log.warning("%s: its downloader stopped writing %s %.0f s ago; taking over", uri, LOCK, age)
+            log.warning("%s: its downloader stopped writing %s %.0f s ago; taking over", uri, lock.uri, age)
             s3.delete_object(lock)
             continue
         time.sleep(WAIT_POLL_SECONDS)
