@@ -58,7 +58,7 @@ def test_with_the_cache_the_models_stage_runs_first_and_only_it_gets_the_token(h
 
 
 def test_a_job_without_hub_models_gets_no_models_stage(hub_job):
-    pod = pod_of(PyTorchJobBackend().build(hub_job(cache=True, pretrained="s3://models/sd15"), UID, SETTINGS))
+    pod = pod_of(PyTorchJobBackend().build(hub_job(cache=True, pretrained="s3://models/sd15", revision=None), UID, SETTINGS))
     assert [c["name"] for c in pod["initContainers"]] == ["cache"]
 
 

@@ -18,6 +18,7 @@ from pydantic.alias_generators import to_camel
 from kubetune_api.contract import API_GROUP, API_VERSION, CLIP_METRICS, KIND  # noqa: F401  (the contract names the API)
 from kubetune_api import families as table
 from kubetune_api.families import FAMILIES, FAMILY_NAMES
+from kubetune_api.hub import HUB_ID, looks_like_hub_id
 from kubetune_api.rules import Rule, enforce, entries
 
 # URI schemes the storage layer understands; a bare path (no scheme) is a local path.
@@ -123,8 +124,18 @@ NATIVE_RESOLUTIONS: dict[str, int | None] = {name: f.native_resolution for name,
 LAYOUTS_BY_FAMILY: dict[str, tuple[str, ...]] = {name: f.layouts for name, f in FAMILIES.items()}
 
 
+MODEL_RULES = [
+    Rule(f"!has(self.revision) || self.pretrained.matches('^{HUB_ID.pattern}$')",
+         lambda model: model.revision is None or looks_like_hub_id(model.pretrained),
+         "spec.model.revision names a tag, branch or commit of a hub model: make spec.model.pretrained a hub id "
+         "(org/name), or remove the revision"),
+]
+
+
 class ModelSpec(_Model):
     """Which model family to train and where its pretrained weights are."""
+
+    model_config = ConfigDict(json_schema_extra=entries(MODEL_RULES))
 
     family: Family = Field(
         description="Model family: " + ", ".join(FAMILY_NAMES) + "."
@@ -180,6 +191,10 @@ class ModelSpec(_Model):
             "rule": f"self.startsWith('s3://') && ({_STORAGE_URI_RULE})",
             "message": f"mirrorUri is an s3:// prefix: s3://bucket/prefix ({_STORAGE_URI_FORMS})"}]},
     )
+
+    @model_validator(mode="after")
+    def _rules(self, info: ValidationInfo) -> "ModelSpec":
+        return enforce(MODEL_RULES, self, info)
 
     @field_validator("mirror_uri")
     @classmethod
