@@ -6,6 +6,7 @@ The stand-in serves a tiny model written with write_tiny_model and counts each f
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -153,3 +154,13 @@ def test_kubetune_models_mirror_does_it_ahead_of_time(stand_in, tiny_model, buck
     assert "org/gated is gated or private" in gated.output and "HF_TOKEN" in gated.output
     local = CliRunner().invoke(cli, ["models", "mirror", "org/tiny", "--to", "/tmp/mirror"])
     assert local.exit_code == 2 and "--to:" in local.output
+
+
+def test_a_local_run_without_a_mirror_reads_the_pinned_commit_from_the_hub_cache(stand_in, tiny_model,
+                                                                                 example_manifest):
+    example_manifest["spec"]["model"].update(pretrained="org/tiny", revision="main")
+    placed = hub_stage.hub_locations(TrainingJob.model_validate(example_manifest))  # no run id, no mirror
+    commit = stand_in.models["org/tiny"].refs["main"]
+    folder = placed["spec.model.pretrained"]
+    assert folder.startswith(os.environ["HF_HOME"]) and folder.endswith(f"/snapshots/{commit}")
+    assert model_files(type(tiny_model)(folder)) == model_files(tiny_model)

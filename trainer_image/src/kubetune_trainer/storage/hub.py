@@ -53,6 +53,15 @@ def endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
 
 
+def hub_cache() -> str:
+    """huggingface_hub's cache folder as the environment says now (HF_HUB_CACHE, else HF_HOME/hub)."""
+    from huggingface_hub import constants
+
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    return os.path.join(os.environ["HF_HOME"], "hub") if os.environ.get("HF_HOME") else constants.HF_HUB_CACHE
+
+
 def _api():
     from huggingface_hub import HfApi
 
@@ -164,7 +173,7 @@ def _download(item: HubInput, commit: str, token: str | None, staging: Path, loc
                 continue
             folder = staging / commit
             path = Path(hf_hub_download(item.repo_id, name, revision=commit, token=token, local_dir=folder,
-                                             endpoint=endpoint()))
+                                             endpoint=endpoint(), cache_dir=hub_cache()))
             s3.upload_file(path, location.child(name))
             path.unlink()
     except ConfigError:
@@ -184,7 +193,7 @@ def download_local(item: HubInput, commit: str, token: str | None, token_hint: s
     from huggingface_hub import snapshot_download
 
     try:
-        return snapshot_download(item.repo_id, revision=commit, token=token, endpoint=endpoint())
+        return snapshot_download(item.repo_id, revision=commit, token=token, endpoint=endpoint(), cache_dir=hub_cache())
     except Exception as err:
         refused = refusal(err, item, token, token_hint)
         if refused is None:
