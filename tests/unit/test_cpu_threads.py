@@ -38,6 +38,7 @@ def test_a_pods_entry_point_gives_each_of_its_trainers_their_share(example_manif
     from kubetune_trainer.launcher import worker_env
 
     config = tmp_path / "job.yaml"
+    example_manifest["spec"]["model"]["pretrained"] = "s3://models/sd15"  # a hub id would start the models stage
     config.write_text(yaml.safe_dump(example_manifest))
     monkeypatch.setenv("OMP_NUM_THREADS", "")  # unset for thread_env, and restored after the test
     for name, value in {REQUEST: "4000", LIMIT: "64000", "PET_NNODES": "1", "PET_NODE_RANK": "0",

@@ -97,8 +97,10 @@ def test_the_linted_trainer_pods_are_the_operators_for_both_backends():
             assert container["securityContext"]["readOnlyRootFilesystem"] is True
             assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}  # the example's one GPU
             assert set(container["resources"]["requests"]) == {"cpu", "memory", "nvidia.com/gpu"}  # chart defaults
-    # The cache stage: an init container on the PyTorchJob's Master, the runtime's entry point on TrainJob.
-    assert pods["sd15-lora-demo-2nodes-pytorchjob-master"]["spec"]["initContainers"][0]["name"] == "cache"
+    # The cache stage: an init container on the PyTorchJob's Master (after the models stage: the
+    # example's model is a hub id), the runtime's entry point on TrainJob.
+    init = pods["sd15-lora-demo-2nodes-pytorchjob-master"]["spec"]["initContainers"]
+    assert [c["name"] for c in init] == ["models", "cache"]
     assert "--cache-stage" in pods["sd15-lora-demo-2nodes-trainjob-node"]["spec"]["containers"][0]["args"]
     # The TrainJob's config volume is the job's ConfigMap (the runtime patch replaced the placeholder).
     volumes = {v["name"]: v for v in pods["sd15-lora-demo-trainjob-node"]["spec"]["volumes"]}

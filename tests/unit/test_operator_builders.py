@@ -206,7 +206,9 @@ def test_progress_comes_from_the_trainer_gauges():
 
 
 def test_an_enabled_cache_is_filled_by_the_master_before_training(job_of):
-    child = PyTorchJobBackend().build(job_of(resources__nodes=2, data__cache={"enabled": True}), UID, SETTINGS)
+    # A model in S3: a hub model adds the models stage before the cache (tests/unit/test_hub_models.py).
+    child = PyTorchJobBackend().build(job_of(resources__nodes=2, data__cache={"enabled": True},
+                                             model__pretrained="s3://models/sd15"), UID, SETTINGS)
     master_init = master(child)["spec"]["initContainers"]
     assert [c["name"] for c in master_init] == ["cache"]
     assert master_init[0]["args"][-1] == "--cache-only"

@@ -11,18 +11,21 @@ import pytest
 import yaml
 
 from kubetune_api.rules import SKIP_RULES
-from kubetune_api.spec import (DATA_RULES, DISTRIBUTED_RULES, JOB_RULES, PMG_RULES, SCHEDULING_RULES, TRAINING_RULES,
-                               TrainingJobSpec)
+from kubetune_api.spec import (DATA_RULES, DISTRIBUTED_RULES, JOB_RULES, MODEL_RULES, PMG_RULES, SCHEDULING_RULES,
+                               TRAINING_RULES, TrainingJobSpec)
 from kubetune_api.families import FAMILIES, FAMILY_NAMES, OPTIONS
 from tests.conftest import REPO
 from tests.family_options import SETTINGS, with_family
 
 # Where each list of rules sits in the spec (its CEL's `self`).
 LEVELS = [(JOB_RULES, None), (TRAINING_RULES, "training"), (DISTRIBUTED_RULES, "distributed"),
-          (SCHEDULING_RULES, "scheduling"), (PMG_RULES, "pmg"), (DATA_RULES, "data")]
+          (SCHEDULING_RULES, "scheduling"), (PMG_RULES, "pmg"), (DATA_RULES, "data"), (MODEL_RULES, "model")]
 
 VARIATIONS = [
     {},
+    {"spec.model.revision": "v1.0"},
+    {"spec.model.revision": "main", "spec.model.pretrained": "s3://models/sd15"},
+    {"spec.model.revision": "main", "spec.model.pretrained": "./models/sd15"},
     {"spec.training.epochs": 3},
     {"spec.training.maxSteps": "DELETE"},
     {"spec.training.maxSteps": "DELETE", "spec.training.epochs": 2},

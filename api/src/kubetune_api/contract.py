@@ -58,6 +58,17 @@ TRAINER_ARGS = ("--config", CONFIG_PATH)
 CACHE_STAGE_COMMAND = ("python", "-m", "kubetune_trainer")
 CACHE_STAGE_ARGS = ("--config", CONFIG_PATH, "--cache-only")
 CACHE_STAGE_FIRST = "--cache-stage"
+# Hub models (kubetune_api.hub): the entry point runs the models stage (`python -m
+# kubetune_trainer.hub_stage`) before any trainer, the only process given the hub token, which
+# reaches the pod under HUB_TOKEN_ENV from key HUB_TOKEN_KEY of spec.model.hubTokenSecret; the
+# entry point takes it out of the environment its trainers inherit. MODELS_MIRROR_ENV is the
+# chart's models.mirrorUri (spec.model.mirrorUri overrides it).
+HUB_TOKEN_ENV = "KUBETUNE_HUB_TOKEN"
+HUB_TOKEN_KEY = "HF_TOKEN"
+MODELS_MIRROR_ENV = "KUBETUNE_MODELS_MIRROR"
+MODELS_STAGE_COMMAND = ("python", "-m", "kubetune_trainer.hub_stage")
+MODELS_STAGE_ARGS = ("--config", CONFIG_PATH)
+
 # ---- the trainer's exit codes ------------------------------------------------------------------
 
 # The exit code of a trainer stopped by SIGTERM after its last checkpoint (128 + SIGTERM): retryable,

@@ -12,12 +12,13 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Literal, Optional, Union, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from kubetune_api.contract import API_GROUP, API_GROUP_VERSION, API_VERSION, BACKENDS, CLIP_METRICS, KIND  # noqa: F401  (the contract names the API)
 from kubetune_api import families as table
 from kubetune_api.families import FAMILIES, FAMILY_NAMES
+from kubetune_api.hub import HUB_ID, looks_like_hub_id
 from kubetune_api.rules import Rule, enforce, entries
 
 # URI schemes the storage layer understands; a bare path (no scheme) is a local path.
@@ -123,8 +124,18 @@ NATIVE_RESOLUTIONS: dict[str, int | None] = {name: f.native_resolution for name,
 LAYOUTS_BY_FAMILY: dict[str, tuple[str, ...]] = {name: f.layouts for name, f in FAMILIES.items()}
 
 
+MODEL_RULES = [
+    Rule(f"!has(self.revision) || self.pretrained.matches('^{HUB_ID.pattern}$')",
+         lambda model: model.revision is None or looks_like_hub_id(model.pretrained),
+         "spec.model.revision names a tag, branch or commit of a hub model: make spec.model.pretrained a hub id "
+         "(org/name), or remove the revision"),
+]
+
+
 class ModelSpec(_Model):
     """Which model family to train and where its pretrained weights are."""
+
+    model_config = ConfigDict(json_schema_extra=entries(MODEL_RULES))
 
     family: Family = Field(
         description="Model family: " + ", ".join(FAMILY_NAMES) + "."
@@ -159,6 +170,39 @@ class ModelSpec(_Model):
         "low-noise, or both (each sample goes to the expert of its noise level). Unset: every expert the model "
         "has. A one-expert model refuses it.",
     )
+    revision: Optional[str] = Field(
+        default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$",
+        description="For a model-hub id in pretrained: the tag, branch or commit to train from (unset: main). A "
+        "branch is resolved to its commit at the run's first start and recorded in the run, so every node and every "
+        "restart reads the same files.",
+    )
+    hub_token_secret: Optional[str] = Field(
+        default=None, min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="A Secret in the job's namespace whose key HF_TOKEN is the model hub's access token, for gated "
+        "or private hub models (pretrained, vae, spec.validation.clipModel). It reaches only the process that "
+        "downloads, as a secretKeyRef: never the ConfigMap, an argument, a log or the status.",
+    )
+    mirror_uri: Optional[StorageUri] = Field(
+        default=None,
+        description="An s3:// prefix where hub models are mirrored: the first pod that needs a (model, commit) "
+        "downloads it once from the hub into <mirrorUri>/hub/<org>/<name>/<commit>/, every other pod, job and "
+        "restart reads it from there. Unset: the operator's models.mirrorUri; unset there too, each pod downloads.",
+        json_schema_extra={"x-kubernetes-validations": [{
+            "rule": f"self.startsWith('s3://') && ({_STORAGE_URI_RULE})",
+            "message": f"mirrorUri is an s3:// prefix: s3://bucket/prefix ({_STORAGE_URI_FORMS})"}]},
+    )
+
+    @model_validator(mode="after")
+    def _rules(self, info: ValidationInfo) -> "ModelSpec":
+        return enforce(MODEL_RULES, self, info)
+
+    @field_validator("mirror_uri")
+    @classmethod
+    def _mirror_on_s3(cls, value: Optional[str]) -> Optional[str]:
+        # Every pod of every job must reach the mirror: a local path is one node's disk.
+        if value is not None and not value.startswith("s3://"):
+            raise ValueError("mirrorUri is an s3:// prefix (s3://bucket/prefix): every pod must reach it")
+        return value
 
 
 

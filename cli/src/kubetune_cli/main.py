@@ -197,6 +197,7 @@ def _add_checkpoint_commands() -> None:
     from kubetune_cli.evaluate import evaluate
     from kubetune_cli.generate import generate
     from kubetune_cli.export import export
+    from kubetune_cli.models import models
     from kubetune_cli.plan import plan
     from kubetune_cli.report import report
 
@@ -204,6 +205,7 @@ def _add_checkpoint_commands() -> None:
     cli.add_command(evaluate)
     cli.add_command(generate)
     cli.add_command(export)
+    cli.add_command(models)
     cli.add_command(plan)
     cli.add_command(report)
 

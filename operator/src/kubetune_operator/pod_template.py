@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from kubetune_api import contract
 from kubetune_api.contract import TrainerEnv
+from kubetune_api.hub import hub_inputs
 from kubetune_api.quantity import scale_quantity
 from kubetune_api.spec import TrainingJob
 from kubetune_operator import naming
@@ -74,6 +75,8 @@ def static_env(settings: Settings) -> list[dict]:
         {"name": "HOME", "value": f"{CACHE_DIR}/home"},
         {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
+        *({"name": name, "value": value} for name, value in ((contract.MODELS_MIRROR_ENV, settings.models_mirror_uri),
+                                                             ("HF_ENDPOINT", settings.hub_endpoint)) if value),
     ]
 
 
@@ -94,6 +97,10 @@ def job_env(job: TrainingJob, job_uid: str, settings: Settings) -> list[dict]:
     if s3.credentials_secret:
         for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
             env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": s3.credentials_secret, "key": key}}})
+    if job.spec.model.hub_token_secret:
+        # Read only by the entry point's models stage, which takes it out of the trainers' environment.
+        env.append({"name": contract.HUB_TOKEN_ENV, "valueFrom": {"secretKeyRef": {
+            "name": job.spec.model.hub_token_secret, "key": contract.HUB_TOKEN_KEY}}})
     return env
 
 
@@ -181,10 +188,23 @@ def cache_stage(container: dict) -> dict:
     One process encodes every sample once; the training processes then read the cache.
     """
     return {
-        **{key: container[key] for key in ("image", "env", "resources", "securityContext", "volumeMounts")},
+        **{key: container[key] for key in ("image", "resources", "securityContext", "volumeMounts")},
+        # Hub models are placed by the main container's models stage, the only holder of the hub token.
+        "env": [entry for entry in container["env"] if entry["name"] != contract.HUB_TOKEN_ENV],
         "name": "cache",
         "command": list(contract.CACHE_STAGE_COMMAND),
         "args": list(contract.CACHE_STAGE_ARGS),
+    }
+
+
+def models_stage(container: dict) -> dict:
+    """An init container that places the job's hub models (the entry point's models stage, run
+    before the cache stage needs them): with the main container's environment, the token included."""
+    return {
+        **{key: container[key] for key in ("image", "env", "resources", "securityContext", "volumeMounts")},
+        "name": "models",
+        "command": list(contract.MODELS_STAGE_COMMAND),
+        "args": list(contract.MODELS_STAGE_ARGS),
     }
 
 
@@ -278,7 +298,8 @@ def pod_template(job: TrainingJob, job_uid: str, settings: Settings, shape: Cont
     }
     pod_spec.update(scheduling_fields(job))
     if with_cache_stage:
-        pod_spec["initContainers"] = [cache_stage(container)]
+        # The cache stage loads the models, so the job's hub models are placed before it starts.
+        pod_spec["initContainers"] = [*([models_stage(container)] if hub_inputs(spec) else []), cache_stage(container)]
     return {
         "metadata": {
             "labels": pod_labels(job),

@@ -57,6 +57,11 @@ class Settings:
     # Read Kueue's Workloads (the chart grants it with kueue.enabled) to say in the Queued condition
     # why a queued job waits or that it was preempted.
     kueue_workloads: bool = False
+    # Hub models (kubetune_trainer.storage.hub): the S3 prefix they are mirrored to once per cluster
+    # (Helm value models.mirrorUri; a job's spec.model.mirrorUri overrides it), and the hub's
+    # address for clusters that reach it through a proxy or an internal hub (models.hubEndpoint).
+    models_mirror_uri: str | None = None
+    hub_endpoint: str | None = None
     # A NetworkPolicy beside each job's child, fencing its trainer pods in (network_policy.py); None = none.
     network_policy: NetworkPolicySettings | None = None
 
@@ -94,6 +99,8 @@ class Settings:
             trainjob_max_restarts=int(env.get("KUBETUNE_TRAINJOB_MAX_RESTARTS") or cls.trainjob_max_restarts),
             trainjob_report_progress=env.get("KUBETUNE_TRAINJOB_REPORT_PROGRESS", "true").lower() != "false",
             kueue_workloads=env.get("KUBETUNE_KUEUE_WORKLOADS", "").lower() == "true",
+            models_mirror_uri=env.get("KUBETUNE_MODELS_MIRROR_URI") or None,
+            hub_endpoint=env.get("KUBETUNE_HUB_ENDPOINT") or None,
             network_policy=NetworkPolicySettings.from_json(env.get("KUBETUNE_NETWORK_POLICY", "")),
         )
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 from pathlib import Path
 
-from kubetune_api.contract import CACHE_STAGE_FIRST, NodeEnv
+from kubetune_api.contract import CACHE_STAGE_FIRST, HUB_TOKEN_ENV, MODELS_STAGE_COMMAND, NodeEnv
 from kubetune_api.ports import free_listen_port
 from kubetune_trainer.cpu_threads import thread_env
 from kubetune_trainer.launch import trainer_command
@@ -25,6 +26,21 @@ def node_place(env: dict[str, str]) -> NodePlace:
     node = NodeEnv.from_env(env)
     return NodePlace(processes=node.processes, nodes=node.nodes, node_rank=node.node_rank,
                      master_addr=node.master_addr, master_port=node.master_port)
+
+
+def models_stage(config: Path) -> int:
+    """Place the job's hub models (kubetune_trainer.hub_stage) in a process of its own, the only one
+    given the hub token: it leaves this environment before any trainer inherits it."""
+    from kubetune_api.hub import hub_inputs
+    from kubetune_api.manifest import load_manifest
+
+    token = os.environ.pop(HUB_TOKEN_ENV, None)
+    if not hub_inputs(load_manifest(config).spec):
+        return 0
+    print("kubetune: models stage", flush=True)
+    env = {**os.environ, **({HUB_TOKEN_ENV: token} if token else {})}
+    return subprocess.run([sys.executable, *MODELS_STAGE_COMMAND[1:], "--config", str(config)],
+                          env=env).returncode
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -41,6 +57,9 @@ def main(argv: list[str] | None = None) -> None:
     except ManifestError as err:
         print(f"{args.config}: invalid\n{err}", file=sys.stderr)
         sys.exit(2)
+    models = models_stage(args.config)
+    if models != 0:
+        sys.exit(models)
     place = node_place(dict(os.environ))
     os.environ.update(thread_env(os.environ, place.processes))  # the pod's CPUs shared by its trainers
     if args.cache_stage and place.node_rank == 0:

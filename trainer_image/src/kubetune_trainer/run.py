@@ -49,6 +49,7 @@ from kubetune_trainer.placement import use_channels_last
 from kubetune_trainer.preemption import PREEMPTION_UPLOAD_SECONDS, Preempted, StopRequest
 from kubetune_trainer.profiling import maybe_profile
 from kubetune_trainer.reporting import Reporter
+from kubetune_trainer.hub_stage import hub_locations
 from kubetune_trainer.storage.inputs import local_copy, origin, version_of
 from kubetune_trainer.storage.members import MEMBERS
 from kubetune_trainer.storage.stream import Prefetcher, open_stream, streamed
@@ -92,21 +93,25 @@ def quiet_libraries() -> None:
     transformers.utils.logging.set_verbosity_error()
 
 
-def with_local_inputs(spec: TrainingJobSpec) -> TrainingJobSpec:
+def with_local_inputs(spec: TrainingJobSpec, hub: dict[str, str] | None = None) -> TrainingJobSpec:
     """The spec with s3:// models and data replaced by this node's copies of them (the data by its
-    streamed tree unless spec.data.streaming says to copy it whole)."""
+    streamed tree unless spec.data.streaming says to copy it whole). hub: where the job's hub
+    models were placed, by field (kubetune_trainer.hub_stage): their mirror or snapshot instead."""
+    placed = hub or {}
     data = spec.data.uri
     data = open_stream(data) if is_s3(data) and spec.data.streaming.enabled else local_copy(data)
+    pretrained = placed.get("spec.model.pretrained", spec.model.pretrained)
+    vae = placed.get("spec.model.vae", spec.model.vae)
+    clip_model = placed.get("spec.validation.clipModel", spec.validation.clip_model)
     return spec.model_copy(update={
-        "model": spec.model.model_copy(update={"pretrained": local_copy(spec.model.pretrained),
-                                               "vae": spec.model.vae and local_copy(spec.model.vae)}),
+        "model": spec.model.model_copy(update={"pretrained": local_copy(pretrained), "vae": vae and local_copy(vae)}),
         "data": spec.data.model_copy(update={"uri": data}),
         "adapter": spec.adapter.model_copy(update={
             "init_from": spec.adapter.init_from and local_copy(spec.adapter.init_from)}),
         "pmg": spec.pmg and spec.pmg.model_copy(update={
             "language_model": spec.pmg.language_model and local_copy(spec.pmg.language_model)}),
         "validation": spec.validation.model_copy(update={
-            "clip_model": spec.validation.clip_model and local_copy(spec.validation.clip_model)}),
+            "clip_model": clip_model and local_copy(clip_model)}),
     })
 
 
@@ -196,7 +201,7 @@ class Run:
         set_seed(self.spec.training.seed)
         # s3:// models and data are mirrored once per node; the node's other processes then find them.
         with self.accelerator.local_main_process_first():
-            self.spec = with_local_inputs(self.spec)
+            self.spec = with_local_inputs(self.spec, hub_locations(self.job))
         check_local_inputs(self.spec)
         check_model_folder(self.spec)
         dtype = WEIGHT_DTYPES[self.spec.training.mixed_precision]

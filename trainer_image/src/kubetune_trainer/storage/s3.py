@@ -207,3 +207,36 @@ def read_text(location: S3Location) -> str | None:
 
 def write_text(location: S3Location, text: str) -> None:
     client().put_object(Bucket=location.bucket, Key=location.key, Body=text.encode())
+
+
+def write_text_if_absent(location: S3Location, text: str) -> bool:
+    """Create a small object only if no object has its key (a conditional put, If-None-Match: *,
+    which AWS S3, MinIO and versitygw honour atomically): True if this call created it, False if
+    another writer's was there first. What makes one writer among many pods."""
+    from botocore.exceptions import ClientError
+
+    try:
+        client().put_object(Bucket=location.bucket, Key=location.key, Body=text.encode(), IfNoneMatch="*")
+    except ClientError as err:
+        if err.response.get("ResponseMetadata", {}).get("HTTPStatusCode") in (409, 412):
+            return False  # 412 PreconditionFailed; 409 ConditionalRequestConflict (a concurrent create)
+        raise
+    return True
+
+
+def object_age_seconds(location: S3Location) -> float | None:
+    """Seconds since the object was last written (by the server's clock); None if it is absent."""
+    from botocore.exceptions import ClientError
+
+    try:
+        head = client().head_object(Bucket=location.bucket, Key=location.key)
+    except ClientError as err:
+        if err.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
+            return None
+        raise
+    written = head["LastModified"]  # a header's date (RFC 1123) left as text by our parser settings
+    if isinstance(written, str):
+        from email.utils import parsedate_to_datetime
+
+        written = parsedate_to_datetime(written)
+    return (datetime.now(timezone.utc) - written).total_seconds()
