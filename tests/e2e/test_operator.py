@@ -215,13 +215,14 @@ def test_the_operator_service_account_can_do_its_work_and_nothing_else(control_p
                            ("create", "trainingjobs.kubetune.dev"),  # a TrainingSweep's trials
                            ("watch", "trainingsweeps.kubetune.dev"), ("patch", "trainingsweeps.kubetune.dev/status"),
                            *own[backend],
+                           ("create", "jobs.batch"), ("get", "jobs.batch"),  # generate --on-cluster
                            ("create", "configmaps"), ("patch", "configmaps"), ("get", "secrets"), ("list", "pods"), ("create", "events"),
                            ("patch", "validatingwebhookconfigurations/kubetune-trainingjobs"),
                            ("list", "workloads.kueue.x-k8s.io")]:
         assert can(verb, resource), f"the operator cannot {verb} {resource}"
     for verb, resource in [("delete", "trainingjobs.kubetune.dev"), ("create", "trainingsweeps.kubetune.dev"),
                            ("delete", "trainingsweeps.kubetune.dev"),
-                           ("list", "secrets"), ("create", "pods"), ("delete", "pods"), ("delete", "pytorchjobs.kubeflow.org"),
+                           ("list", "secrets"), ("delete", "jobs.batch"), ("list", "jobs.batch"), ("create", "pods"), ("delete", "pods"), ("delete", "pytorchjobs.kubeflow.org"),
                            *other[backend],
                            ("update", "configmaps"), ("create", "deployments.apps"), ("create", "clusterroles.rbac.authorization.k8s.io"),
                            ("patch", "validatingwebhookconfigurations/someone-elses"),
