@@ -7,6 +7,7 @@ import pytest
 from kubetune_api.contract import GENERATE_ANNOTATION, GENERATION_COMMAND, GENERATION_LABEL
 from kubetune_api.generation_request import BadGenerationRequest, GenerationRequest
 from kubetune_api.manifest import parse_manifest
+from kubetune_api.spec import Generation
 from kubetune_operator.generation_jobs import (generation_status, job_name, merged_entries, pending,
                                                render_generation_job)
 from kubetune_operator.pod_template import ContainerShape, pod_template
@@ -129,8 +130,10 @@ def generation_job(*conditions: dict, **status) -> dict:
                                     "(kubectl logs -n team-a job/sd15-lora-demo-generate-abc123)"}),
 ])
 def test_the_status_entry_follows_the_jobs_conditions(job_obj, expected):
-    assert generation_status(job_obj) == {"id": "abc123", "uri": request().out, "job": "sd15-lora-demo-generate-abc123",
-                                          **expected}
+    entry = generation_status(job_obj)
+    assert entry == {"id": "abc123", "uri": request().out, "job": "sd15-lora-demo-generate-abc123", **expected}
+    # The CRD's status schema (from this model) keeps every field: the API server prunes unknown ones.
+    assert Generation.model_validate(entry).model_dump(by_alias=True, exclude_none=True) == entry
 
 
 def test_status_keeps_one_entry_per_request_and_the_latest_ten():
