@@ -170,3 +170,22 @@ def test_the_operator_follows_a_request_until_it_is_answered(annotation, entries
     body = Body(metadata={"annotations": {GENERATE_ANNOTATION: annotation} if annotation else {}},
                 status={"generations": entries})
     assert pending(body) is expected
+
+
+@pytest.mark.parametrize("args,message", [
+    (["s3://bucket/runs/team-a/sd15"], "--on-cluster: JOB 's3://bucket/runs/team-a/sd15' is a URI; give the TrainingJob's name"),
+    (["sd15", "--control", "cat.png", "--prompt", "x"], "--on-cluster: --control images are files on this machine"),
+    (["sd15", "--device", "cuda"], "--on-cluster: --device is for drawing here"),
+    (["sd15", "--no-wait", "--out", "images"], "--on-cluster: --out with --no-wait"),
+])
+def test_generate_on_cluster_refuses_what_the_pod_cannot_take_before_asking_anything(args, message, tmp_path,
+                                                                                     monkeypatch):
+    from click.testing import CliRunner
+
+    from kubetune_cli.main import cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-cluster"))
+    result = CliRunner().invoke(cli, ["generate", "--on-cluster", *args])
+    assert result.exit_code == 1 and message in result.output and result.output.count("\n") == 1, result.output
+    assert list(tmp_path.iterdir()) == [], "nothing written"
