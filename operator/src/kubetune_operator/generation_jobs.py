@@ -172,8 +172,13 @@ def follow_generation(body: kopf.Body, uid: str, patch: kopf.Patch, **_) -> None
             raise BadGenerationRequest(problem)
         job_obj = read_or_create(body, uid, request)
         entry = generation_status(job_obj)
-    except (BadGenerationRequest, ValidationError) as err:
-        message = f"annotation {GENERATE_ANNOTATION}: {err}".splitlines()[0]
+    except (BadGenerationRequest, ValidationError, ApiException) as err:
+        if isinstance(err, ApiException) and err.status not in (403, 422):
+            raise  # the API server away or busy: the next tick tries again
+        # Refused for good (bad request; no right to create Jobs; a Job the API server will not take):
+        # answered as Failed, so the CLI stops waiting and says why.
+        reason = f"{err.status} {err.reason}" if isinstance(err, ApiException) else err
+        message = f"annotation {GENERATE_ANNOTATION}: {reason}".splitlines()[0]
         entry = {"id": _request_id(body) or "invalid", "phase": "Failed", "message": message}
         kopf.warn(body, reason="GenerationRefused", message=message)
     if entry not in entries:
