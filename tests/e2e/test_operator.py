@@ -17,6 +17,7 @@ import time
 
 import pytest
 import yaml
+from PIL import Image
 
 from tests.conftest import REPO
 from tests.e2e.jobs import (BUCKET, OPERATOR_NAMESPACE, backend_of, children, example_job, get_child, get_job,
@@ -110,6 +111,8 @@ def test_an_applied_example_trains_to_succeeded_and_its_lora_lands_in_s3(
     page = tmp_path / "report.html"
     kubetune_cli(cli_env, "report", "sd15-e2e", "-n", job_namespace, "--out", str(page))
     assert 'id="training-curves"' in page.read_text() and f"s3://{BUCKET}/{run}/checkpoint-30" in page.read_text()
+    if backend == "trainjob":  # the generation Job is a batch Job whichever backend trained: drawn once
+        generated_on_the_cluster(control_plane, api_client, core, cli_env, job_namespace, run, s3, tmp_path)
     missing = subprocess.run([sys.executable, "-m", "kubetune_cli.main", "checkpoints", "ls", "no-such-job", "-n",
                               job_namespace], env=cli_env, capture_output=True, text=True)
     assert missing.returncode == 1 and f"no TrainingJob 'no-such-job' in namespace '{job_namespace}'" in missing.stderr
@@ -122,9 +125,52 @@ def test_an_applied_example_trains_to_succeeded_and_its_lora_lands_in_s3(
 
     # The secret's value never reached the ConfigMap, the child job or the pod spec.
     secret = control_plane.env()["AWS_SECRET_ACCESS_KEY"]
-    for kind in ("configmap", f"{backend_of(backend).plural}.{backend_of(backend).group}", "pod"):
+    for kind in ("configmap", f"{backend_of(backend).plural}.{backend_of(backend).group}", "pod", "jobs.batch"):
         dumped = kubectl(control_plane, "get", kind, "-n", job_namespace, "-o", "yaml").stdout
         assert secret not in dumped, kind
+
+
+def generated_on_the_cluster(control_plane, api_client, core, cli_env, namespace, run, s3, tmp_path):
+    """`kubetune generate --on-cluster` on the finished job: the operator's batch Job draws two images
+    with the final weights into S3 beside the run, the CLI waits, prints the URI and downloads them."""
+    from kubernetes import client as k8s
+
+    from kubetune_api.contract import GENERATION_LABEL
+
+    asked = subprocess.run([sys.executable, "-m", "kubetune_cli.main", "generate", "sd15-e2e", "-n", namespace,
+                            "--on-cluster", "--prompt", "a red circle", "--prompt", "a blue square", "--steps", "2",
+                            "--seed", "5", "--out", str(tmp_path / "generated"), "--timeout", "300"],
+                           env=cli_env, capture_output=True, text=True, timeout=400)
+    if asked.returncode != 0:  # what the operator, the Job and its pod said
+        drawing = kubectl(control_plane, "get", "jobs.batch,pods", "-n", namespace, "-l", GENERATION_LABEL, "-o", "yaml",
+                          check=False).stdout
+        pods = core.list_namespaced_pod(namespace, label_selector=GENERATION_LABEL).items
+
+        def log_of(pod) -> str:
+            try:
+                return control_plane.pod_log(pod.metadata.name, namespace, "generate").read_text()[-3000:]
+            except FileNotFoundError as err:
+                return str(err)
+
+        logs = "".join(map(log_of, pods))
+        pytest.fail(f"{asked.stdout}{asked.stderr}\nstatus: {get_job(api_client, namespace, 'sd15-e2e').get('status')}"
+                    f"\n{drawing[-4000:]}\npod log: {logs}\noperator log:\n{operator_log(control_plane, core)}")
+    printed = asked.stdout
+    uri = re.search(r"generated: (s3://\S+)/", printed).group(1)
+    assert uri.startswith(f"s3://{BUCKET}/{run}/generated/final-"), printed
+    prefix = uri.removeprefix(f"s3://{BUCKET}/")
+    objects = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/")["Contents"]}
+    assert objects == {f"{prefix}/{name}" for name in ("final-0.png", "final-1.png", "grid.png")}, objects
+    for index, prompt in enumerate(("a red circle", "a blue square")):
+        with Image.open(tmp_path / "generated" / f"final-{index}.png") as image:
+            assert (image.text["prompt"], image.text["seed"], image.text["step"]) == (prompt, "5", "final")
+    entries = get_job(api_client, namespace, "sd15-e2e")["status"]["generations"]
+    assert [(e["phase"], e["uri"]) for e in entries] == [("Succeeded", uri)]
+    # The Job that drew: owned by the TrainingJob, run as the trainer pod (non-root, no token).
+    drawn = k8s.BatchV1Api(api_client).list_namespaced_job(namespace, label_selector=GENERATION_LABEL).items
+    assert [(ref.kind, ref.name) for ref in drawn[0].metadata.owner_references] == [("TrainingJob", "sd15-e2e")]
+    pod = drawn[0].spec.template.spec
+    assert pod.security_context.run_as_non_root and pod.automount_service_account_token is False
 
 
 def test_a_two_node_job_succeeds(control_plane, api_client, core, backend, operator_release, job_namespace,
@@ -215,13 +261,14 @@ def test_the_operator_service_account_can_do_its_work_and_nothing_else(control_p
                            ("create", "trainingjobs.kubetune.dev"),  # a TrainingSweep's trials
                            ("watch", "trainingsweeps.kubetune.dev"), ("patch", "trainingsweeps.kubetune.dev/status"),
                            *own[backend],
+                           ("create", "jobs.batch"), ("get", "jobs.batch"),  # generate --on-cluster
                            ("create", "configmaps"), ("patch", "configmaps"), ("get", "secrets"), ("list", "pods"), ("create", "events"),
                            ("patch", "validatingwebhookconfigurations/kubetune-trainingjobs"),
                            ("list", "workloads.kueue.x-k8s.io")]:
         assert can(verb, resource), f"the operator cannot {verb} {resource}"
     for verb, resource in [("delete", "trainingjobs.kubetune.dev"), ("create", "trainingsweeps.kubetune.dev"),
                            ("delete", "trainingsweeps.kubetune.dev"),
-                           ("list", "secrets"), ("create", "pods"), ("delete", "pods"), ("delete", "pytorchjobs.kubeflow.org"),
+                           ("list", "secrets"), ("delete", "jobs.batch"), ("list", "jobs.batch"), ("create", "pods"), ("delete", "pods"), ("delete", "pytorchjobs.kubeflow.org"),
                            *other[backend],
                            ("update", "configmaps"), ("create", "deployments.apps"), ("create", "clusterroles.rbac.authorization.k8s.io"),
                            ("patch", "validatingwebhookconfigurations/someone-elses"),

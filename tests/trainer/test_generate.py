@@ -159,3 +159,46 @@ def test_a_missing_or_unreadable_control_image_is_refused_before_loading(tmp_pat
         check_request("qwen-image-edit", Request(prompts=("make it blue",)))
     with pytest.raises(GenerationError, match="classifier draws no images"):
         check_request("classifier", Request())
+
+
+def test_the_pod_of_generate_on_cluster_draws_what_generate_draws_here(trained, tmp_path):
+    """`python -m kubetune_trainer.generation` (what the operator's generation Job runs) on the same run:
+    the same images, named and labelled the same, in a new --out folder."""
+    import os
+    import subprocess
+    import sys
+
+    args = ["--step", "1", "--compare", "--prompt", PROMPT, "--prompt", "a blue square", "--steps", "2"]
+    result = kubetune(trained, *args, "--out", tmp_path / "here")
+    assert result.exit_code == 0, result.output
+    pod = subprocess.run([sys.executable, "-m", "kubetune_trainer.generation", "--run", str(trained), *args,
+                          "--out", str(tmp_path / "pod")], capture_output=True, text=True, env=dict(os.environ))
+    assert pod.returncode == 0, pod.stderr[-3000:]
+    assert f"wrote 4 image(s) and grid.png into {tmp_path / 'pod'}" in pod.stdout
+    names = sorted(p.name for p in (tmp_path / "here").iterdir())
+    assert sorted(p.name for p in (tmp_path / "pod").iterdir()) == names
+    for name in names:
+        assert np.array_equal(png(tmp_path / "pod" / name), png(tmp_path / "here" / name)), name
+        with Image.open(tmp_path / "pod" / name) as drawn, Image.open(tmp_path / "here" / name) as here:
+            assert drawn.text == here.text, name
+    with Image.open(tmp_path / "pod" / "step-1-1.png") as image:
+        assert (image.text["prompt"], image.text["step"], image.text["seed"]) == ("a blue square", "1", "3")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--step", "7"], "--step 7: "),
+    (["--step", "latest"], "--step 'latest': use a step number, final or base"),
+    (["--step", "final", "--prompt", "x"], "already holds files: give a new folder (nothing was overwritten)"),
+])
+def test_the_generation_pod_refuses_in_one_line_and_overwrites_nothing(args, message, trained, tmp_path, capsys):
+    from kubetune_trainer.generation_pod import main
+
+    out = tmp_path / "out"
+    if "already" in message:
+        out.mkdir()
+        (out / "final-0.png").write_text("keep me")
+    assert main(["--run", str(trained), *args, "--out", str(out), "--steps", "1"]) == 1
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and message in said[0] and said[0].startswith("kubetune generate: "), said
+    assert not out.exists() or [p.name for p in out.iterdir()] == ["final-0.png"]
+    assert not out.exists() or (out / "final-0.png").read_text() == "keep me"

@@ -204,6 +204,11 @@ def test_rbac_and_the_runtime_follow_the_enabled_backends(helm, settings, backen
     assert operator_env(documents)["KUBETUNE_BACKENDS"] == backends
 
 
+def test_the_operator_may_create_and_read_generation_jobs_and_nothing_more_of_batch(helm):
+    rules = rbac_rules(documents_of(render(helm)))
+    assert {key: verbs for key, verbs in rules.items() if key.startswith("batch/")} == {"batch/jobs": {"get", "create"}}
+
+
 def test_an_unknown_backend_is_refused_by_the_schema(helm):
     result = render(helm, "--set", "backend=mpijob")
     assert result.returncode != 0 and "backend" in result.stderr
@@ -428,6 +433,8 @@ RBAC_ALLOW_LIST = {
     ("trainer.kubeflow.org", "clustertrainingruntimes"): {"get"},
     ("kueue.x-k8s.io", "workloads"): {"list"},
     ("networking.k8s.io", "networkpolicies"): {"get", "create"},
+    # `kubetune generate --on-cluster`: created per request, polled; removed by the garbage collector.
+    ("batch", "jobs"): {"get", "create"},
     ("", "configmaps"): {"get", "create", "patch"},
     ("", "secrets"): {"get"},
     ("", "pods"): {"list"},

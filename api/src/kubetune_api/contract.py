@@ -284,3 +284,21 @@ class TrainerLog:
     def parse_final_weights(cls, text: str) -> list[str]:
         """The first URI of every FINAL_WEIGHTS line in `text`, in order."""
         return [uri.rstrip(",") for uri in cls.FINAL_WEIGHTS_PATTERN.findall(text)]
+
+
+# ---- generation on the cluster (`kubetune generate --on-cluster`) ---------------------------------
+
+# The CLI asks the operator for a generation by setting this annotation on the TrainingJob: the JSON of a
+# GenerationRequest (kubetune_operator.generation_jobs). One request at a time per job; a new id
+# replaces the last. An annotation, not a resource of its own: whoever may edit the TrainingJob may ask
+# for images from it, and the request goes when the job goes.
+GENERATE_ANNOTATION = f"{API_GROUP}/generate"
+# The operator answers in status.generations: one entry per request id it saw, with its phase
+# (Running, Succeeded, Failed), the S3 URI of the images, and a message when it failed.
+GENERATIONS_STATUS = "generations"
+# On the batch Job that draws (and its pod): the request's id.
+GENERATION_LABEL = f"{API_GROUP}/generation"
+# The pod's command: kubetune_trainer.generation's __main__ draws a run's images into an S3 folder.
+GENERATION_COMMAND = ("python", "-m", "kubetune_trainer.generation")
+# Where the images of a request go, beside the run: <outputUri>/generated/<label>/
+GENERATED_FOLDER = "generated"

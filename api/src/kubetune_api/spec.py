@@ -1365,6 +1365,20 @@ class ValidationResult(_Model):
     )
 
 
+class Generation(_Model):
+    """One `kubetune generate --on-cluster` request (the kubetune.dev/generate annotation) as the operator
+    answers it: the batch Job that draws it and where the images go."""
+
+    id: str = Field(max_length=64, description="The request's id (in the annotation, the Job's name and the folder).")
+    phase: Literal["Running", "Succeeded", "Failed"] = Field(description="Running, Succeeded or Failed.")
+    uri: Optional[str] = Field(default=None, description="Where the PNGs and grid.png go: "
+                               "<outputUri>/generated/<step>[-compare]-<id>.")
+    job: Optional[str] = Field(default=None, description="The batch Job that draws them.")
+    message: Optional[str] = Field(default=None, max_length=32768, description="Why it failed.")
+    start_time: Optional[str] = Field(default=None, description="When the Job started (RFC 3339).")
+    completion_time: Optional[str] = Field(default=None, description="When it finished (RFC 3339).")
+
+
 class TrainingJobStatus(_Model):
     """What the operator observed."""
 
@@ -1391,6 +1405,9 @@ class TrainingJobStatus(_Model):
     )
     observed_generation: Optional[int] = Field(default=None, description="The spec generation last acted on.")
     backend: Optional[str] = Field(default=None, description="The backend running the job (pytorchjob or trainjob).")
+    generations: list[Generation] = Field(
+        default_factory=list, description="The latest `kubetune generate --on-cluster` requests (at most 10), "
+        "each with its phase and the URI of its images.")
 
 
 _QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")

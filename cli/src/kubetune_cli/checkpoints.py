@@ -26,6 +26,7 @@ class Target:
     uri: str  # a job directory or a run directory
     current: str | None = None  # the run the TrainingJob is on now (status.outputUri)
     described: str = ""
+    namespace: str | None = None  # a TrainingJob's namespace, when JOB named one on the cluster
 
 
 def fail(message: str) -> None:
@@ -64,7 +65,7 @@ def from_cluster(name: str, namespace: str | None) -> Target:
             fail(f"no TrainingJob {name!r} in namespace {namespace!r} (use -n NAMESPACE, or pass an s3:// URI)")
         raise
     job_uri = layout.job_root(job["spec"]["checkpoints"]["uri"], namespace, name)
-    return Target(job_uri, (job.get("status") or {}).get("outputUri"), f"TrainingJob {namespace}/{name}")
+    return Target(job_uri, (job.get("status") or {}).get("outputUri"), f"TrainingJob {namespace}/{name}", namespace)
 
 
 def resolve(job: str, namespace: str | None) -> Target:
