@@ -146,3 +146,17 @@ def test_a_model_that_is_not_one_is_refused_before_anything_is_generated(sd15_jo
     assert result.exit_code == 1
     assert result.output.startswith(f"kubetune evaluate: {option}") and result.output.count("\n") == 1, result.output
     assert not (tmp_path / "x").exists()
+
+
+def test_a_video_jobs_clips_refuse_the_image_scores_by_option():
+    from pathlib import Path
+
+    from kubetune_trainer.data.video_captions import CaptionedClip
+    from kubetune_trainer.errors import ConfigError
+    from kubetune_trainer.run_evaluation import refuse_image_scores_for_clips
+
+    clips = [CaptionedClip(Path("a.mp4"), "a cat")]
+    refuse_image_scores_for_clips(clips, None, None)  # ssim and CLIP only: nothing to refuse
+    for lpips, hps, option in (("/m/lpips", None, "--lpips-model"), (None, "/m/hps", "--hps-model")):
+        with pytest.raises(ConfigError, match=f"^{option}: scores images, and this job's samples are video clips"):
+            refuse_image_scores_for_clips(clips, lpips, hps)
