@@ -43,14 +43,22 @@ def pick_device(name: str):
 @click.option("--clip-model", default=None, metavar="URI",
               help="CLIP model for clip_image and clip_text (generating families); default "
                    "spec.validation.clipModel; without one only SSIM is measured.")
+@click.option("--lpips-model", default=None, metavar="URI",
+              help="Folder (local or s3://) with backbone.pth (torchvision's AlexNet or VGG16 weights) and "
+                   "linear.pth (the LPIPS v0.1 linear weights of that network): adds lpips (images).")
+@click.option("--hps-model", default=None, metavar="URI",
+              help="Human-preference model in the transformers CLIP layout (e.g. HPS v2 converted from "
+                   "OpenCLIP): adds hps, 100 x its image-prompt cosine (images).")
 def evaluate(job: str, namespace: str | None, data: str | None, out_dir: str | None, step: str,
-             version: int | None, force: bool, device: str, clip_model: str | None) -> None:
+             version: int | None, force: bool, device: str, clip_model: str | None, lpips_model: str | None,
+             hps_model: str | None) -> None:
     """Evaluate a trained run of JOB on its held-out data (or --data).
 
     Classifier: predictions.csv, metrics.json (accuracy, macro and per-class precision, recall, F1)
     and confusion_matrix.png. Generating families: each sample's image generated from its prompt
     (and control images) and scored against the sample's image: images/, scores.csv and
-    metrics.json (ssim; clip_image and clip_text with a CLIP model)."""
+    metrics.json (ssim; clip_image and clip_text with a CLIP model; lpips with --lpips-model; hps
+    with --hps-model)."""
     check_step(COMMAND, step)
     run = choose_run(COMMAND, resolve(job, namespace), version)
     chosen = resolve_step(COMMAND, run, step)
@@ -59,13 +67,15 @@ def evaluate(job: str, namespace: str | None, data: str | None, out_dir: str | N
     out = Path(out_dir or f"{trained.metadata.name}-v{run.version}-{label}-evaluation")
     check_out_folder(COMMAND, out, force)
     described = {"run": run.uri, "weights": step_label(chosen), "data": data or "held-out split"}
+    scorers = {"lpips_model": lpips_model, "hps_model": hps_model}
     with configuration_errors():
         spec, data = local_inputs(trained.spec, data)  # --data is checked before anything is pulled
     with tempfile.TemporaryDirectory(prefix="kubetune-evaluate-") as scratch:
         weights = Path(scratch) / "weights"
         pull_weights(run, chosen, weights)
         with configuration_errors():
-            files = _evaluate(trained, spec, weights, data, pick_device(device), clip_model, described)
+            files = _evaluate(trained, spec, weights, data, pick_device(device), clip_model, described,
+                               **scorers)
     from kubetune_trainer.run_evaluation import write_files
 
     write_files(out, files)
@@ -106,7 +116,8 @@ def local_inputs(spec, data: str | None):
     return spec, data
 
 
-def _evaluate(trained, spec, weights: Path, data: str | None, device, clip_model: str | None, described: dict):
+def _evaluate(trained, spec, weights: Path, data: str | None, device, clip_model: str | None, described: dict,
+              lpips_model: str | None = None, hps_model: str | None = None):
     import torch
     import transformers
 
@@ -122,7 +133,12 @@ def _evaluate(trained, spec, weights: Path, data: str | None, device, clip_model
     samples = run_evaluation.generation_samples(spec, data)
     clip_source = clip_model or spec.validation.clip_model
     described["clip_model"] = clip_source
+    run_evaluation.refuse_image_scores_for_clips(samples, lpips_model, hps_model)
     clip = run_evaluation.clip_scorer(clip_source and local_copy(clip_source), device,
                                       "--clip-model" if clip_model else "spec.validation.clipModel")
+    lpips = run_evaluation.lpips_scorer(lpips_model, device)
+    hps = run_evaluation.hps_scorer(hps_model, device)
+    described.update({name: source for name, source in (("lpips_model", lpips_model), ("hps_model", hps_model))
+                      if source})
     generated = run_evaluation.generate_for(trained, weights, samples, device)
-    return run_evaluation.score_generated(generated, samples, clip, described, spec.data.fps)
+    return run_evaluation.score_generated(generated, samples, clip, described, spec.data.fps, lpips, hps)

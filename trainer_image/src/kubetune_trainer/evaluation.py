@@ -19,8 +19,13 @@ image and averaged (the PMG evaluation guide's metrics that need no network):
   before its x100 and clamp)?
 - clip_directional (edit pairs): validation's clip_directional of each edit, from its (first) control
   image: does the edit go where the instruction says?
-LPIPS is not here: no maintained package loads its network from a local file without downloading
-its backbone (the `lpips` package's last release is from 2021 and fetches torchvision weights).
+- lpips (with --lpips-model): the LPIPS distance of generated and reference image (lpips_distance,
+  computed here from a torchvision backbone's and the paper's linear weights), >= 0, 0 for the same
+  image: lower is closer; the reference is resized to the generated size.
+- hps (with --hps-model): a human-preference model in CLIP form (HPS v2: an OpenCLIP ViT-H/14
+  fine-tune, converted to the transformers CLIP layout) scoring the image against its prompt as HPS v2
+  reports it, 100 * cos(E_img(generated), E_txt(prompt)): higher is preferred (HPS v2's own figures
+  are around 20-30).
 
 The embeddings are CLIP's projected ones, normalised to unit length. The images come from the same
 prompts and the same seed at every validation (kubetune_trainer.validation), so two checkpoints' scores
@@ -105,6 +110,10 @@ class ClipScorer:
         with self._on_device():
             cosine = (self._image_embeddings(images) * self._text_embeddings(prompts)).sum(-1)
         return Scores.of(cosine)
+
+    def preference_score(self, images: Sequence, prompts: Sequence[str]) -> "Scores":
+        """100 * cos(E_img(image), E_txt(its prompt)): the HPS v2 score when this CLIP is HPS v2's."""
+        return Scores([100 * value for value in self.text_similarity(images, prompts).per_image])
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ whatever machine asks), or every sample of another folder in the job's layout (-
   (classification_metrics.report) and confusion_matrix.png.
 - A generating family draws each sample's image from its prompt (and control images) with the
   trained weights (generate_for) and scores it against the sample's own image (evaluation: ssim,
-  clip_image, clip_text; an edit against its control image too: clip_directional): images/, scores.csv
+  clip_image, clip_text; an edit against its control image too: clip_directional; lpips_distance:
+  lpips; hps with a preference model): images/, scores.csv
   (a row per sample) and metrics.json (the means). A video family's clips are scored frame by frame
   against the held-out clips (clip_evaluation) and written as clips/NNNN.mp4.
 
@@ -239,12 +240,40 @@ def clip_scorer(source: str | None, device: torch.device, named: str = "spec.val
         raise ConfigError(str(err).replace("spec.validation.clipModel", named, 1)) from None
 
 
-def score_generated(generated: list, samples: list, clip, described: dict, fps: float | None = None
-                    ) -> dict[str, bytes]:
+def lpips_scorer(source: str | None, device: torch.device):
+    """The LPIPS network of --lpips-model (lpips_distance: a torchvision backbone and the paper's linear
+    weights), or None; loaded before any image is generated, so a folder that is not one is refused first."""
+    from kubetune_trainer.lpips_distance import LpipsDistance
+    from kubetune_trainer.storage.inputs import local_copy
+
+    return LpipsDistance(local_copy(source), device, source) if source else None
+
+
+def hps_scorer(source: str | None, device: torch.device):
+    """The human-preference model of --hps-model (a transformers CLIPModel folder, e.g. HPS v2 converted
+    from its OpenCLIP checkpoint), or None; refused before any image is generated."""
+    from kubetune_trainer.storage.inputs import local_copy
+
+    return clip_scorer(source and local_copy(source), device, "--hps-model")
+
+
+def refuse_image_scores_for_clips(samples: list, lpips, hps) -> None:
+    """LPIPS and the HPS-style score are measured on images; a video family's clips get ssim and CLIP."""
+    if samples and isinstance(samples[0], CaptionedClip):
+        for option, given in (("--lpips-model", lpips), ("--hps-model", hps)):
+            if given is not None:
+                raise ConfigError(f"{option}: scores images, and this job's samples are video clips "
+                                  "(scored with ssim and a CLIP model); leave it out")
+
+
+def score_generated(generated: list, samples: list, clip, described: dict, fps: float | None = None,
+                    lpips=None, hps=None) -> dict[str, bytes]:
     """The files of a generating family's evaluation: each generated image against its sample's own
     image (ssim; with a CLIP scorer clip_image), against its prompt (clip_text) and, an edit, the change
     from its first control image against its instruction (clip_directional, as validation scores it).
-    Clips (a video family's) frame by frame against the held-out clips read at `fps` (spec.data.fps)."""
+    With an LPIPS network, lpips against the sample's image; with a human-preference CLIP model, hps
+    against the prompt. Clips (a video family's) frame by frame against the held-out clips read at `fps`
+    (spec.data.fps)."""
     if len(generated) != len(samples):
         raise RuntimeError(f"generate_for returned {len(generated)} images for {len(samples)} samples")
     prompts = [prompt_of(sample) for sample in samples]
@@ -260,6 +289,10 @@ def score_generated(generated: list, samples: list, clip, described: dict, fps: 
         if all(isinstance(sample, EditPair) for sample in samples):
             controls = [_read_rgb(sample.controls[0]) for sample in samples]
             scores["clip_directional"] = clip.directional_similarity(controls, generated, prompts)
+    if lpips is not None:
+        scores["lpips"] = lpips.scores(generated, references)
+    if hps is not None:
+        scores["hps"] = hps.preference_score(generated, prompts)
     images = {f"images/{i:04d}.png": _png_image(image) for i, image in enumerate(generated)}
     rows = [[f"images/{i:04d}.png", str(reference_path(sample)), prompts[i],
              *(f"{scores[metric].per_image[i]:.6f}" for metric in scores)] for i, sample in enumerate(samples)]
