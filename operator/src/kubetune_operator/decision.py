@@ -336,8 +336,8 @@ def _mirror_child(spec: dict, observed: Observed, backend: Backend, draft: _Draf
     if fields.get("phase") in FINISHED:
         draft.update(status.finished_patch(spec, draft.view(), fields["phase"]))
     decision.events.extend(events)
-    if "progress" in draft.patch and observed.settings.trainjob_report_progress:
-        child_patch = backend.progress_patch(draft.patch["progress"], observed.now)
+    if "progress" in draft.patch:
+        child_patch = backend.progress_patch(draft.patch["progress"], observed.now, observed.settings)
         if child_patch is not None:
             decision.actions.append(PatchChildStatus(child_patch))
 

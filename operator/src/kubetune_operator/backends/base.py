@@ -80,9 +80,9 @@ class Backend(Protocol):
         """Why this backend cannot run JOB as written (a field it cannot honour), one message per
         field; empty when it can. Refused, never silently dropped."""
 
-    def progress_patch(self, progress: dict, now: str) -> dict | None:
+    def progress_patch(self, progress: dict, now: str, settings: Settings) -> dict | None:
         """A status patch reporting PROGRESS (status.progress) on the child, where its API has a
-        place for it; None where it has none."""
+        place for it (and its settings ask for it); None where it has none."""
 
 
 SUSPENDED_BEFORE_START = ChildState("Suspended", "Suspended",

@@ -133,5 +133,5 @@ class PyTorchJobBackend:
     def unsupported(self, job: TrainingJob, settings: Settings) -> list[str]:
         return []  # the PyTorchJob carries every field of the spec
 
-    def progress_patch(self, progress: dict, now: str) -> dict | None:
+    def progress_patch(self, progress: dict, now: str, settings: Settings) -> dict | None:
         return None  # a PyTorchJob's status has no place for progress
