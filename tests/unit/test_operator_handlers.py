@@ -79,17 +79,21 @@ class FakeCore:
     """ConfigMaps and pods, as the CoreV1Api calls of the reconcile use them."""
 
     def __init__(self, data: dict | None = None):
-        self.data, self.created, self.patches = data, [], []
+        self.data, self.created, self.patches, self.owners = data, [], [], ["uid-1"]
         self.api_client = type("ApiClient", (), {"sanitize_for_serialization": staticmethod(lambda pod: pod)})()
 
     def read_namespaced_config_map(self, name, namespace):
         if self.data is None:
             raise ApiException(status=404, reason="Not Found")
-        return type("ConfigMap", (), {"data": self.data, "metadata": type("Meta", (), {"name": name})()})()
+        owners = [type("Ref", (), {"uid": uid})() for uid in self.owners]
+        return type("ConfigMap", (), {"data": self.data, "metadata": type("Meta", (), {
+            "name": name, "owner_references": owners})()})()
 
     def create_namespaced_config_map(self, namespace, body):
+        if self.data is not None:
+            raise ApiException(status=409, reason="Conflict")
         self.created.append(body)
-        self.data = body["data"]
+        self.data, self.owners = body["data"], [ref["uid"] for ref in body["metadata"]["ownerReferences"]]
 
     def patch_namespaced_config_map(self, name, namespace, body):
         self.patches.append(body)
@@ -109,8 +113,9 @@ def api(monkeypatch):
         {"kind": "TrainingJob", "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"]}]))
 
     def install(fake: FakeCustomObjects, core: FakeCore | None = None) -> FakeCustomObjects:
+        core = core or FakeCore()
         monkeypatch.setattr(kube, "custom_api", lambda: fake)
-        monkeypatch.setattr(kube, "core_api", lambda: core or FakeCore())
+        monkeypatch.setattr(kube, "core_api", lambda: core)
         fake.events = events
         return fake
     return install
@@ -181,6 +186,33 @@ def test_a_status_write_raced_by_another_trigger_is_decided_again_not_lost(api, 
     assert stored["status"]["conditions"][0] == {"type": "Other", "status": "True"}, "decided again, not overwritten"
     assert stored["status"]["phase"] == "Pending"
     assert [c[0] for c in fake.calls].count("patch-status") == 2, "the first write refused, the second one made"
+
+
+def test_the_children_of_an_older_job_of_the_same_name_are_not_taken_for_this_ones(api, example_manifest):
+    old_child = {"metadata": {"name": "sd15", "uid": "old-child", "ownerReferences": [{"uid": "uid-0"}]},
+                 "spec": {}, "status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+    core = FakeCore({"trainingjob.yaml": "left by uid-0"})
+    core.owners = ["uid-0"]
+    fake = api(FakeCustomObjects({("trainingjobs", "sd15"): dict(job_body(example_manifest)),
+                                  ("clustertrainingruntimes", "kubetune-trainer"): {},
+                                  ("trainjobs", "sd15"): old_child}), core)
+    with pytest.raises(kopf.TemporaryError, match="belongs to something else"):
+        reconcile.reconcile("team-a", "sd15")
+    assert (fake.objects[("trainingjobs", "sd15")].get("status") or {}).get("phase") != "Succeeded"
+
+
+def test_a_child_event_reconciles_its_owner_only_while_that_very_job_exists(monkeypatch):
+    reconciled = []
+    monkeypatch.setattr(handlers, "reconcile", lambda namespace, name: reconciled.append((namespace, name)))
+    child = kopf.Body({"metadata": {"name": "sd15", "ownerReferences": [
+        {"kind": "TrainingJob", "name": "sd15", "uid": "uid-1"}]}})
+    handlers.child_changed(body=child, namespace="team-a", type="MODIFIED", training_jobs={})
+    handlers.child_changed(body=child, namespace="team-a", type="MODIFIED",
+                           training_jobs={("team-a", "sd15"): ["uid-2"]})  # a new job of that name
+    assert reconciled == []
+    handlers.child_changed(body=child, namespace="team-a", type="MODIFIED",
+                           training_jobs={("team-a", "sd15"): ["uid-1"]})
+    assert reconciled == [("team-a", "sd15")]
 
 
 def test_a_deleted_or_deleting_job_is_left_to_the_garbage_collector(api, example_manifest):

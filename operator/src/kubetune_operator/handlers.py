@@ -110,13 +110,20 @@ def job_changed(name: str, namespace: str, **_) -> None:
     reconcile(namespace, name)
 
 
-def child_changed(body: kopf.Body, namespace: str, type: str, **_) -> None:
-    """A child job changed: reconcile the TrainingJob that owns it (a new one of the same name is not it:
-    the reconcile reads the owner by name and acts on what it owns)."""
+@kopf.index(API_GROUP, API_VERSION, PLURAL)
+def training_jobs(namespace: str, name: str, uid: str, **_) -> dict:
+    """Every TrainingJob's UID by (namespace, name), kept in memory from the watch kopf runs anyway:
+    a child's event reconciles its owner only while that very TrainingJob exists."""
+    return {(namespace, name): uid}
+
+
+def child_changed(body: kopf.Body, namespace: str, type: str, training_jobs: kopf.Index, **_) -> None:
+    """A child job changed: reconcile the TrainingJob that owns it. Not when that TrainingJob is gone,
+    or the name now belongs to a new one (the old child is garbage being collected): no API call then."""
     if type == "DELETED":
         return
     owner = next((ref for ref in body.metadata.get("ownerReferences", []) if ref.get("kind") == KIND), None)
-    if owner is None:
+    if owner is None or owner.get("uid") not in training_jobs.get((namespace, owner["name"]), ()):
         return
     try:
         reconcile(namespace, owner["name"])

@@ -78,18 +78,25 @@ def read_training_job(namespace: str, name: str) -> dict | None:
                                                                               PLURAL, name))
 
 
-def read_config_map_data(namespace: str, job_name: str) -> dict | None:
-    """The trainer ConfigMap's data, or None when it does not exist (the job never started)."""
+def read_config_map_data(namespace: str, job_name: str, owner_uid: str) -> dict | None:
+    """The trainer ConfigMap's data, or None when OWNER_UID has none (the job never started; one left by
+    an older TrainingJob of the same name is not this job's: creating this job's is then refused)."""
     found = _missing_is_none(lambda: core_api().read_namespaced_config_map(naming.config_map_name(job_name),
                                                                            namespace))
-    return None if found is None else dict(found.data or {})
+    if found is None or owner_uid not in [ref.uid for ref in found.metadata.owner_references or []]:
+        return None
+    return dict(found.data or {})
 
 
-def read_child(backend: Backend, namespace: str, job_name: str) -> dict | None:
-    """The child job, or None: not created yet, deleted, or its API is not served (then
-    missing_prerequisite says which)."""
-    return _missing_is_none(lambda: custom_api().get_namespaced_custom_object(
+def read_child(backend: Backend, namespace: str, job_name: str, owner_uid: str) -> dict | None:
+    """The child job OWNER_UID owns, or None: not created yet, deleted, its API not served (then
+    missing_prerequisite says which), or one of an older TrainingJob of the same name (creating this
+    job's is then refused until that one is gone)."""
+    child = _missing_is_none(lambda: custom_api().get_namespaced_custom_object(
         backend.group, backend.version, namespace, backend.plural, naming.child_name(job_name)))
+    if child is None or owner_uid not in [ref.get("uid") for ref in child["metadata"].get("ownerReferences", [])]:
+        return None
+    return child
 
 
 def read_workload(namespace: str, child_uid: str, enabled: bool) -> dict | None:

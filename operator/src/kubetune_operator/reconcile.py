@@ -35,8 +35,8 @@ def observe(job: dict, settings: Settings) -> Observed:
         return Observed(**base)  # nothing left to decide
     backend = BACKENDS[backend_name(spec, status, settings.backend)]
     enabled = settings.backend_enabled(backend.name)
-    child = kube.read_child(backend, namespace, name) if enabled else None
-    found: dict = {"config_map": kube.read_config_map_data(namespace, name), "child": child}
+    child = kube.read_child(backend, namespace, name, metadata["uid"]) if enabled else None
+    found: dict = {"config_map": kube.read_config_map_data(namespace, name, metadata["uid"]), "child": child}
     if child is None and enabled:
         found["backend_problem"] = kube.missing_prerequisite(backend, namespace, settings)
     if child is not None:
