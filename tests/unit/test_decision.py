@@ -340,3 +340,33 @@ def test_other_waiting_reasons_are_not_a_credentials_problem(example_manifest):
     spec = cpu_spec(example_manifest, s3={"credentialsSecret": "creds"})
     assert credentials.missing_secret_message([waiting_pod("pulling", "ContainerCreating")], spec, "team-a") is None
     assert credentials.missing_secret_message([], spec, "team-a") is None
+
+
+@pytest.mark.parametrize("backend,settings,edit,field", [
+    (TRAINJOB, TRAINJOB_SETTINGS, lambda c: c["spec"]["trainer"].update(image="evil:1"), "spec.trainer.image"),
+    (PYTORCHJOB, Settings(), lambda c: c["spec"]["pytorchReplicaSpecs"]["Master"].update(replicas=3),
+     "spec.pytorchReplicaSpecs.Master.replicas"),
+], ids=["trainjob-image", "pytorchjob-replicas"])
+def test_a_child_edited_by_hand_is_reported_once_not_reverted(example_manifest, backend, settings, edit, field):
+    spec = cpu_spec(example_manifest)
+    child = child_of(spec, backend, state=RUNNING if backend is TRAINJOB else {
+        "conditions": [{"type": "Running", "status": "True", "reason": "Running"}]})
+    edit(child)
+    status = {"phase": "Running", "backend": backend.name}
+    observed = seen(settings, config_map=started(spec), child=child)
+    decided = decide(spec, status, observed)
+    found = condition(decided.status, "ChildMatchesSpec")
+    assert (found["status"], found["reason"]) == ("False", "EditedOutsideKubetune") and field in found["message"]
+    assert decided.actions == [], "reported, not reverted: a running child's pods are not restarted behind the user"
+    assert [(e.type, e.reason) for e in decided.events] == [("Warning", "EditedOutsideKubetune")]
+    assert converged(spec, status, observed, decided).events == []
+    put_back = decide(spec, {**status, **decided.status}, seen(settings, config_map=started(spec),
+                                                               child=child_of(spec, backend, state=child["status"])))
+    assert condition(put_back.status, "ChildMatchesSpec")["status"] == "True"
+
+
+def test_a_child_as_built_raises_no_drift(example_manifest):
+    spec = cpu_spec(example_manifest)
+    decided = decide(spec, {"phase": "Running", "backend": "trainjob"},
+                     seen(config_map=started(spec), child=child_of(spec, state=RUNNING)))
+    assert condition(decided.status, "ChildMatchesSpec") is None

@@ -39,6 +39,7 @@ from kubetune_operator.trainer_config import build_config_map, job_from_config_m
 BACKEND_RETRY_SECONDS = 30.0
 REPLACE_RETRY_SECONDS = 2.0
 SPEC_CHANGE_CONDITION = "SpecChangeRefused"
+DRIFT_CONDITION = "ChildMatchesSpec"
 
 
 @dataclass(frozen=True)
@@ -313,6 +314,8 @@ def _follow_spec(spec: dict, observed: Observed, backend: Backend, draft: _Draft
                                      if change.suspend else "resuming from the latest checkpoint"))
     if not change.refused:
         draft.set("observedGeneration", observed.generation)
+    if child is not None and not deleting and change.resized is None:
+        _drift(runs, observed, backend, draft, decision)
     if child is None and change.resized is None:
         # Deleted by hand, or gone with its backend's CRDs: created again once the backend is there;
         # the trainer resumes from its latest checkpoint.
@@ -321,6 +324,26 @@ def _follow_spec(spec: dict, observed: Observed, backend: Backend, draft: _Draft
             return None
         _create_child(runs, observed, backend, decision)
     return runs
+
+
+def _drift(runs: TrainingJob, observed: Observed, backend: Backend, draft: _Draft, decision: Decision) -> None:
+    """A child edited by hand is reported (ChildMatchesSpec=False, one Warning), not reverted: putting
+    back the image or size of a running child restarts its pods (or, for a TrainJob, is refused while
+    it runs), so the choice between keeping the edit and a restart from the last checkpoint is left
+    to the user, with the way to each."""
+    wanted = backend.owned_fields(backend.build(runs, observed.uid, observed.settings))
+    found = backend.owned_fields(observed.child)
+    edited = [f"{path} is {found.get(path)!r} (kubetune wrote {value!r})" for path, value in wanted.items()
+              if found.get(path) != value]
+    if edited:
+        message = (f"the {backend.kind} {observed.child['metadata']['name']} was changed outside kubetune: "
+                   f"{'; '.join(edited)}. kubetune does not revert a running child (that restarts its pods); "
+                   f"put the fields back, or delete the {backend.kind} to have it created again from the spec "
+                   "(the run continues from its latest checkpoint)")
+        if draft.condition(DRIFT_CONDITION, "False", "EditedOutsideKubetune", message):
+            decision.events.append(Event("Warning", "EditedOutsideKubetune", message))
+    elif draft.condition_reason(DRIFT_CONDITION) == "EditedOutsideKubetune":
+        draft.condition(DRIFT_CONDITION, "True", "AsBuilt", "the child job is as kubetune built it")
 
 
 def _progress(spec: dict, observed: Observed, draft: _Draft) -> None:

@@ -38,6 +38,8 @@ def observe(job: dict, settings: Settings) -> Observed:
     child = kube.read_child(backend, namespace, name, metadata["uid"]) if enabled else None
     found: dict = {"config_map": kube.read_config_map_data(namespace, name, metadata["uid"]), "child": child}
     if child is None and enabled:
+        if found["config_map"] is not None:  # started, and its child is gone: its API may have gone with it
+            kube.forget_prerequisites()
         found["backend_problem"] = kube.missing_prerequisite(backend, namespace, settings)
     if child is not None:
         queue = decision.queue_name(spec, base["labels"])

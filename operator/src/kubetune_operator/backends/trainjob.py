@@ -239,6 +239,11 @@ class TrainJobBackend:
         """
         return None
 
+    def owned_fields(self, child: dict) -> dict[str, object]:
+        """The trainer's image and size: written by kubetune only (the Trainer and Kueue leave them)."""
+        trainer = (child.get("spec") or {}).get("trainer") or {}
+        return {f"spec.trainer.{key}": trainer.get(key) for key in ("image", "numNodes", "numProcPerNode")}
+
     def rank0_pod_selector(self, job_name: str) -> str:
         # Rank 0 runs in node rank 0: the pod of completion index 0 of the JobSet's node Job.
         return (f"{JOBSET_NAME_LABEL}={naming.child_name(job_name)},{REPLICATED_JOB_LABEL}={NODE},"
