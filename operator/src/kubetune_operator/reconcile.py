@@ -47,7 +47,9 @@ def observe(job: dict, settings: Settings) -> Observed:
             found["workload"] = kube.read_workload(namespace, child["metadata"]["uid"], settings.kueue_workloads)
         if status.get("phase") == "Running":
             found["gauges"] = _gauges(namespace, name, backend, settings)
-        elif credentials.secret_fields(spec) and not backend.is_suspended(child):
+        # No reading from the trainer (e.g. a TrainJob counts a pod waiting for its Secret as active):
+        # what its pods say, where the job names a Secret.
+        if not found.get("gauges") and credentials.secret_fields(spec) and not backend.is_suspended(child):
             pods = kube.job_pods(namespace, naming.child_name(name))
             found["credentials_problem"] = credentials.missing_secret_message(pods, spec, namespace)
     return Observed(**base, **found)
