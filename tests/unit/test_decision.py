@@ -76,14 +76,16 @@ def test_a_new_job_gets_its_config_and_child_and_says_so_once(example_manifest, 
     decided = decide(spec, {}, seen())
     assert kinds(decided.actions) == ["CreateConfigMap", "CreateChild"]
     assert decided.actions[1].obj["kind"] == "TrainJob" and decided.actions[1].obj["spec"]["suspend"] is suspend
-    assert (decided.status["phase"], decided.status["backend"], decided.status["observedGeneration"]) == (phase, "trainjob", 2)
+    assert (decided.status["phase"], decided.status["backend"], decided.status["observedGeneration"]) == \
+        (phase, "trainjob", 2)
     assert condition(decided.status, "BackendReady")["reason"] == "ChildCreated"
     assert [(e.type, e.reason) for e in decided.events] == [("Normal", "Created")]
     assert decided.retry_after is None and decided.error is None
 
 
 def test_a_network_policy_comes_before_the_child_when_the_chart_asks_for_one(example_manifest):
-    settings = dataclasses.replace(TRAINJOB_SETTINGS, network_policy=NetworkPolicySettings("kubetune-system", {"app": "kubetune"}, [], []))
+    policy = NetworkPolicySettings("kubetune-system", {"app": "kubetune"}, [], [])
+    settings = dataclasses.replace(TRAINJOB_SETTINGS, network_policy=policy)
     assert kinds(decide(cpu_spec(example_manifest), {}, seen(settings)).actions) == \
         ["CreateConfigMap", "CreateNetworkPolicy", "CreateChild"]
 
@@ -212,7 +214,8 @@ def test_a_frozen_field_changed_is_refused_once_and_the_refusal_ends_when_put_ba
     assert "observedGeneration" not in decided.status
     assert converged(changed, {"phase": "Running", "backend": "trainjob"}, observed, decided).events == []
     # A size change while it runs is refused too; both are said, and suspend still works meanwhile.
-    bigger = cpu_spec(example_manifest, adapter={**spec["adapter"], "rank": 32}, resources={"nodes": 2, "gpusPerNode": 0})
+    bigger = cpu_spec(example_manifest, adapter={**spec["adapter"], "rank": 32},
+                      resources={"nodes": 2, "gpusPerNode": 0})
     both = condition(decide(bigger, {"phase": "Running", "backend": "trainjob"}, observed).status, "SpecChangeRefused")["message"]
     assert "spec.adapter.rank" in both and "suspend first" in both and "from 1x1 process to 2x1 processes" in both
     suspending = decide(cpu_spec(example_manifest, adapter={**spec["adapter"], "rank": 32}, suspend=True),

@@ -248,3 +248,19 @@ def test_the_webhook_refuses_a_queue_label_that_disagrees_with_the_spec_naming_b
 def test_the_webhook_reads_no_secret(api, example_manifest):
     """A credentials Secret that does not exist is the pods' to report: admission does not look."""
     handlers.validate_new_job(body=job_body(example_manifest, s3={"credentialsSecret": "not-there"}), warnings=[])
+
+
+def test_the_created_event_is_said_even_when_the_status_write_after_it_is_raced(api, example_manifest):
+    fake = api(FakeCustomObjects({("trainingjobs", "sd15"): dict(job_body(example_manifest)),
+                                  ("clustertrainingruntimes", "kubetune-trainer"): {}}))
+    stored = fake.objects[("trainingjobs", "sd15")]
+    real_create = fake.create_namespaced_custom_object
+
+    def create_then_kopf_patches(group, version, namespace, plural, body):
+        real_create(group, version, namespace, plural, body)
+        stored["metadata"]["resourceVersion"] = "11"  # e.g. kopf's finalizer, between read and status write
+
+    fake.create_namespaced_custom_object = create_then_kopf_patches
+    reconcile.reconcile("team-a", "sd15")
+    assert [(t, r) for t, r, _ in fake.events] == [("Normal", "Created")]
+    assert stored["status"]["phase"] == "Pending"

@@ -21,6 +21,7 @@ from kubetune_operator.status import FINISHED
 
 log = logging.getLogger("kubetune.operator")
 
+CREATED = "Created"  # the event of a child created now
 # A status write raced this often by other triggers is given up (and retried by kopf).
 ATTEMPTS = 5
 
@@ -84,6 +85,10 @@ def act(job: dict, decided: decision.Decision) -> bool:
             child_created = kube.create_child(backend, action.obj, uid)
             if child_created:
                 metrics.CHILD_JOBS_CREATED.labels(backend.kind).inc()
+                # Said now: a status write raced below is decided again, and that pass finds the child.
+                for event in decided.events:
+                    if event.reason == CREATED:
+                        kube.post_event(job, event.type, event.reason, event.message)
         elif isinstance(action, decision.PatchChild):
             kube.patch_child(backend, name, namespace, action.body)
         elif isinstance(action, decision.DeleteChild):
@@ -96,9 +101,8 @@ def act(job: dict, decided: decision.Decision) -> bool:
         if isinstance(action, decision.PatchChildStatus):
             kube.patch_child_status(backend, namespace, name, action.body)
     for event in decided.events:
-        if event.reason == "Created" and not child_created:
-            continue  # it existed already (a repeated trigger): said when it was created
-        kube.post_event(job, event.type, event.reason, event.message)
+        if event.reason != CREATED:  # said when the child was created (or it existed already: not again)
+            kube.post_event(job, event.type, event.reason, event.message)
     return True
 
 

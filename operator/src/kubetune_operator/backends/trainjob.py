@@ -173,7 +173,8 @@ class TrainJobBackend:
                 "labels": pod_labels(job),
             },
             "spec": {
-                "runtimeRef": {"name": TrainJobSettings.of(settings).runtime, "apiGroup": GROUP, "kind": "ClusterTrainingRuntime"},
+                "runtimeRef": {"name": TrainJobSettings.of(settings).runtime, "apiGroup": GROUP,
+                               "kind": "ClusterTrainingRuntime"},
                 "suspend": spec.suspend,
                 "trainer": trainer,
                 "runtimePatches": [self._runtime_patch(job, settings)],
