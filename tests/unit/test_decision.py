@@ -62,6 +62,11 @@ def condition(status: dict, type_: str) -> dict | None:
     return next((c for c in status.get("conditions") or [] if c["type"] == type_), None)
 
 
+def said(decided: decision.Decision) -> list[tuple[str, str]]:
+    """(type, reason) of every event a decision says: after its actions, then after its status write."""
+    return [(e.type, e.reason) for e in decided.action_events + decided.events]
+
+
 def converged(spec: dict, status: dict, observed: Observed, decided: decision.Decision) -> decision.Decision:
     """Decide again from the status the first decision wrote: nothing new to write or say."""
     after = {key: value for key, value in {**status, **decided.status}.items() if value is not None}
@@ -79,7 +84,7 @@ def test_a_new_job_gets_its_config_and_child_and_says_so_once(example_manifest, 
     assert (decided.status["phase"], decided.status["backend"], decided.status["observedGeneration"]) == \
         (phase, "trainjob", 2)
     assert condition(decided.status, "BackendReady")["reason"] == "ChildCreated"
-    assert [(e.type, e.reason) for e in decided.events] == [("Normal", "Created")]
+    assert said(decided) == [("Normal", "Created")]
     assert decided.retry_after is None and decided.error is None
 
 
@@ -107,10 +112,10 @@ def test_a_backend_that_cannot_run_the_job_is_a_condition_one_warning_and_a_wait
     assert decided.actions == []
     found = condition(decided.status, "BackendReady")
     assert (found["status"], found["reason"], decided.status["phase"]) == ("False", reason, "Pending")
-    assert [(e.type, e.reason) for e in decided.events] == [("Warning", reason)]
+    assert said(decided) == [("Warning", reason)]
     assert (decided.error is not None) is permanent and (decided.retry_after is None) is permanent
     again = converged(spec, {}, observed, decided)
-    assert again.status == {} and again.events == [], "the same gap again: no second event"
+    assert again.status == {} and said(again) == [], "the same gap again: no second event"
 
 
 def test_an_image_off_the_list_is_refused_until_the_spec_names_an_allowed_one(example_manifest):
@@ -119,8 +124,8 @@ def test_an_image_off_the_list_is_refused_until_the_spec_names_an_allowed_one(ex
     decided = decide(spec, {}, seen(settings))
     assert decided.actions == [] and decided.error.startswith("spec.image: 'docker.io/x/y:1'")
     assert condition(decided.status, "ImageAllowed")["reason"] == "ImageNotAllowed"
-    assert [e.reason for e in decided.events] == ["ImageNotAllowed"]
-    assert converged(spec, {}, seen(settings), decided).events == []
+    assert said(decided) == [("Warning", "ImageNotAllowed")]
+    assert said(converged(spec, {}, seen(settings), decided)) == []
     allowed = decide(cpu_spec(example_manifest, image="ghcr.io/team/trainer:2"), decided.status, seen(settings))
     assert kinds(allowed.actions) == ["CreateConfigMap", "CreateChild"]
     assert condition(allowed.status, "ImageAllowed")["status"] == "True"
@@ -139,9 +144,9 @@ def test_a_child_that_runs_makes_the_job_running_once(example_manifest):
     status = {"phase": "Pending", "backend": "trainjob"}
     decided = decide(spec, status, observed)
     assert decided.actions == [] and decided.status["phase"] == "Running" and decided.status["startTime"] == NOW
-    assert [(e.type, e.reason) for e in decided.events] == [("Normal", "Running")]
+    assert said(decided) == [("Normal", "Running")]
     again = converged(spec, status, observed, decided)
-    assert again.status == {} and again.events == []
+    assert again.status == {} and said(again) == []
 
 
 def test_a_finished_child_writes_the_final_step_and_the_report_once(example_manifest):
@@ -157,7 +162,7 @@ def test_a_finished_child_writes_the_final_step_and_the_report_once(example_mani
     assert decided.status["latestCheckpoint"].startswith("s3://b/runs/v0/")
     (report,) = decided.actions
     assert isinstance(report, PatchChildStatus) and report.body["status"]["trainerStatus"]["progressPercentage"] == 100
-    assert [(e.type, e.reason) for e in decided.events] == [("Normal", "Succeeded")]
+    assert said(decided) == [("Normal", "Succeeded")]
     finished = {**status, **decided.status}
     assert decide(spec, finished, observed) == decision.Decision(TRAINJOB), "finished is final"
 
@@ -193,14 +198,14 @@ def test_suspend_and_resume_patch_the_child_and_record_it_in_the_config(example_
     assert kinds(decided.actions) == ["PatchChild", "PatchConfigMap"]
     assert decided.actions[0].body == {"spec": {"suspend": True}}
     assert job_from_config_map(decided.actions[1].data).spec.suspend is True
-    assert [e.reason for e in decided.events] == ["Suspended"]
+    assert said(decided) == [("Normal", "Suspended")]
     # Applied: the config says suspended, so the same spec again does nothing.
     again = decide(cpu_spec(example_manifest, suspend=True), {"phase": "Suspended", "backend": "trainjob"},
                    seen(config_map=decided.actions[1].data, child=child_of(spec, suspend=True)))
-    assert again.actions == [] and again.events == []
+    assert again.actions == [] and said(again) == []
     resumed = decide(spec, {"phase": "Suspended", "backend": "trainjob"},
                      seen(config_map=decided.actions[1].data, child=child_of(spec, suspend=True)))
-    assert kinds(resumed.actions) == ["PatchConfigMap", "PatchChild"] and [e.reason for e in resumed.events] == ["Resumed"]
+    assert kinds(resumed.actions) == ["PatchConfigMap", "PatchChild"] and said(resumed) == [("Normal", "Resumed")]
 
 
 def test_a_frozen_field_changed_is_refused_once_and_the_refusal_ends_when_put_back(example_manifest):
@@ -210,9 +215,9 @@ def test_a_frozen_field_changed_is_refused_once_and_the_refusal_ends_when_put_ba
     decided = decide(changed, {"phase": "Running", "backend": "trainjob"}, observed)
     found = condition(decided.status, "SpecChangeRefused")
     assert (found["status"], found["reason"]) == ("True", "ImmutableSpec") and "spec.adapter.rank" in found["message"]
-    assert decided.actions == [] and [(e.type, e.reason) for e in decided.events] == [("Warning", "SpecChangeRefused")]
+    assert decided.actions == [] and said(decided) == [("Warning", "SpecChangeRefused")]
     assert "observedGeneration" not in decided.status
-    assert converged(changed, {"phase": "Running", "backend": "trainjob"}, observed, decided).events == []
+    assert said(converged(changed, {"phase": "Running", "backend": "trainjob"}, observed, decided)) == []
     # A size change while it runs is refused too; both are said, and suspend still works meanwhile.
     bigger = cpu_spec(example_manifest, adapter={**spec["adapter"], "rank": 32},
                       resources={"nodes": 2, "gpusPerNode": 0})
@@ -241,7 +246,7 @@ def test_a_suspended_trainjob_is_replaced_at_its_new_size(example_manifest):
     assert kinds(gone.actions) == ["CreateChild", "PatchConfigMap"]
     assert gone.actions[0].obj["spec"]["trainer"]["numNodes"] == 1 and gone.actions[0].obj["spec"]["suspend"] is True
     assert job_from_config_map(gone.actions[1].data).spec.resources.nodes == 1
-    assert ("Normal", "Resized") in [(e.type, e.reason) for e in gone.events]
+    assert ("Normal", "Resized") in said(gone)
 
 
 def test_a_suspended_pytorchjob_is_resized_in_place(example_manifest):
@@ -294,7 +299,7 @@ def test_a_job_waiting_in_a_queue_says_why_however_it_was_queued(example_manifes
     found = condition(decided.status, "Queued")
     assert (found["status"], found["reason"]) == ("True", "Waiting")
     assert found["message"] == "waiting in queue 'jobs': couldn't assign flavors: insufficient quota"
-    assert [(e.type, e.reason) for e in decided.events] == [("Normal", "Queued")]
+    assert said(decided) == [("Normal", "Queued")]
     assert "SpecChangeRefused" not in str(decided.status), "the label is the field: no change to refuse"
 
 
@@ -335,8 +340,8 @@ def test_a_missing_credentials_secret_is_learned_from_the_pod_and_names_the_fiel
     decided = decide(spec, status, observed)
     found = condition(decided.status, "CredentialsReady")
     assert (found["status"], found["reason"], found["message"]) == ("False", "SecretNotFound", problem)
-    assert [(e.type, e.reason) for e in decided.events] == [("Warning", "SecretNotFound")]
-    assert converged(spec, status, observed, decided).events == []
+    assert said(decided) == [("Warning", "SecretNotFound")]
+    assert said(converged(spec, status, observed, decided)) == []
 
 
 def test_other_waiting_reasons_are_not_a_credentials_problem(example_manifest):
@@ -361,8 +366,8 @@ def test_a_child_edited_by_hand_is_reported_once_not_reverted(example_manifest, 
     found = condition(decided.status, "ChildMatchesSpec")
     assert (found["status"], found["reason"]) == ("False", "EditedOutsideKubetune") and field in found["message"]
     assert decided.actions == [], "reported, not reverted: a running child's pods are not restarted behind the user"
-    assert [(e.type, e.reason) for e in decided.events] == [("Warning", "EditedOutsideKubetune")]
-    assert converged(spec, status, observed, decided).events == []
+    assert said(decided) == [("Warning", "EditedOutsideKubetune")]
+    assert said(converged(spec, status, observed, decided)) == []
     put_back = decide(spec, {**status, **decided.status}, seen(settings, config_map=started(spec),
                                                                child=child_of(spec, backend, state=child["status"])))
     assert condition(put_back.status, "ChildMatchesSpec")["status"] == "True"

@@ -105,6 +105,9 @@ class Decision:
     actions: list = field(default_factory=list)
     status: dict = field(default_factory=dict)  # one merge patch of status; None removes a field
     events: list[Event] = field(default_factory=list)  # said once the status patch is written
+    # Said once the actions are done, whether or not the status write after them is raced (a pass
+    # decided again finds them done and says nothing): what was created, resized, suspended.
+    action_events: list[Event] = field(default_factory=list)
     retry_after: float | None = None  # look again after this many seconds (something is not there yet)
     error: str | None = None  # no retry helps until the spec changes
 
@@ -245,7 +248,7 @@ def _create_child(job: TrainingJob, observed: Observed, backend: Backend, decisi
             job, settings.network_policy, settings.trainer_metrics_port)))
     child = backend.build(job, observed.uid, settings)
     decision.actions.append(CreateChild(child))
-    decision.events.append(Event("Normal", "Created", f"{backend.kind} {child['metadata']['name']} created"))
+    decision.action_events.append(Event("Normal", "Created", f"{backend.kind} {child['metadata']['name']} created"))
 
 
 def _created_status(job: TrainingJob, observed: Observed, backend: Backend, draft: _Draft) -> None:
@@ -302,14 +305,14 @@ def _follow_spec(spec: dict, observed: Observed, backend: Backend, draft: _Draft
             _create_child(change.resized, observed, backend, decision)
         runs = change.resized
         decision.actions.append(PatchConfigMap(build_config_map(runs)["data"]))
-        decision.events.append(Event("Normal", "Resized", change.resize_message))
+        decision.action_events.append(Event("Normal", "Resized", change.resize_message))
     elif change.suspend is not None:
         runs = spec_change.with_suspend(applied, change.suspend)
         decision.actions.append(PatchConfigMap(build_config_map(runs)["data"]))
     if change.suspend is False and child is not None and not deleting:
         decision.actions.append(PatchChild(backend.suspend_patch(False)))
     if change.suspend is not None:
-        decision.events.append(Event("Normal", "Suspended" if change.suspend else "Resumed",
+        decision.action_events.append(Event("Normal", "Suspended" if change.suspend else "Resumed",
                                      "pods stopped; the run continues from its latest checkpoint when resumed"
                                      if change.suspend else "resuming from the latest checkpoint"))
     if not change.refused:

@@ -21,7 +21,7 @@ from kubetune_operator.status import FINISHED
 
 log = logging.getLogger("kubetune.operator")
 
-CREATED = "Created"  # the event of a child created now
+CREATED = "Created"  # the event of a child created now (decision._create_child)
 # A status write raced this often by other triggers is given up (and retried by kopf).
 ATTEMPTS = 5
 
@@ -85,24 +85,22 @@ def act(job: dict, decided: decision.Decision) -> bool:
             child_created = kube.create_child(backend, action.obj, uid)
             if child_created:
                 metrics.CHILD_JOBS_CREATED.labels(backend.kind).inc()
-                # Said now: a status write raced below is decided again, and that pass finds the child.
-                for event in decided.events:
-                    if event.reason == CREATED:
-                        kube.post_event(job, event.type, event.reason, event.message)
         elif isinstance(action, decision.PatchChild):
             kube.patch_child(backend, name, namespace, action.body)
         elif isinstance(action, decision.DeleteChild):
             kube.delete_child(backend, namespace, action.name, action.uid)
         elif isinstance(action, decision.PatchConfigMap):
             kube.patch_config_map(namespace, name, action.data)
+    for event in decided.action_events:
+        if event.reason != CREATED or child_created:  # one that existed already was announced when created
+            kube.post_event(job, event.type, event.reason, event.message)
     if decided.status and not kube.patch_status(namespace, name, metadata["resourceVersion"], decided.status):
         return False
     for action in decided.actions:  # courtesy copies, once the TrainingJob's own status holds the news
         if isinstance(action, decision.PatchChildStatus):
             kube.patch_child_status(backend, namespace, name, action.body)
     for event in decided.events:
-        if event.reason != CREATED:  # said when the child was created (or it existed already: not again)
-            kube.post_event(job, event.type, event.reason, event.message)
+        kube.post_event(job, event.type, event.reason, event.message)
     return True
 
 
