@@ -58,11 +58,15 @@ def queue(api_client, job_namespace):
         custom.delete_cluster_custom_object(*KUEUE, "resourceflavors", name)
 
 
-def queued_job(inputs: dict, name: str, **training) -> dict:
-    """The example on one CPU (what Kueue counts against the quota), in the LocalQueue."""
+def queued_job(inputs: dict, name: str, by_label: bool = False, **training) -> dict:
+    """The example on one CPU (what Kueue counts against the quota), in the LocalQueue: by
+    spec.scheduling.queueName, or (BY_LABEL) by Kueue's own label, as Kueue's docs queue any job."""
     manifest = example_job(inputs, name, f"runs/{name}", **training)
     manifest["spec"]["resources"]["cpu"] = "1"
-    manifest["spec"]["scheduling"] = {**manifest["spec"].get("scheduling", {}), "queueName": LOCAL_QUEUE}
+    if by_label:
+        manifest["metadata"].setdefault("labels", {})["kueue.x-k8s.io/queue-name"] = LOCAL_QUEUE
+    else:
+        manifest["spec"]["scheduling"] = {**manifest["spec"].get("scheduling", {}), "queueName": LOCAL_QUEUE}
     return manifest
 
 
@@ -111,9 +115,9 @@ def test_four_jobs_on_a_queue_for_two_run_two_at_a_time_and_all_succeed(
         control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3, queue):
     cluster_queue = queue(cpus=2)
     names = [f"queued-{i}" for i in range(4)]
-    for name in names:
+    for index, name in enumerate(names):  # half of them queued by Kueue's label: the same request
         kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-",
-                input=yaml.safe_dump(queued_job(inputs_in_s3, name, maxSteps=8)))
+                input=yaml.safe_dump(queued_job(inputs_in_s3, name, by_label=index % 2 == 1, maxSteps=8)))
 
     # Two are admitted; the other two wait in the queue, suspended, with no pod.
     eventually(lambda: sum(admitted(w) for w in workloads(api_client, job_namespace).values()) == 2

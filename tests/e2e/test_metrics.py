@@ -141,10 +141,11 @@ def run(control_plane, api_client, core, backend, operator_release, job_namespac
         # One refusal by the webhook. Its failurePolicy is Ignore, so until kopf has registered it
         # a server-side dry run is admitted (and counted nowhere): try until the first refusal.
         refused = example_job(inputs_in_s3, "refused", "runs/refused")
-        refused["spec"]["s3"]["credentialsSecret"] = "not-there"
-        eventually(lambda: "does not exist" in kubectl(
+        refused["metadata"].setdefault("labels", {})["kueue.x-k8s.io/queue-name"] = "other"
+        refused["spec"]["scheduling"] = {**refused["spec"].get("scheduling", {}), "queueName": "jobs"}
+        eventually(lambda: "same request" in kubectl(
             control_plane, "apply", "--dry-run=server", "-n", namespace, "-f", "-", input=yaml.safe_dump(refused),
-            check=False).stderr, timeout=120, interval=1, message="the webhook refusing a missing Secret")
+            check=False).stderr, timeout=120, interval=1, message="the webhook refusing a queue named two ways")
 
         manifest = example_job(inputs_in_s3, JOB, f"runs/{JOB}", maxSteps=MAX_STEPS)
         manifest["spec"]["checkpoints"].update(everySteps=CHECKPOINT_EVERY, keepLast=2)
@@ -223,7 +224,7 @@ def test_the_trainer_reported_its_checkpoints_and_steps(prometheus, run):
 
 def test_the_refused_apply_was_counted_by_reason(prometheus, run):
     pod = run["operator_pod"]
-    assert prometheus.value(f'kubetune_operator_admission_rejections_total{{reason="missing_secret", pod="{pod}"}}') == 1
+    assert prometheus.value(f'kubetune_operator_admission_rejections_total{{reason="queue", pod="{pod}"}}') == 1
     assert prometheus.value(f'kubetune_operator_admission_rejections_total{{reason="invalid_spec", pod="{pod}"}}') == 0
     assert prometheus.value(f'kubetune_operator_child_jobs_created_total{{kind="{run["kind"]}", pod="{pod}"}}') == 1
     assert prometheus.value(f'kubetune_operator_reconciles_total{{result="ok", pod="{pod}"}}') >= 1

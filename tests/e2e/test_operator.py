@@ -203,15 +203,24 @@ def test_kubectl_apply_refuses_a_malformed_manifest_naming_the_field(control_pla
     assert named in result.stderr, result.stderr
 
 
-@ONLY_ON_PYTORCHJOB  # the Secret check comes before the webhook asks which backend runs the job
-def test_the_webhook_refuses_a_job_whose_s3_secret_does_not_exist(control_plane, operator_release, job_namespace,
-                                                                   inputs_in_s3):
+@ONLY_ON_PYTORCHJOB  # the pods' report is the same on either backend: one run of it is enough
+def test_a_job_whose_s3_secret_does_not_exist_says_so_naming_the_field(control_plane, operator_release,
+                                                                       job_namespace, inputs_in_s3, api_client):
+    """The operator reads no Secret: the trainer pod's container waits (CreateContainerConfigError), and
+    the job's CredentialsReady condition names spec.s3.credentialsSecret and how to fix it."""
     manifest = example_job(inputs_in_s3, "no-secret", "runs/no-secret")
     manifest["spec"]["s3"]["credentialsSecret"] = "not-there"
-    result = kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(manifest),
-                     check=False)
-    assert result.returncode != 0
-    assert "spec.s3.credentialsSecret: Secret 'not-there' does not exist" in result.stderr, result.stderr
+    kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(manifest))
+
+    def credentials_condition():
+        conditions = (get_job(api_client, job_namespace, "no-secret").get("status") or {}).get("conditions") or []
+        return next((c for c in conditions if c["type"] == "CredentialsReady" and c["status"] == "False"), None)
+
+    condition = eventually(credentials_condition, timeout=90, message="CredentialsReady=False")
+    assert condition["reason"] == "SecretNotFound"
+    assert condition["message"].startswith(
+        f"spec.s3.credentialsSecret: Secret 'not-there' does not exist in namespace '{job_namespace}'"), condition
+    kubectl(control_plane, "delete", "tj", "no-secret", "-n", job_namespace, "--wait=false")
 
 
 @ONLY_ON_TRAINJOB  # a typed-model refusal: no backend involved
@@ -262,13 +271,14 @@ def test_the_operator_service_account_can_do_its_work_and_nothing_else(control_p
                            ("watch", "trainingsweeps.kubetune.dev"), ("patch", "trainingsweeps.kubetune.dev/status"),
                            *own[backend],
                            ("create", "jobs.batch"), ("get", "jobs.batch"),  # generate --on-cluster
-                           ("create", "configmaps"), ("patch", "configmaps"), ("get", "secrets"), ("list", "pods"), ("create", "events"),
+                           ("create", "configmaps"), ("patch", "configmaps"), ("list", "pods"), ("create", "events"),
                            ("patch", "validatingwebhookconfigurations/kubetune-trainingjobs"),
                            ("list", "workloads.kueue.x-k8s.io")]:
         assert can(verb, resource), f"the operator cannot {verb} {resource}"
     for verb, resource in [("delete", "trainingjobs.kubetune.dev"), ("create", "trainingsweeps.kubetune.dev"),
                            ("delete", "trainingsweeps.kubetune.dev"),
-                           ("list", "secrets"), ("delete", "jobs.batch"), ("list", "jobs.batch"), ("create", "pods"), ("delete", "pods"), ("delete", "pytorchjobs.kubeflow.org"),
+                           ("get", "secrets"), ("list", "secrets"), ("delete", "jobs.batch"), ("list", "jobs.batch"),
+                           ("create", "pods"), ("delete", "pods"), ("delete", "pytorchjobs.kubeflow.org"),
                            *other[backend],
                            ("update", "configmaps"), ("create", "deployments.apps"), ("create", "clusterroles.rbac.authorization.k8s.io"),
                            ("patch", "validatingwebhookconfigurations/someone-elses"),
@@ -283,7 +293,7 @@ def test_killing_the_operator_while_it_reconciles_leaves_one_child_per_job(
         control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3):
     """20 jobs applied at once, the operator pod killed mid-way; its successor finishes the work.
 
-    One backend: a child is never made twice because handlers.create_owned creates it under its
+    One backend: a child is never made twice because kube.create_owned creates it under its
     job's name and adopts what it owns on a conflict, whichever backend built it (the backend gives
     only the object and its API); the jobs are suspended, so no backend controller acts on them.
     """

@@ -216,12 +216,15 @@ def test_fields_a_trainjob_cannot_honour_are_refused_by_name(job_of, changes, me
 
 def test_progress_is_also_reported_in_the_trainjobs_own_status_field():
     patch = TRAINJOB.progress_patch({"step": 25, "totalSteps": 100, "percent": 25.0, "loss": 0.12,
-                                     "etaSeconds": 30.4}, "T1")
+                                     "etaSeconds": 30.4}, "T1", Settings())
     assert patch == {"status": {"trainerStatus": {
         "progressPercentage": 25, "estimatedRemainingSeconds": 30, "lastUpdatedTime": "T1",
         "metrics": [{"name": "step", "value": "25"}, {"name": "totalSteps", "value": "100"},
                     {"name": "loss", "value": "0.12"}]}}}
-    assert PyTorchJobBackend().progress_patch({"step": 1}, "T1") is None
+    assert PyTorchJobBackend().progress_patch({"step": 1}, "T1", Settings()) is None
+    # The TrainJob backend's own setting (Helm value trainjob.reportProgress), parsed by its module.
+    off = Settings.from_env({"KUBETUNE_TRAINJOB_REPORT_PROGRESS": "false"})
+    assert TRAINJOB.progress_patch({"step": 1}, "T1", off) is None
 
 
 # ---- the ClusterTrainingRuntime -------------------------------------------------------------------

@@ -280,7 +280,7 @@ def test_watched_namespaces_get_roles_and_the_cluster_role_keeps_only_what_is_cl
     for namespace, role in roles.items():
         rules = {f"{group}/{resource}": set(rule["verbs"]) for rule in role["rules"]
                  for group in rule["apiGroups"] for resource in rule["resources"]}
-        assert rules["/secrets"] == {"get"} and rules["kubetune.dev/trainingjobs"] == {"get", "list", "watch", "patch", "create"}
+        assert "/secrets" not in rules and rules["kubetune.dev/trainingjobs"] == {"get", "list", "watch", "patch", "create"}
         assert rules["kubetune.dev/trainingsweeps"] == {"get", "list", "watch", "patch"}
         assert {"kubeflow.org/pytorchjobs", "trainer.kubeflow.org/trainjobs", "kueue.x-k8s.io/workloads"} <= set(rules)
         assert bindings[namespace]["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
@@ -288,7 +288,7 @@ def test_watched_namespaces_get_roles_and_the_cluster_role_keeps_only_what_is_cl
         assert bindings[namespace]["subjects"][0]["kind"] == "ServiceAccount"
     # Cluster-wide (the default), the same namespaced rules sit in the ClusterRole and there is no Role.
     default = documents_of(render(helm))
-    assert "/secrets" in rbac_rules(default) and not [d for d in default if d["kind"] in ("Role", "RoleBinding")]
+    assert "/secrets" not in rbac_rules(default) and not [d for d in default if d["kind"] in ("Role", "RoleBinding")]
 
 
 # ---- the admission webhook: owned by the chart, reached through its Service ---------------------
@@ -436,7 +436,6 @@ RBAC_ALLOW_LIST = {
     # `kubetune generate --on-cluster`: created per request, polled; removed by the garbage collector.
     ("batch", "jobs"): {"get", "create"},
     ("", "configmaps"): {"get", "create", "patch"},
-    ("", "secrets"): {"get"},
     ("", "pods"): {"list"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
@@ -466,5 +465,5 @@ def test_every_rbac_rule_is_on_the_allow_list(helm, mode):
                     assert "*" not in rule["verbs"] and "*" not in rule["resources"]
                     if key in NAMED_ONLY:
                         assert rule.get("resourceNames"), f"{group}/{resource} must be limited by name"
-    secrets_cluster_wide = any("secrets" in rule["resources"] for rule in cluster_role(documents)["rules"])
-    assert secrets_cluster_wide == (not mode), "Secrets cluster-wide only in all-namespace mode"
+    assert not any("secrets" in rule["resources"] for role in roles for rule in role["rules"]), \
+        "the operator reads no Secret: the pods report a missing one"

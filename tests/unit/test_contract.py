@@ -118,7 +118,7 @@ def test_every_metric_a_family_validates_or_a_sweep_may_name_has_a_gauge():
 
 def test_a_validation_the_trainer_serves_reaches_the_status_the_operator_writes():
     """Over HTTP, as the operator polls: gauge names in, status.validation out."""
-    from kubetune_operator.handlers import read_trainer_gauges
+    from kubetune_operator.kube import read_trainer_gauges
     from kubetune_operator.status import status_from_metrics
     from kubetune_trainer.metrics import TrainerMetrics
 

@@ -8,10 +8,9 @@ import dataclasses
 import kopf
 import pytest
 
-from kubetune_api.manifest import parse_manifest
-from kubetune_operator import handlers, image_policy
+from kubetune_operator import handlers, image_policy, kube
 from kubetune_operator.settings import Settings
-from tests.unit.test_operator_handlers import TRAINJOB_SETTINGS, FakeCustomObjects, api, job_body  # noqa: F401
+from tests.unit.test_operator_handlers import TRAINJOB_SETTINGS, api, job_body  # noqa: F401
 
 PREFIXES = ("ghcr.io/team", "registry.example.com/ml/")
 
@@ -48,27 +47,10 @@ def test_the_setting_is_read_from_the_environment_the_chart_renders():
     assert Settings.from_env({}).allowed_image_prefixes == ()
 
 
-@pytest.fixture
-def allow_list(monkeypatch):
-    monkeypatch.setattr(handlers, "SETTINGS", dataclasses.replace(TRAINJOB_SETTINGS, allowed_image_prefixes=PREFIXES))
-
-
-def test_the_webhook_refuses_an_image_off_the_list(api, allow_list, example_manifest, monkeypatch):  # noqa: F811
-    monkeypatch.setattr(handlers, "missing_secret", lambda job: None)
+def test_the_webhook_refuses_an_image_off_the_list(api, example_manifest, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(kube, "settings", lambda: dataclasses.replace(TRAINJOB_SETTINGS, allowed_image_prefixes=PREFIXES))
     with pytest.raises(kopf.AdmissionError, match="spec.image: 'docker.io/x/y:1' is not from a registry"):
         handlers.validate_new_job(body=job_body(example_manifest, image="docker.io/x/y:1"), warnings=[])
     handlers.validate_new_job(body=job_body(example_manifest, image="ghcr.io/team/trainer:2"), warnings=[])
 
-
-def test_reconcile_refuses_it_again_with_a_condition_and_one_event(api, allow_list, example_manifest):  # noqa: F811
-    body = job_body(example_manifest, image="docker.io/x/y:1")
-    fake = api(FakeCustomObjects({("trainingjobs", "sd15"): dict(body)}))
-    for _ in range(2):  # kopf retries nothing after a PermanentError, but a restart reconciles again
-        with pytest.raises(kopf.PermanentError, match="spec.image"):
-            handlers.check_image(body, parse_manifest(dict(body)))
-    status = fake.objects[("trainingjobs", "sd15")]["status"]
-    condition = next(c for c in status["conditions"] if c["type"] == image_policy.CONDITION)
-    assert (condition["status"], condition["reason"], status["phase"]) == ("False", "ImageNotAllowed", "Pending")
-    assert [reason for reason, _ in fake.warnings] == ["ImageNotAllowed"], "one event, not one per attempt"
-    handlers.check_image(job_body(example_manifest, image="ghcr.io/team/trainer:2"),
-                         parse_manifest(dict(job_body(example_manifest, image="ghcr.io/team/trainer:2"))))
+# The reconcile's refusal (the webhook fails open): tests/unit/test_decision.py, the image cases.

@@ -50,7 +50,7 @@ def test_without_the_operators_read_the_wait_gives_up_after_its_time(metrics):
 
 
 def test_the_operators_progress_read_is_marked_as_its_own(metrics):
-    from kubetune_operator.handlers import read_trainer_gauges
+    from kubetune_operator.kube import read_trainer_gauges
 
     thread, result = waiting(metrics, timeout=30)
     metrics.step.set(7)

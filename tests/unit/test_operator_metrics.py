@@ -9,7 +9,8 @@ import pytest
 from kubernetes.client.rest import ApiException
 from prometheus_client import REGISTRY, generate_latest
 
-from kubetune_operator import handlers, metrics
+from kubetune_operator import handlers, kube, metrics, reconcile
+from kubetune_operator.decision import Observed
 from kubetune_operator.metrics import PhaseCounts
 from kubetune_operator.status import PHASES
 
@@ -121,16 +122,17 @@ def test_an_invalid_spec_is_refused_and_counted(valid_body):
     assert value("kubetune_operator_admission_rejections_total", reason="invalid_spec") == before + 1
 
 
-def test_a_missing_secret_is_refused_and_counted(valid_body, monkeypatch):
-    monkeypatch.setattr(handlers, "missing_secret", lambda job: "spec.s3.credentialsSecret: Secret 'x' does not exist")
-    before = value("kubetune_operator_admission_rejections_total", reason="missing_secret")
-    with pytest.raises(kopf.AdmissionError, match="does not exist"):
-        handlers.validate_new_job(body=valid_body, warnings=[])
-    assert value("kubetune_operator_admission_rejections_total", reason="missing_secret") == before + 1
+def test_a_queue_named_two_ways_that_disagree_is_refused_and_counted(valid_body):
+    body = copy.deepcopy(dict(valid_body))
+    body["spec"].setdefault("scheduling", {})["queueName"] = "jobs"
+    body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "other"}
+    before = value("kubetune_operator_admission_rejections_total", reason="queue")
+    with pytest.raises(kopf.AdmissionError, match="same request"):
+        handlers.validate_new_job(body=kopf.Body(body), warnings=[])
+    assert value("kubetune_operator_admission_rejections_total", reason="queue") == before + 1
 
 
-def test_an_accepted_job_counts_no_rejection(valid_body, monkeypatch):
-    monkeypatch.setattr(handlers, "missing_secret", lambda job: None)
+def test_an_accepted_job_counts_no_rejection(valid_body):
     before = {r: value("kubetune_operator_admission_rejections_total", reason=r) for r in metrics.ADMISSION_REASONS}
     handlers.validate_new_job(body=valid_body, warnings=[])
     assert {r: value("kubetune_operator_admission_rejections_total", reason=r)
@@ -140,35 +142,39 @@ def test_an_accepted_job_counts_no_rejection(valid_body, monkeypatch):
 # ---- kubetune_operator_reconciles_total{result} -------------------------------------------------
 
 def raising(error):
-    def ensure_children(*_):
+    def decided_or_raised(*_):
         raise error
-    return ensure_children
+    return decided_or_raised
 
 
 @pytest.mark.parametrize("outcome,result", [
     (None, "ok"),
-    (kopf.TemporaryError("secret not there yet", delay=15), "retry"),
-    (kopf.PermanentError("invalid spec"), "error"),
+    (kopf.TemporaryError("not there yet", delay=15), "retry"),
     (ApiException(status=500, reason="Internal Server Error"), "error"),
     (RuntimeError("a bug"), "error"),
-], ids=["ok", "temporary", "permanent", "api-error", "bug"])
+], ids=["ok", "temporary", "api-error", "bug"])
 def test_every_reconcile_outcome_is_counted(monkeypatch, outcome, result):
-    monkeypatch.setattr(handlers, "ensure_children", (lambda *_: None) if outcome is None else raising(outcome))
+    monkeypatch.setattr(reconcile, "_reconcile", (lambda *_: None) if outcome is None else raising(outcome))
     before = value("kubetune_operator_reconciles_total", result=result)
     durations = value("kubetune_operator_reconcile_duration_seconds_count")
     if outcome is None:
-        handlers.reconcile(body=trainingjob(), uid="u", patch=kopf.Patch())
+        reconcile.reconcile("team-a", "tj")
     else:
         with pytest.raises(type(outcome)):
-            handlers.reconcile(body=trainingjob(), uid="u", patch=kopf.Patch())
+            reconcile.reconcile("team-a", "tj")
     assert value("kubetune_operator_reconciles_total", result=result) == before + 1
     assert value("kubetune_operator_reconcile_duration_seconds_count") == durations + 1
 
 
-def test_an_invalid_spec_fails_the_real_reconcile_and_counts_an_error():
+def test_an_invalid_spec_fails_the_real_reconcile_and_counts_an_error(monkeypatch):
+    body = dict(trainingjob(spec={"training": {"maxSteps": -1}}))
+    body["metadata"]["resourceVersion"] = "1"
+    monkeypatch.setattr(kube, "read_training_job", lambda namespace, name: body)
+    monkeypatch.setattr(reconcile, "observe", lambda job, settings: Observed(
+        name="tj", namespace="team-a", uid="u", generation=1, settings=settings, now="now"))
     before = value("kubetune_operator_reconciles_total", result="error")
     with pytest.raises(kopf.PermanentError, match="invalid spec"):
-        handlers.reconcile(body=trainingjob(spec={"training": {"maxSteps": -1}}), uid="u", patch=kopf.Patch())
+        reconcile.reconcile("team-a", "tj")
     assert value("kubetune_operator_reconciles_total", result="error") == before + 1
 
 

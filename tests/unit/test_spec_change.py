@@ -1,5 +1,5 @@
 """Changing a started TrainingJob: suspend at any time, the size while no pod runs, nothing else
-(kubetune_operator.spec_change, the decision handlers.spec_changed applies)."""
+(kubetune_operator.spec_change, the decision the reconcile applies through spec_change.against_applied)."""
 import copy
 
 import pytest

@@ -18,7 +18,7 @@ RECONCILE_RESULTS = ("ok", "retry", "error")
 # Why the admission webhook refused a TrainingJob: the typed model refused the spec, the S3
 # credentials Secret it names is not there, or its backend cannot honour a field it sets.
 # invalid_sweep: a TrainingSweep the typed model refused (a parameter, the objective, the template).
-ADMISSION_REASONS = ("invalid_spec", "missing_secret", "backend", "image_not_allowed", "invalid_sweep")
+ADMISSION_REASONS = ("invalid_spec", "queue", "backend", "image_not_allowed", "invalid_sweep")
 
 RECONCILES = Counter("kubetune_operator_reconciles_total",
                      "TrainingJob reconciliations, by result (ok, retry, error).", ["result"])

@@ -19,7 +19,7 @@ from kubetune_api.spec import TrainingJob
 from kubetune_operator import naming
 from kubetune_operator.settings import Settings
 
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+from kubetune_operator.queueing import QUEUE_LABEL  # noqa: E402  (one name for Kueue's label)
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"  # a WorkloadPriorityClass, read by Kueue from the job
 CACHE_DIR = "/var/cache/kubetune"
 NON_ROOT_UID = 10001  # the trainer image's user and group (above 10000: no host account shares it)

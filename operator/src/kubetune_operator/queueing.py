@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 CONDITION = "Queued"
+# How Kueue's documentation queues any job; on a TrainingJob it means spec.scheduling.queueName.
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # Kueue names the Workload of a job by a hash; it labels it with the job's UID.
 WORKLOAD_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 WORKLOADS = ("kueue.x-k8s.io", "v1beta2", "workloads")

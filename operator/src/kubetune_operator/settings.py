@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
-from kubetune_api.contract import BACKENDS, PYTORCHJOB, TrainerEnv
+from kubetune_api.contract import BACKENDS as BACKEND_NAMES, PYTORCHJOB, TrainerEnv
 from kubetune_operator import image_policy
 from kubetune_operator.network_policy import NetworkPolicySettings
 
@@ -48,12 +50,9 @@ class Settings:
     # RBAC for these only): pytorchjob (Training Operator v1.9), trainjob (Trainer v2.3 + JobSet).
     backend: str = PYTORCHJOB
     backends: tuple[str, ...] = (PYTORCHJOB,)
-    # The ClusterTrainingRuntime TrainJobs reference (the chart ships it), and how often it restarts
-    # a job after a retryable failure (its JobSet failurePolicy.maxRestarts).
-    trainjob_runtime: str = "kubetune-trainer"
-    trainjob_max_restarts: int = 3
-    # Also write progress into a TrainJob's status.trainerStatus (Kubeflow Trainer's progress API).
-    trainjob_report_progress: bool = True
+    # Each backend's own settings, by backend name, parsed by the backend's module (e.g.
+    # backends/trainjob.py's TrainJobSettings); a backend missing here uses its defaults.
+    backend_settings: Mapping[str, Any] = field(default_factory=dict)
     # Read Kueue's Workloads (the chart grants it with kueue.enabled) to say in the Queued condition
     # why a queued job waits or that it was preempted.
     kueue_workloads: bool = False
@@ -95,9 +94,7 @@ class Settings:
                                        "KUBETUNE_CACHE_SIZE_LIMIT (Helm value trainer.cacheSizeLimit)"),
             default_gpu_memory=_gpu_memory(env.get("KUBETUNE_DEFAULT_GPU_MEMORY") or cls.default_gpu_memory),
             **_backends(env.get("KUBETUNE_BACKEND") or cls.backend, env.get("KUBETUNE_BACKENDS", "")),
-            trainjob_runtime=env.get("KUBETUNE_TRAINJOB_RUNTIME") or cls.trainjob_runtime,
-            trainjob_max_restarts=int(env.get("KUBETUNE_TRAINJOB_MAX_RESTARTS") or cls.trainjob_max_restarts),
-            trainjob_report_progress=env.get("KUBETUNE_TRAINJOB_REPORT_PROGRESS", "true").lower() != "false",
+            backend_settings=_backend_settings(env),
             kueue_workloads=env.get("KUBETUNE_KUEUE_WORKLOADS", "").lower() == "true",
             models_mirror_uri=env.get("KUBETUNE_MODELS_MIRROR_URI") or None,
             hub_endpoint=env.get("KUBETUNE_HUB_ENDPOINT") or None,
@@ -137,7 +134,15 @@ def _one_of(value: str, allowed: tuple[str, ...], setting: str) -> str:
     return value
 
 
-KNOWN_BACKENDS = BACKENDS
+KNOWN_BACKENDS = BACKEND_NAMES
+
+
+def _backend_settings(env: Mapping[str, str]) -> dict[str, Any]:
+    """Each backend's settings, parsed by its own module (imported here: the backends import this one)."""
+    from kubetune_operator.backends import BACKENDS
+
+    return {name: backend.settings_from_env(env) for name, backend in BACKENDS.items()
+            if hasattr(backend, "settings_from_env")}
 
 
 def _backends(default: str, enabled: str) -> dict:

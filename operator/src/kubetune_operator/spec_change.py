@@ -1,4 +1,4 @@
-"""What a change to a started TrainingJob's spec does: a pure decision, applied by handlers.spec_changed.
+"""What a change to a started TrainingJob's spec does: a pure decision, applied by the reconcile (decision.py).
 
 A started run keeps the spec it started with, with two exceptions:
 
@@ -77,13 +77,9 @@ def decide(old: dict, new: dict, applied: TrainingJob, child_suspended: bool) ->
     except ValidationError as err:
         return SpecChange(refused="the new spec is invalid: " + "; ".join(describe_errors(err)))
     changed = changed_paths(old, new)
-    frozen = [path for path in changed if path != "suspend" and path not in SIZE_FIELDS]
+    frozen = frozen_paths(changed)
     if frozen:
-        return SpecChange(refused=(
-            f"spec.{', spec.'.join(frozen)} changed after the run started; a running job keeps the spec it "
-            "started with. Delete and re-create the TrainingJob (or create one under a new name) to train with "
-            "the new spec; spec.suspend can be changed at any time, and the job's size "
-            f"(spec.{', spec.'.join(SIZE_FIELDS)}) while it is suspended."))
+        return SpecChange(refused=frozen_refusal(frozen))
     suspend = wanted.spec.suspend if "suspend" in changed else None
     size_from, size_to = Size.of(applied.spec), Size.of(wanted.spec)
     if size_from == size_to:
@@ -101,6 +97,53 @@ def decide(old: dict, new: dict, applied: TrainingJob, child_suspended: bool) ->
     return SpecChange(suspend=suspend, resized=resized, size_from=size_from, size_to=size_to)
 
 
+def frozen_paths(changed: list[str]) -> list[str]:
+    return [path for path in changed if path != "suspend" and path not in SIZE_FIELDS]
+
+
+def frozen_refusal(frozen: list[str]) -> str:
+    return (f"spec.{', spec.'.join(frozen)} changed after the run started; a running job keeps the spec it "
+            "started with. Delete and re-create the TrainingJob (or create one under a new name) to train with "
+            "the new spec; spec.suspend can be changed at any time, and the job's size "
+            f"(spec.{', spec.'.join(SIZE_FIELDS)}) while it is suspended.")
+
+
+def against_applied(applied: TrainingJob, spec: dict, child_suspended: bool) -> SpecChange:
+    """The level-triggered decision: the spec as it is now against the job the trainer runs (APPLIED).
+
+    Fields frozen since the start that differ are refused (and keep being, until the spec is put
+    back); unlike an edge-triggered decision, that refusal does not block suspend or a size change
+    made later: those are decided as if the frozen fields were still as applied, and both messages
+    are joined, so a job with a refused edit can still be suspended.
+    """
+    old = applied.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    change = decide(old, spec, applied, child_suspended)
+    frozen = frozen_paths(changed_paths(old, spec)) if change.refused else []
+    if not frozen:
+        return change
+    rest = decide(old, _with_leaves(_normalized(spec), _normalized(old), frozen), applied, child_suspended)
+    return SpecChange(suspend=rest.suspend, resized=rest.resized, size_from=rest.size_from, size_to=rest.size_to,
+                      refused="; ".join(filter(None, [frozen_refusal(frozen), rest.refused])))
+
+
+def _with_leaves(tree: dict, source: dict, paths: list[str]) -> dict:
+    """TREE with the leaves at PATHS (dotted) taken from SOURCE (removed where SOURCE has none)."""
+    import copy
+
+    result = copy.deepcopy(tree)
+    for path in paths:
+        *parents, leaf = path.split(".")
+        into, found = result, source
+        for key in parents:
+            into = into.setdefault(key, {}) if isinstance(into, dict) else {}
+            found = found.get(key, {}) if isinstance(found, dict) else {}
+        if isinstance(found, dict) and leaf in found:
+            into[leaf] = found[leaf]
+        elif isinstance(into, dict):
+            into.pop(leaf, None)
+    return result
+
+
 def with_size(applied: TrainingJob, spec: TrainingJobSpec) -> TrainingJob:
     """APPLIED with the size (and suspend) of SPEC, validated again: nothing else of SPEC gets in."""
     document = applied.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -112,6 +155,11 @@ def with_size(applied: TrainingJob, spec: TrainingJobSpec) -> TrainingJob:
     if spec.distributed.processes_per_node is not None:
         distributed["processesPerNode"] = spec.distributed.processes_per_node
     return TrainingJob.model_validate(document)
+
+
+def with_suspend(applied: TrainingJob, suspend: bool) -> TrainingJob:
+    """APPLIED with spec.suspend set: what the ConfigMap records once a suspend or resume is applied."""
+    return applied.model_copy(update={"spec": applied.spec.model_copy(update={"suspend": suspend})})
 
 
 def _header(job: TrainingJob) -> dict:

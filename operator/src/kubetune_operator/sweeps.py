@@ -22,7 +22,8 @@ from kubetune_api.mlflow_sweeps import MlflowUnavailable, end_sweep_run, start_s
 from kubetune_api.search import Trial
 from kubetune_api.sweep import TrainingSweep, TrainingSweepSpec, trial_spec, with_value
 from kubetune_operator import metrics
-from kubetune_operator.handlers import SETTINGS, create_owned, custom_api
+from kubetune_operator.kube import create_owned, custom_api
+from kubetune_operator.kube import settings as operator_settings
 from kubetune_operator.sweep_state import TrialJob, plan, trial_job_name
 
 log = logging.getLogger("kubetune.operator.sweeps")
@@ -121,7 +122,7 @@ def stop_trial(namespace: str, sweep: str, number: int) -> None:
             raise
 
 
-@kopf.timer(API_GROUP, API_VERSION, SWEEP_PLURAL, interval=SETTINGS.sweep_interval_seconds,
+@kopf.timer(API_GROUP, API_VERSION, SWEEP_PLURAL, interval=operator_settings().sweep_interval_seconds,
             when=lambda status, **_: (status or {}).get("phase") not in FINISHED)
 def run_sweep(name: str, namespace: str, uid: str, body: kopf.Body, status: kopf.Status, patch: kopf.Patch,
               **_) -> None:

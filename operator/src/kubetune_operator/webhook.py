@@ -1,7 +1,7 @@
 """The validating admission webhook: the trainer's own verdict, given at `kubectl apply` time.
 
 The CRD schema and its CEL rules already refuse most bad input; the webhook adds what they
-cannot express: the referenced S3 Secret exists, and the full typed model (the same checks
+cannot express: the full typed model (the same checks
 `kubetune validate` and the trainer make) accepts the spec.
 
 The Helm chart owns the ValidatingWebhookConfiguration and the Service the API server calls it

@@ -70,6 +70,10 @@ class Backend(Protocol):
         None: the child cannot change its size in place; it is replaced (deleted while
         suspended, then built again at the new size)."""
 
+    def owned_fields(self, child: dict) -> dict[str, object]:
+        """{field path: value} of the child that only kubetune writes (no controller, no Kueue): what a
+        hand edit of the child is detected by, comparing the child with the one the spec builds."""
+
     def rank0_pod_selector(self, job_name: str) -> str:
         """A label selector for the pod that runs rank 0 (the one serving the trainer's metrics)."""
 
@@ -80,9 +84,9 @@ class Backend(Protocol):
         """Why this backend cannot run JOB as written (a field it cannot honour), one message per
         field; empty when it can. Refused, never silently dropped."""
 
-    def progress_patch(self, progress: dict, now: str) -> dict | None:
+    def progress_patch(self, progress: dict, now: str, settings: Settings) -> dict | None:
         """A status patch reporting PROGRESS (status.progress) on the child, where its API has a
-        place for it; None where it has none."""
+        place for it (and its settings ask for it); None where it has none."""
 
 
 SUSPENDED_BEFORE_START = ChildState("Suspended", "Suspended",

@@ -121,6 +121,17 @@ class PyTorchJobBackend:
                 {"op": "add", "path": "/spec/nprocPerNode", "value": built["nprocPerNode"]},
                 {"op": "add", "path": "/spec/pytorchReplicaSpecs", "value": built["pytorchReplicaSpecs"]}]
 
+    def owned_fields(self, child: dict) -> dict[str, object]:
+        """Replica counts and trainer images: written by kubetune only (not by the training operator,
+        nor by Kueue, which only suspends and adds scheduling constraints)."""
+        fields: dict[str, object] = {}
+        for replica, spec in sorted(((child.get("spec") or {}).get("pytorchReplicaSpecs") or {}).items()):
+            fields[f"spec.pytorchReplicaSpecs.{replica}.replicas"] = spec.get("replicas")
+            containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
+            fields[f"spec.pytorchReplicaSpecs.{replica}.template.spec.containers[{CONTAINER_NAME}].image"] = next(
+                (c.get("image") for c in containers if c.get("name") == CONTAINER_NAME), None)
+        return fields
+
     def rank0_pod_selector(self, job_name: str) -> str:
         # Rank 0 runs in the Master (node rank 0), which the training operator labels replica-type=master.
         return f"{JOB_NAME_LABEL}={naming.child_name(job_name)},{REPLICA_TYPE_LABEL}=master"
@@ -133,5 +144,5 @@ class PyTorchJobBackend:
     def unsupported(self, job: TrainingJob, settings: Settings) -> list[str]:
         return []  # the PyTorchJob carries every field of the spec
 
-    def progress_patch(self, progress: dict, now: str) -> dict | None:
+    def progress_patch(self, progress: dict, now: str, settings: Settings) -> dict | None:
         return None  # a PyTorchJob's status has no place for progress

@@ -52,13 +52,35 @@ DEFAULT_SHM = "1Gi"
 
 
 @dataclass(frozen=True)
+class TrainJobSettings:
+    """The TrainJob backend's own settings (Helm values trainjob.*)."""
+
+    # The ClusterTrainingRuntime TrainJobs reference (the chart ships it), and how often it restarts
+    # a job after a retryable failure (its JobSet failurePolicy.maxRestarts).
+    runtime: str = "kubetune-trainer"
+    max_restarts: int = 3
+    # Also write progress into a TrainJob's status.trainerStatus (Kubeflow Trainer's progress API).
+    report_progress: bool = True
+
+    @classmethod
+    def from_env(cls, env) -> "TrainJobSettings":
+        return cls(runtime=env.get("KUBETUNE_TRAINJOB_RUNTIME") or cls.runtime,
+                   max_restarts=int(env.get("KUBETUNE_TRAINJOB_MAX_RESTARTS") or cls.max_restarts),
+                   report_progress=env.get("KUBETUNE_TRAINJOB_REPORT_PROGRESS", "true").lower() != "false")
+
+    @classmethod
+    def of(cls, settings: Settings) -> "TrainJobSettings":
+        return settings.backend_settings.get("trainjob") or cls()
+
+
+@dataclass(frozen=True)
 class RuntimeValues:
     """The chart values the ClusterTrainingRuntime depends on."""
 
     name: str = "kubetune-trainer"
     image: str = Settings.trainer_image
     metrics_port: int = Settings.trainer_metrics_port
-    max_restarts: int = Settings.trainjob_max_restarts
+    max_restarts: int = TrainJobSettings.max_restarts
 
 
 def runtime(values: RuntimeValues, labels: dict[str, str] | None = None) -> dict:
@@ -151,7 +173,8 @@ class TrainJobBackend:
                 "labels": pod_labels(job),
             },
             "spec": {
-                "runtimeRef": {"name": settings.trainjob_runtime, "apiGroup": GROUP, "kind": "ClusterTrainingRuntime"},
+                "runtimeRef": {"name": TrainJobSettings.of(settings).runtime, "apiGroup": GROUP,
+                               "kind": "ClusterTrainingRuntime"},
                 "suspend": spec.suspend,
                 "trainer": trainer,
                 "runtimePatches": [self._runtime_patch(job, settings)],
@@ -217,24 +240,33 @@ class TrainJobBackend:
         """
         return None
 
+    def owned_fields(self, child: dict) -> dict[str, object]:
+        """The trainer's image and size: written by kubetune only (the Trainer and Kueue leave them)."""
+        trainer = (child.get("spec") or {}).get("trainer") or {}
+        return {f"spec.trainer.{key}": trainer.get(key) for key in ("image", "numNodes", "numProcPerNode")}
+
     def rank0_pod_selector(self, job_name: str) -> str:
         # Rank 0 runs in node rank 0: the pod of completion index 0 of the JobSet's node Job.
         return (f"{JOBSET_NAME_LABEL}={naming.child_name(job_name)},{REPLICATED_JOB_LABEL}={NODE},"
                 f"{COMPLETION_INDEX_LABEL}=0")
 
+    def settings_from_env(self, env) -> TrainJobSettings:
+        return TrainJobSettings.from_env(env)
+
     def prerequisites(self, settings: Settings) -> list[Prerequisite]:
+        runtime_name = TrainJobSettings.of(settings).runtime
         return [
             Prerequisite(self.group, self.version, self.plural, None, "TrainJobAPIMissing",
                          f"the TrainJob API ({self.plural}.{self.group}/{self.version}) is not installed: {INSTALL}"),
-            Prerequisite(self.group, self.version, "clustertrainingruntimes", settings.trainjob_runtime,
+            Prerequisite(self.group, self.version, "clustertrainingruntimes", runtime_name,
                          "TrainingRuntimeMissing",
-                         f"ClusterTrainingRuntime {settings.trainjob_runtime!r} does not exist: the kubetune chart ships "
+                         f"ClusterTrainingRuntime {runtime_name!r} does not exist: the kubetune chart ships "
                          "it with the TrainJob backend (helm upgrade kubetune charts/kubetune --reuse-values "
                          "--set trainjob.enabled=true); with trainjob.runtime.create=false, apply your own of that name"),
         ]
 
     def unsupported(self, job: TrainingJob, settings: Settings) -> list[str]:
-        spec, problems = job.spec, []
+        spec, problems, max_restarts = job.spec, [], TrainJobSettings.of(settings).max_restarts
         if spec.scheduling.priority_class_name:
             problems.append("spec.scheduling.priorityClassName: a TrainJob (Kubeflow Trainer v2.3) cannot set a pod "
                             "priority per job; use a Kueue WorkloadPriorityClass (label kueue.x-k8s.io/priority-class) "
@@ -243,14 +275,17 @@ class TrainJobBackend:
             problems.append("spec.runPolicy.ttlSecondsAfterFinished: a TrainJob (Kubeflow Trainer v2.3) has no "
                             "per-job TTL; remove it or use spec.backend pytorchjob")
         if ("backoff_limit" in spec.run_policy.model_fields_set
-                and spec.run_policy.backoff_limit != settings.trainjob_max_restarts):
+                and spec.run_policy.backoff_limit != max_restarts):
             problems.append(f"spec.runPolicy.backoffLimit {spec.run_policy.backoff_limit}: TrainJobs restart as often "
-                            f"as their ClusterTrainingRuntime allows ({settings.trainjob_max_restarts}, Helm value "
+                            f"as their ClusterTrainingRuntime allows ({max_restarts}, Helm value "
                             "trainjob.runtime.maxRestarts); leave it unset or use spec.backend pytorchjob")
         return problems
 
-    def progress_patch(self, progress: dict, now: str) -> dict | None:
-        """status.trainerStatus, Kubeflow Trainer's place for progress (read by its SDK and UIs)."""
+    def progress_patch(self, progress: dict, now: str, settings: Settings) -> dict | None:
+        """status.trainerStatus, Kubeflow Trainer's place for progress (read by its SDK and UIs);
+        None where the chart turned it off (trainjob.reportProgress)."""
+        if not TrainJobSettings.of(settings).report_progress:
+            return None
         trainer_status: dict = {"progressPercentage": int(progress.get("percent", 0)), "lastUpdatedTime": now,
                                 "metrics": [{"name": "step", "value": str(progress.get("step", 0))},
                                             {"name": "totalSteps", "value": str(progress.get("totalSteps", 0))}]}

@@ -1,0 +1,275 @@
+"""All of the operator's Kubernetes I/O: clients, reads, idempotent creates, patches, events.
+
+The reconcile (reconcile.py) observes through the readers here and acts through the writers; the
+decisions in between (decision.py) are pure. TrainingSweeps (sweeps.py) use the same clients and
+create_owned. Nothing here decides anything: each function is one request or one retry rule.
+"""
+from __future__ import annotations
+
+import datetime
+import functools
+import logging
+import time
+import urllib.request
+
+import kopf
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from prometheus_client.parser import text_string_to_metric_families
+
+from kubetune_api.contract import API_GROUP, API_VERSION, OPERATOR_READ_QUERY, PLURAL, TRAINER_METRIC_PREFIX
+from kubetune_operator import backend_check, naming, queueing
+from kubetune_operator.backends import Backend
+from kubetune_operator.settings import Settings
+
+log = logging.getLogger("kubetune.operator")
+
+
+@functools.cache
+def settings() -> Settings:
+    """The operator's settings, read from the environment once, on first use (not at import)."""
+    return Settings.from_env()
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def load_kubernetes_config() -> None:
+    """In a pod: the service account; elsewhere: the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+    from kubernetes import config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+
+
+@functools.cache
+def core_api() -> client.CoreV1Api:
+    """One client per process: connections are pooled and reused across handler calls."""
+    return client.CoreV1Api()
+
+
+@functools.cache
+def custom_api() -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(core_api().api_client)
+
+
+@functools.cache
+def networking_api() -> client.NetworkingV1Api:
+    return client.NetworkingV1Api(core_api().api_client)
+
+
+def _missing_is_none(read):
+    """READ(), or None where the API server answers 404."""
+    try:
+        return read()
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+# ---- reads ------------------------------------------------------------------------------------------
+
+def read_training_job(namespace: str, name: str) -> dict | None:
+    return _missing_is_none(lambda: custom_api().get_namespaced_custom_object(API_GROUP, API_VERSION, namespace,
+                                                                              PLURAL, name))
+
+
+def read_config_map_data(namespace: str, job_name: str, owner_uid: str) -> dict | None:
+    """The trainer ConfigMap's data, or None when OWNER_UID has none (the job never started; one left by
+    an older TrainingJob of the same name is not this job's: creating this job's is then refused)."""
+    found = _missing_is_none(lambda: core_api().read_namespaced_config_map(naming.config_map_name(job_name),
+                                                                           namespace))
+    if found is None or owner_uid not in [ref.uid for ref in found.metadata.owner_references or []]:
+        return None
+    return dict(found.data or {})
+
+
+def read_child(backend: Backend, namespace: str, job_name: str, owner_uid: str) -> dict | None:
+    """The child job OWNER_UID owns, or None: not created yet, deleted, its API not served (then
+    missing_prerequisite says which), or one of an older TrainingJob of the same name (creating this
+    job's is then refused until that one is gone)."""
+    child = _missing_is_none(lambda: custom_api().get_namespaced_custom_object(
+        backend.group, backend.version, namespace, backend.plural, naming.child_name(job_name)))
+    if child is None or owner_uid not in [ref.get("uid") for ref in child["metadata"].get("ownerReferences", [])]:
+        return None
+    return child
+
+
+def read_workload(namespace: str, child_uid: str, enabled: bool) -> dict | None:
+    """Kueue's Workload of the child job (Kueue labels it with the job's UID), or None: none yet, Kueue
+    not installed, or reading Workloads not granted (the chart's kueue.enabled is false)."""
+    if not enabled:
+        return None
+    group, version, plural = queueing.WORKLOADS
+    try:
+        found = custom_api().list_namespaced_custom_object(
+            group, version, namespace, plural, label_selector=f"{queueing.WORKLOAD_JOB_UID_LABEL}={child_uid}")
+    except ApiException as err:
+        if err.status in (403, 404):
+            log.debug("Kueue Workloads not readable in %s: %s", namespace, err.reason)
+            return None
+        raise
+    return found["items"][0] if found["items"] else None
+
+
+def trainer_pods(namespace: str, job_name: str, backend: Backend) -> list:
+    """The rank-0 pods of a job's child (V1Pod objects)."""
+    return core_api().list_namespaced_pod(namespace, label_selector=backend.rank0_pod_selector(job_name)).items
+
+
+def read_trainer_gauges(address: str, port: int) -> dict[str, float]:
+    # Marked as the operator's, so that a finishing trainer waits for this read, not Prometheus'.
+    with urllib.request.urlopen(f"http://{address}:{port}/metrics?{OPERATOR_READ_QUERY}", timeout=3) as response:
+        text = response.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        if family.name.startswith(f"{TRAINER_METRIC_PREFIX}_"):
+            for sample in family.samples:
+                samples[sample.name.removeprefix(f"{TRAINER_METRIC_PREFIX}_")] = sample.value
+    return samples
+
+
+# Prerequisites seen present recently: one look per this many seconds, not one per job.
+PREREQUISITE_CACHE_SECONDS = 30.0
+_present_since: dict[tuple[str, str, str | None], float] = {}
+
+
+def missing_prerequisite(backend: Backend, namespace: str, settings_: Settings) -> backend_check.Problem | None:
+    """Ask the API server for what the backend needs; the first thing missing, or None. An API is
+    looked for in the job's NAMESPACE: with operator.watchNamespaces the operator may list the child
+    jobs there only."""
+    custom = custom_api()
+    for need in backend.prerequisites(settings_):
+        key = (need.group, need.plural, need.name)
+        if time.monotonic() - _present_since.get(key, float("-inf")) < PREREQUISITE_CACHE_SECONDS:
+            continue
+        try:
+            if need.name:
+                custom.get_cluster_custom_object(need.group, need.version, need.plural, need.name)
+            else:  # the API is served when listing works (an empty list included)
+                custom.list_namespaced_custom_object(need.group, need.version, namespace, need.plural, limit=1)
+        except ApiException as err:
+            if err.status == 404:
+                _present_since.pop(key, None)
+                return backend_check.missing(need)
+            if err.status == 403:
+                return backend_check.forbidden(need, backend)
+            raise
+        _present_since[key] = time.monotonic()
+    return None
+
+
+def forget_prerequisites() -> None:
+    """Look again next time (a child vanished: its API may have gone with it)."""
+    _present_since.clear()
+
+
+# ---- writes -----------------------------------------------------------------------------------------
+
+def create_owned(obj: dict, owner_uid: str, create, read_owner_uids) -> bool:
+    """Create, or accept an existing object only if this owner owns it (restarts, re-runs).
+
+    Returns whether it was created now.
+    """
+    try:
+        create(obj)
+        return True
+    except ApiException as err:
+        if err.status != 409:
+            raise
+    if owner_uid not in read_owner_uids():
+        raise kopf.TemporaryError(
+            f"{obj['kind']} {obj['metadata']['name']} exists and belongs to something else "
+            "(an older TrainingJob of the same name still being deleted?)", delay=10)
+    return False
+
+
+def create_config_map(obj: dict, owner_uid: str) -> bool:
+    namespace, core = obj["metadata"]["namespace"], core_api()
+    return create_owned(obj, owner_uid, lambda o: core.create_namespaced_config_map(namespace, o),
+                        lambda: [ref.uid for ref in core.read_namespaced_config_map(
+                            obj["metadata"]["name"], namespace).metadata.owner_references or []])
+
+
+def create_network_policy(obj: dict, owner_uid: str) -> bool:
+    namespace, networking = obj["metadata"]["namespace"], networking_api()
+    return create_owned(obj, owner_uid, lambda o: networking.create_namespaced_network_policy(namespace, o),
+                        lambda: [ref.uid for ref in networking.read_namespaced_network_policy(
+                            obj["metadata"]["name"], namespace).metadata.owner_references or []])
+
+
+def create_child(backend: Backend, obj: dict, owner_uid: str) -> bool:
+    namespace, custom = obj["metadata"]["namespace"], custom_api()
+    return create_owned(obj, owner_uid,
+                        lambda o: custom.create_namespaced_custom_object(backend.group, backend.version, namespace,
+                                                                         backend.plural, o),
+                        lambda: [ref["uid"] for ref in custom.get_namespaced_custom_object(
+                            backend.group, backend.version, namespace, backend.plural,
+                            obj["metadata"]["name"])["metadata"].get("ownerReferences", [])])
+
+
+def patch_child(backend: Backend, job_name: str, namespace: str, body: dict | list) -> None:
+    """A merge patch (dict) or a JSON patch (list) of the child job; a failed JSON patch `test`
+    (the child changed meanwhile, e.g. was resumed) is retried, so that the decision is made again."""
+    try:
+        custom_api().patch_namespaced_custom_object(
+            backend.group, backend.version, namespace, backend.plural, naming.child_name(job_name), body,
+            _content_type="application/json-patch+json" if isinstance(body, list) else "application/merge-patch+json")
+    except ApiException as err:
+        if err.status == 422 and isinstance(body, list):
+            raise kopf.TemporaryError(f"the child job changed while it was patched: {err.reason}", delay=2) from None
+        raise
+
+
+def delete_child(backend: Backend, namespace: str, name: str, uid: str) -> None:
+    """Foreground deletion of exactly this child (its UID): its JobSet and pods go first."""
+    try:
+        custom_api().delete_namespaced_custom_object(
+            backend.group, backend.version, namespace, backend.plural, name,
+            body=client.V1DeleteOptions(propagation_policy="Foreground",
+                                        preconditions=client.V1Preconditions(uid=uid)))
+    except ApiException as err:
+        if err.status not in (404, 409):  # gone already, or another object of that name now
+            raise
+
+
+def patch_config_map(namespace: str, job_name: str, data: dict) -> None:
+    core_api().patch_namespaced_config_map(naming.config_map_name(job_name), namespace, {"data": data})
+
+
+def patch_child_status(backend: Backend, namespace: str, job_name: str, body: dict) -> None:
+    """A courtesy copy on the child's own status (TrainJob status.trainerStatus): never fails the
+    TrainingJob's own status over it."""
+    try:
+        custom_api().patch_namespaced_custom_object_status(backend.group, backend.version, namespace, backend.plural,
+                                                           naming.child_name(job_name), body)
+    except ApiException as err:
+        log.debug("progress not reported on the %s: %s", backend.kind, err.reason)
+
+
+def patch_status(namespace: str, name: str, resource_version: str, fields: dict) -> bool:
+    """A merge patch of a TrainingJob's status, only if the object is still at RESOURCE_VERSION (the
+    one the fields were decided from). False: it changed meanwhile (decide again); raises on others."""
+    try:
+        custom_api().patch_namespaced_custom_object_status(
+            API_GROUP, API_VERSION, namespace, PLURAL, name,
+            {"metadata": {"resourceVersion": resource_version}, "status": fields})
+        return True
+    except ApiException as err:
+        if err.status == 409:
+            return False
+        raise
+
+
+def post_event(body: dict, type_: str, reason: str, message: str) -> None:
+    kopf.event(body, type=type_, reason=reason, message=message)
+
+
+def job_pods(namespace: str, child_name: str) -> list[dict]:
+    """Every pod of a job's child, as plain dicts (camelCase, as the API server writes them)."""
+    pods = core_api().list_namespaced_pod(namespace, label_selector=f"{naming.JOB_LABEL}={child_name}").items
+    return [core_api().api_client.sanitize_for_serialization(pod) for pod in pods]

@@ -1,0 +1,136 @@
+"""One level-triggered reconcile of a TrainingJob: observe, decide, act.
+
+Every trigger (the job created, resumed or changed, its child job changed, the timer) runs the same
+`reconcile(namespace, name)`: read the TrainingJob as it is now and everything it owns into one
+Observed value, let decision.decide (pure) say what to do, do it through kube.py, and write the one
+status patch, guarded by the resourceVersion it was decided from. A write raced by another trigger
+is decided again from the fresh object, never overwritten; the actions are idempotent, so repeating
+them changes nothing.
+"""
+from __future__ import annotations
+
+import logging
+
+import kopf
+
+from kubetune_operator import credentials, decision, kube, metrics, naming
+from kubetune_operator.backends import BACKENDS, backend_name
+from kubetune_operator.decision import Observed
+from kubetune_operator.settings import Settings
+from kubetune_operator.status import FINISHED
+
+log = logging.getLogger("kubetune.operator")
+
+CREATED = "Created"  # the event of a child created now (decision._create_child)
+# A status write raced this often by other triggers is given up (and retried by kopf).
+ATTEMPTS = 5
+
+
+def observe(job: dict, settings: Settings) -> Observed:
+    """Everything decide needs about JOB (the TrainingJob as just read), read from the API server."""
+    metadata, spec, status = job["metadata"], dict(job.get("spec") or {}), dict(job.get("status") or {})
+    namespace, name = metadata["namespace"], metadata["name"]
+    base = dict(name=name, namespace=namespace, uid=metadata["uid"], generation=metadata.get("generation"),
+                settings=settings, now=kube.now(), labels=dict(metadata.get("labels") or {}))
+    if status.get("phase") in FINISHED:
+        return Observed(**base)  # nothing left to decide
+    backend = BACKENDS[backend_name(spec, status, settings.backend)]
+    enabled = settings.backend_enabled(backend.name)
+    child = kube.read_child(backend, namespace, name, metadata["uid"]) if enabled else None
+    found: dict = {"config_map": kube.read_config_map_data(namespace, name, metadata["uid"]), "child": child}
+    if child is None and enabled:
+        if found["config_map"] is not None:  # started, and its child is gone: its API may have gone with it
+            kube.forget_prerequisites()
+        found["backend_problem"] = kube.missing_prerequisite(backend, namespace, settings)
+    if child is not None:
+        queue = decision.queue_name(spec, base["labels"])
+        if queue and not spec.get("suspend"):
+            found["workload"] = kube.read_workload(namespace, child["metadata"]["uid"], settings.kueue_workloads)
+        if status.get("phase") == "Running":
+            found["gauges"] = _gauges(namespace, name, backend, settings)
+        # No reading from the trainer (e.g. a TrainJob counts a pod waiting for its Secret as active):
+        # what its pods say, where the job names a Secret.
+        if not found.get("gauges") and credentials.secret_fields(spec) and not backend.is_suspended(child):
+            pods = kube.job_pods(namespace, naming.child_name(name))
+            found["credentials_problem"] = credentials.missing_secret_message(pods, spec, namespace)
+    return Observed(**base, **found)
+
+
+def _gauges(namespace: str, name: str, backend, settings: Settings) -> dict | None:
+    running = [p for p in kube.trainer_pods(namespace, name, backend) if p.status.phase == "Running"
+               and p.status.pod_ip]
+    if not running:
+        return None
+    try:
+        return kube.read_trainer_gauges(running[0].status.pod_ip, settings.trainer_metrics_port)
+    except OSError as err:  # not listening yet, or restarting: the next look gets it
+        log.debug("no progress from %s yet: %s", name, err)
+        return None
+
+
+def act(job: dict, decided: decision.Decision) -> bool:
+    """Do what was decided; False when the status changed meanwhile (decide again)."""
+    metadata = job["metadata"]
+    namespace, name, uid = metadata["namespace"], metadata["name"], metadata["uid"]
+    backend, child_created = decided.backend, False
+    for action in decided.actions:
+        if isinstance(action, decision.CreateConfigMap):
+            kopf.adopt(action.obj, owner=job)
+            kube.create_config_map(action.obj, uid)
+        elif isinstance(action, decision.CreateNetworkPolicy):
+            kopf.adopt(action.obj, owner=job)
+            kube.create_network_policy(action.obj, uid)
+        elif isinstance(action, decision.CreateChild):
+            kopf.adopt(action.obj, owner=job)
+            child_created = kube.create_child(backend, action.obj, uid)
+            if child_created:
+                metrics.CHILD_JOBS_CREATED.labels(backend.kind).inc()
+        elif isinstance(action, decision.PatchChild):
+            kube.patch_child(backend, name, namespace, action.body)
+        elif isinstance(action, decision.DeleteChild):
+            kube.delete_child(backend, namespace, action.name, action.uid)
+        elif isinstance(action, decision.PatchConfigMap):
+            kube.patch_config_map(namespace, name, action.data)
+    for event in decided.action_events:
+        if event.reason != CREATED or child_created:  # one that existed already was announced when created
+            kube.post_event(job, event.type, event.reason, event.message)
+    if decided.status and not kube.patch_status(namespace, name, metadata["resourceVersion"], decided.status):
+        return False
+    for action in decided.actions:  # courtesy copies, once the TrainingJob's own status holds the news
+        if isinstance(action, decision.PatchChildStatus):
+            kube.patch_child_status(backend, namespace, name, action.body)
+    for event in decided.events:
+        kube.post_event(job, event.type, event.reason, event.message)
+    return True
+
+
+def reconcile(namespace: str, name: str) -> None:
+    """Observe, decide, act for TrainingJob NAMESPACE/NAME; raises kopf's errors for kopf's retries."""
+    with metrics.RECONCILE_SECONDS.time():
+        try:
+            decided = _reconcile(namespace, name)
+        except kopf.TemporaryError:
+            metrics.RECONCILES.labels("retry").inc()
+            raise
+        except Exception:
+            metrics.RECONCILES.labels("error").inc()
+            raise
+    if decided is not None and decided.error:
+        metrics.RECONCILES.labels("error").inc()
+        raise kopf.PermanentError(decided.error)
+    if decided is not None and decided.retry_after is not None:
+        metrics.RECONCILES.labels("retry").inc()
+        raise kopf.TemporaryError("waiting (see the job's conditions)", delay=decided.retry_after)
+    metrics.RECONCILES.labels("ok").inc()
+
+
+def _reconcile(namespace: str, name: str) -> decision.Decision | None:
+    settings = kube.settings()
+    for _ in range(ATTEMPTS):
+        job = kube.read_training_job(namespace, name)
+        if job is None or job["metadata"].get("deletionTimestamp"):
+            return None  # gone or going: its children follow (owner references)
+        decided = decision.decide(job.get("spec") or {}, job.get("status"), observe(job, settings))
+        if act(job, decided):
+            return decided
+    raise kopf.TemporaryError(f"the status of {name} kept changing while it was written", delay=1)

@@ -1,0 +1,380 @@
+"""Every transition of a TrainingJob, through the pure decide(spec, status, observed): no cluster, no fakes.
+
+Each case gives what exists (status, ConfigMap, child, Workload, gauges, pods' report) and checks the
+actions, the one status patch and the events. Level-triggered: deciding again from the state the
+decision leads to changes nothing and says nothing twice.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+
+from kubetune_api.spec import TrainingJob
+from kubetune_operator import backend_check, credentials, decision
+from kubetune_operator.backends import BACKENDS
+from kubetune_operator.decision import CreateChild, DeleteChild, Observed, PatchChildStatus, decide
+from kubetune_operator.network_policy import NetworkPolicySettings
+from kubetune_operator.settings import Settings
+from kubetune_operator.trainer_config import build_config_map, job_from_config_map
+
+TRAINJOB, PYTORCHJOB = BACKENDS["trainjob"], BACKENDS["pytorchjob"]
+TRAINJOB_SETTINGS = Settings(backend="trainjob", backends=("trainjob",))
+NOW = "2026-11-27T12:00:00Z"
+
+
+def cpu_spec(example_manifest, **changes) -> dict:
+    spec = copy.deepcopy(example_manifest["spec"])
+    spec["resources"] = {"nodes": 1, "gpusPerNode": 0}
+    spec["training"] = {**spec["training"], "mixedPrecision": "no"}
+    spec.update(changes)
+    return spec
+
+
+def typed(spec: dict) -> TrainingJob:
+    return TrainingJob.model_validate({"apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingJob",
+                                       "metadata": {"name": "sd15", "namespace": "team-a"}, "spec": spec})
+
+
+def seen(settings: Settings = TRAINJOB_SETTINGS, **found) -> Observed:
+    return Observed(name="sd15", namespace="team-a", uid="uid-1", generation=2, settings=settings, now=NOW, **found)
+
+
+def child_of(spec: dict, backend=TRAINJOB, state: dict | None = None, suspend: bool | None = None) -> dict:
+    child = backend.build(typed(spec), "uid-1", TRAINJOB_SETTINGS)
+    child["metadata"]["uid"] = "child-uid"
+    if suspend is not None:
+        child["spec"].update(backend.suspend_patch(suspend)["spec"])
+    child["status"] = state or {}
+    return child
+
+
+def started(spec: dict) -> dict:
+    return build_config_map(typed(spec))["data"]
+
+
+def kinds(actions) -> list[str]:
+    return [type(action).__name__ for action in actions]
+
+
+def condition(status: dict, type_: str) -> dict | None:
+    return next((c for c in status.get("conditions") or [] if c["type"] == type_), None)
+
+
+def said(decided: decision.Decision) -> list[tuple[str, str]]:
+    """(type, reason) of every event a decision says: after its actions, then after its status write."""
+    return [(e.type, e.reason) for e in decided.action_events + decided.events]
+
+
+def converged(spec: dict, status: dict, observed: Observed, decided: decision.Decision) -> decision.Decision:
+    """Decide again from the status the first decision wrote: nothing new to write or say."""
+    after = {key: value for key, value in {**status, **decided.status}.items() if value is not None}
+    return decide(spec, after, observed)
+
+
+# ---- a new job ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("suspend,phase", [(False, "Pending"), (True, "Suspended")])
+def test_a_new_job_gets_its_config_and_child_and_says_so_once(example_manifest, suspend, phase):
+    spec = cpu_spec(example_manifest, suspend=suspend)
+    decided = decide(spec, {}, seen())
+    assert kinds(decided.actions) == ["CreateConfigMap", "CreateChild"]
+    assert decided.actions[1].obj["kind"] == "TrainJob" and decided.actions[1].obj["spec"]["suspend"] is suspend
+    assert (decided.status["phase"], decided.status["backend"], decided.status["observedGeneration"]) == \
+        (phase, "trainjob", 2)
+    assert condition(decided.status, "BackendReady")["reason"] == "ChildCreated"
+    assert said(decided) == [("Normal", "Created")]
+    assert decided.retry_after is None and decided.error is None
+
+
+def test_a_network_policy_comes_before_the_child_when_the_chart_asks_for_one(example_manifest):
+    policy = NetworkPolicySettings("kubetune-system", {"app": "kubetune"}, [], [])
+    settings = dataclasses.replace(TRAINJOB_SETTINGS, network_policy=policy)
+    assert kinds(decide(cpu_spec(example_manifest), {}, seen(settings)).actions) == \
+        ["CreateConfigMap", "CreateNetworkPolicy", "CreateChild"]
+
+
+def test_an_invalid_spec_is_an_error_and_nothing_is_created(example_manifest):
+    decided = decide(cpu_spec(example_manifest, training={"maxSteps": -1}), {}, seen())
+    assert decided.actions == [] and decided.error.startswith("invalid spec: ") and "maxSteps" in decided.error
+
+
+@pytest.mark.parametrize("problem,change,reason,permanent", [
+    (backend_check.Problem("TrainJobAPIMissing", "the TrainJob API is not installed"), {}, "TrainJobAPIMissing", False),
+    (None, {"backend": "pytorchjob"}, "BackendNotEnabled", False),
+    (None, {"scheduling": {"priorityClassName": "high"}}, "UnsupportedByBackend", True),
+], ids=["prerequisite-missing", "backend-not-enabled", "field-unsupported"])
+def test_a_backend_that_cannot_run_the_job_is_a_condition_one_warning_and_a_wait(example_manifest, problem, change,
+                                                                                   reason, permanent):
+    spec, observed = cpu_spec(example_manifest, **change), seen(backend_problem=problem)
+    decided = decide(spec, {}, observed)
+    assert decided.actions == []
+    found = condition(decided.status, "BackendReady")
+    assert (found["status"], found["reason"], decided.status["phase"]) == ("False", reason, "Pending")
+    assert said(decided) == [("Warning", reason)]
+    assert (decided.error is not None) is permanent and (decided.retry_after is None) is permanent
+    again = converged(spec, {}, observed, decided)
+    assert again.status == {} and said(again) == [], "the same gap again: no second event"
+
+
+def test_an_image_off_the_list_is_refused_until_the_spec_names_an_allowed_one(example_manifest):
+    settings = dataclasses.replace(TRAINJOB_SETTINGS, allowed_image_prefixes=("ghcr.io/team",))
+    spec = cpu_spec(example_manifest, image="docker.io/x/y:1")
+    decided = decide(spec, {}, seen(settings))
+    assert decided.actions == [] and decided.error.startswith("spec.image: 'docker.io/x/y:1'")
+    assert condition(decided.status, "ImageAllowed")["reason"] == "ImageNotAllowed"
+    assert said(decided) == [("Warning", "ImageNotAllowed")]
+    assert said(converged(spec, {}, seen(settings), decided)) == []
+    allowed = decide(cpu_spec(example_manifest, image="ghcr.io/team/trainer:2"), decided.status, seen(settings))
+    assert kinds(allowed.actions) == ["CreateConfigMap", "CreateChild"]
+    assert condition(allowed.status, "ImageAllowed")["status"] == "True"
+
+
+# ---- the child's state ----------------------------------------------------------------------------------
+
+RUNNING = {"jobsStatus": [{"name": "node", "active": 1}]}
+COMPLETE = {"conditions": [{"type": "Complete", "status": "True", "reason": "AllJobsCompleted",
+                            "lastTransitionTime": "2026-11-27T12:30:00Z"}]}
+
+
+def test_a_child_that_runs_makes_the_job_running_once(example_manifest):
+    spec = cpu_spec(example_manifest)
+    observed = seen(config_map=started(spec), child=child_of(spec, state=RUNNING))
+    status = {"phase": "Pending", "backend": "trainjob"}
+    decided = decide(spec, status, observed)
+    assert decided.actions == [] and decided.status["phase"] == "Running" and decided.status["startTime"] == NOW
+    assert said(decided) == [("Normal", "Running")]
+    again = converged(spec, status, observed, decided)
+    assert again.status == {} and said(again) == []
+
+
+def test_a_finished_child_writes_the_final_step_and_the_report_once(example_manifest):
+    spec = cpu_spec(example_manifest)
+    stale = {"step": 26, "totalSteps": 60, "percent": 43.3, "loss": 0.2, "etaSeconds": 12.5}
+    status = {"phase": "Running", "backend": "trainjob", "progress": stale, "outputUri": "s3://b/runs/v0"}
+    observed = seen(config_map=started(spec), child=child_of(spec, state=COMPLETE))
+    decided = decide(spec, status, observed)
+    assert decided.status["phase"] == "Succeeded" and decided.status["completionTime"] == "2026-11-27T12:30:00Z"
+    assert decided.status["progress"] == {"step": 60, "totalSteps": 60, "percent": 100.0, "loss": 0.2,
+                                          "etaSeconds": None}
+    assert decided.status["reportUri"] == "s3://b/runs/v0/report.html"
+    assert decided.status["latestCheckpoint"].startswith("s3://b/runs/v0/")
+    (report,) = decided.actions
+    assert isinstance(report, PatchChildStatus) and report.body["status"]["trainerStatus"]["progressPercentage"] == 100
+    assert said(decided) == [("Normal", "Succeeded")]
+    finished = {**status, **decided.status}
+    assert decide(spec, finished, observed) == decision.Decision(TRAINJOB), "finished is final"
+
+
+def test_the_last_reading_of_a_short_run_counts_before_it_is_marked_finished(example_manifest):
+    spec = cpu_spec(example_manifest, validation={"everySteps": 5, "prompts": ["a corgi"], "earlyStoppingPatience": 2})
+    gauges = {"step": 40, "planned_steps": 60, "loss": 0.1, "last_checkpoint_step": 40, "run_version": 0}
+    observed = seen(config_map=started(spec), child=child_of(spec, state=COMPLETE), gauges=gauges)
+    decided = decide(spec, {"phase": "Running", "backend": "trainjob"}, observed)
+    assert decided.status["phase"] == "Succeeded" and decided.status["progress"]["step"] == 40, \
+        "an early-stopped run ends where its last reading says, read in the same pass"
+
+
+def test_progress_is_read_while_running_and_copied_to_the_trainjob(example_manifest):
+    spec = cpu_spec(example_manifest)
+    observed = seen(config_map=started(spec), child=child_of(spec, state=RUNNING),
+                    gauges={"step": 30, "planned_steps": 60})
+    status = {"phase": "Running", "backend": "trainjob", "startTime": NOW}
+    status = {**status, **decide(spec, status, seen(config_map=started(spec), child=child_of(spec, state=RUNNING))).status}
+    decided = decide(spec, status, observed)
+    assert decided.status == {"progress": {"step": 30, "totalSteps": 60, "percent": 50.0}}
+    assert kinds(decided.actions) == ["PatchChildStatus"]
+    assert converged(spec, status, observed, decided).actions == [], "the same reading: nothing to copy again"
+
+
+# ---- spec changes of a started job ------------------------------------------------------------------
+
+def test_suspend_and_resume_patch_the_child_and_record_it_in_the_config(example_manifest):
+    spec = cpu_spec(example_manifest)
+    running = child_of(spec, state=RUNNING)
+    decided = decide(cpu_spec(example_manifest, suspend=True), {"phase": "Running", "backend": "trainjob"},
+                     seen(config_map=started(spec), child=running))
+    assert kinds(decided.actions) == ["PatchChild", "PatchConfigMap"]
+    assert decided.actions[0].body == {"spec": {"suspend": True}}
+    assert job_from_config_map(decided.actions[1].data).spec.suspend is True
+    assert said(decided) == [("Normal", "Suspended")]
+    # Applied: the config says suspended, so the same spec again does nothing.
+    again = decide(cpu_spec(example_manifest, suspend=True), {"phase": "Suspended", "backend": "trainjob"},
+                   seen(config_map=decided.actions[1].data, child=child_of(spec, suspend=True)))
+    assert again.actions == [] and said(again) == []
+    resumed = decide(spec, {"phase": "Suspended", "backend": "trainjob"},
+                     seen(config_map=decided.actions[1].data, child=child_of(spec, suspend=True)))
+    assert kinds(resumed.actions) == ["PatchConfigMap", "PatchChild"] and said(resumed) == [("Normal", "Resumed")]
+
+
+def test_a_frozen_field_changed_is_refused_once_and_the_refusal_ends_when_put_back(example_manifest):
+    spec = cpu_spec(example_manifest)
+    observed = seen(config_map=started(spec), child=child_of(spec, state=RUNNING))
+    changed = cpu_spec(example_manifest, adapter={**spec["adapter"], "rank": 32})
+    decided = decide(changed, {"phase": "Running", "backend": "trainjob"}, observed)
+    found = condition(decided.status, "SpecChangeRefused")
+    assert (found["status"], found["reason"]) == ("True", "ImmutableSpec") and "spec.adapter.rank" in found["message"]
+    assert decided.actions == [] and said(decided) == [("Warning", "SpecChangeRefused")]
+    assert "observedGeneration" not in decided.status
+    assert said(converged(changed, {"phase": "Running", "backend": "trainjob"}, observed, decided)) == []
+    # A size change while it runs is refused too; both are said, and suspend still works meanwhile.
+    bigger = cpu_spec(example_manifest, adapter={**spec["adapter"], "rank": 32},
+                      resources={"nodes": 2, "gpusPerNode": 0})
+    both = condition(decide(bigger, {"phase": "Running", "backend": "trainjob"}, observed).status, "SpecChangeRefused")["message"]
+    assert "spec.adapter.rank" in both and "suspend first" in both and "from 1x1 process to 2x1 processes" in both
+    suspending = decide(cpu_spec(example_manifest, adapter={**spec["adapter"], "rank": 32}, suspend=True),
+                        {"phase": "Running", "backend": "trainjob"}, observed)
+    assert kinds(suspending.actions) == ["PatchChild", "PatchConfigMap"]
+    back = decide(spec, {"phase": "Running", "backend": "trainjob", **decided.status}, observed)
+    assert condition(back.status, "SpecChangeRefused")["status"] == "False"
+
+
+def test_a_suspended_trainjob_is_replaced_at_its_new_size(example_manifest):
+    old = cpu_spec(example_manifest, suspend=True, resources={"nodes": 2, "gpusPerNode": 0})
+    new = cpu_spec(example_manifest, suspend=True, resources={"nodes": 1, "gpusPerNode": 0})
+    config, child = started(old), child_of(old, suspend=True)
+    # First: the old TrainJob goes (foreground: with its JobSet and pods); looked at again shortly.
+    first = decide(new, {"phase": "Suspended", "backend": "trainjob"}, seen(config_map=config, child=child))
+    assert first.actions == [DeleteChild("sd15", "child-uid")] and first.retry_after == 2.0
+    # While it is being deleted: wait, delete nothing twice.
+    deleting = copy.deepcopy(child)
+    deleting["metadata"]["deletionTimestamp"] = NOW
+    assert decide(new, {"phase": "Suspended", "backend": "trainjob"}, seen(config_map=config, child=deleting)).actions == []
+    # Gone: created at the new size, then the config says so.
+    gone = decide(new, {"phase": "Suspended", "backend": "trainjob"}, seen(config_map=config))
+    assert kinds(gone.actions) == ["CreateChild", "PatchConfigMap"]
+    assert gone.actions[0].obj["spec"]["trainer"]["numNodes"] == 1 and gone.actions[0].obj["spec"]["suspend"] is True
+    assert job_from_config_map(gone.actions[1].data).spec.resources.nodes == 1
+    assert ("Normal", "Resized") in said(gone)
+
+
+def test_a_suspended_pytorchjob_is_resized_in_place(example_manifest):
+    settings = Settings()
+    old = cpu_spec(example_manifest, suspend=True, resources={"nodes": 2, "gpusPerNode": 0})
+    new = cpu_spec(example_manifest, suspend=True, resources={"nodes": 1, "gpusPerNode": 0})
+    decided = decide(new, {"phase": "Suspended", "backend": "pytorchjob"},
+                     seen(settings, config_map=started(old), child=child_of(old, PYTORCHJOB, suspend=True)))
+    assert kinds(decided.actions) == ["PatchChild", "PatchConfigMap"] and isinstance(decided.actions[0].body, list)
+
+
+# ---- bad input: a child deleted by hand, a backend whose CRDs went away -----------------------------------
+
+def test_a_child_deleted_by_hand_is_created_again_from_what_the_trainer_runs(example_manifest):
+    spec = cpu_spec(example_manifest)
+    decided = decide(spec, {"phase": "Running", "backend": "trainjob"}, seen(config_map=started(spec)))
+    assert kinds(decided.actions) == ["CreateChild"] and decided.error is None
+
+
+def test_a_backend_whose_crds_disappear_mid_run_is_a_condition_naming_them_not_a_crash(example_manifest):
+    spec = cpu_spec(example_manifest)
+    missing = backend_check.missing(TRAINJOB.prerequisites(TRAINJOB_SETTINGS)[0])
+    status = {"phase": "Running", "backend": "trainjob"}
+    decided = decide(spec, status, seen(config_map=started(spec), backend_problem=missing))
+    found = condition(decided.status, "BackendReady")
+    assert (found["status"], found["reason"]) == ("False", "TrainJobAPIMissing")
+    assert "trainjobs.trainer.kubeflow.org" in found["message"]
+    assert decided.actions == [] and decided.retry_after == 30.0 and decided.error is None
+    assert decided.status.get("phase") is None, "the run is not lost: it resumes once the API is back"
+    back = decide(spec, {**status, **decided.status}, seen(config_map=started(spec)))
+    assert kinds(back.actions) == ["CreateChild"]
+
+
+# ---- Kueue ----------------------------------------------------------------------------------------------
+
+PENDING_WORKLOAD = {"status": {"conditions": [{"type": "QuotaReserved", "status": "False", "reason": "Pending",
+                                               "message": "couldn't assign flavors: insufficient quota"}]}}
+
+
+@pytest.mark.parametrize("labels,scheduling", [
+    ({}, {"queueName": "jobs"}),
+    ({"kueue.x-k8s.io/queue-name": "jobs"}, {}),
+], ids=["spec.scheduling.queueName", "kueue-label"])
+def test_a_job_waiting_in_a_queue_says_why_however_it_was_queued(example_manifest, labels, scheduling):
+    spec = cpu_spec(example_manifest, scheduling=scheduling)
+    as_applied = decision.with_label_queue(spec, labels)
+    observed = seen(labels=labels, config_map=started(as_applied), child=child_of(as_applied, suspend=True),
+                    workload=PENDING_WORKLOAD)
+    decided = decide(spec, {"phase": "Suspended", "backend": "trainjob"}, observed)
+    found = condition(decided.status, "Queued")
+    assert (found["status"], found["reason"]) == ("True", "Waiting")
+    assert found["message"] == "waiting in queue 'jobs': couldn't assign flavors: insufficient quota"
+    assert said(decided) == [("Normal", "Queued")]
+    assert "SpecChangeRefused" not in str(decided.status), "the label is the field: no change to refuse"
+
+
+def test_the_kueue_label_reaches_the_child_as_its_queue(example_manifest):
+    labels = {"kueue.x-k8s.io/queue-name": "jobs"}
+    decided = decide(cpu_spec(example_manifest), {}, seen(labels=labels))
+    child = next(a.obj for a in decided.actions if isinstance(a, CreateChild))
+    assert child["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "jobs"
+
+
+@pytest.mark.parametrize("spec_queue,label,refused", [
+    ("jobs", "jobs", False), ("jobs", None, False), (None, "jobs", False), ("jobs", "other", True)])
+def test_a_queue_named_two_ways_must_agree(example_manifest, spec_queue, label, refused):
+    spec = cpu_spec(example_manifest, scheduling={"queueName": spec_queue} if spec_queue else {})
+    message = decision.queue_disagreement(spec, {"kueue.x-k8s.io/queue-name": label} if label else {})
+    assert (message is not None) is refused
+    if refused:
+        assert "metadata.labels[kueue.x-k8s.io/queue-name] is 'other'" in message
+        assert "spec.scheduling.queueName is 'jobs'" in message
+
+
+# ---- credentials: from what the pods report, never from a Secret ------------------------------------------
+
+def waiting_pod(message: str, reason: str = "CreateContainerConfigError") -> dict:
+    return {"status": {"containerStatuses": [{"name": "trainer", "state": {"waiting": {"reason": reason,
+                                                                                       "message": message}}}]}}
+
+
+@pytest.mark.parametrize("message", ['secret "not-there" not found', "secret team-a/not-there not found"],
+                         ids=["kubelet", "local-kubelet"])
+def test_a_missing_credentials_secret_is_learned_from_the_pod_and_names_the_field(example_manifest, message):
+    spec = cpu_spec(example_manifest, s3={"credentialsSecret": "not-there"})
+    problem = credentials.missing_secret_message([waiting_pod(message)], spec, "team-a")
+    assert problem.startswith("spec.s3.credentialsSecret: Secret 'not-there' does not exist in namespace 'team-a'; "
+                              "create it with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+    observed = seen(config_map=started(spec), child=child_of(spec), credentials_problem=problem)
+    status = {"phase": "Pending", "backend": "trainjob"}
+    decided = decide(spec, status, observed)
+    found = condition(decided.status, "CredentialsReady")
+    assert (found["status"], found["reason"], found["message"]) == ("False", "SecretNotFound", problem)
+    assert said(decided) == [("Warning", "SecretNotFound")]
+    assert said(converged(spec, status, observed, decided)) == []
+
+
+def test_other_waiting_reasons_are_not_a_credentials_problem(example_manifest):
+    spec = cpu_spec(example_manifest, s3={"credentialsSecret": "creds"})
+    assert credentials.missing_secret_message([waiting_pod("pulling", "ContainerCreating")], spec, "team-a") is None
+    assert credentials.missing_secret_message([], spec, "team-a") is None
+
+
+@pytest.mark.parametrize("backend,settings,edit,field", [
+    (TRAINJOB, TRAINJOB_SETTINGS, lambda c: c["spec"]["trainer"].update(image="evil:1"), "spec.trainer.image"),
+    (PYTORCHJOB, Settings(), lambda c: c["spec"]["pytorchReplicaSpecs"]["Master"].update(replicas=3),
+     "spec.pytorchReplicaSpecs.Master.replicas"),
+], ids=["trainjob-image", "pytorchjob-replicas"])
+def test_a_child_edited_by_hand_is_reported_once_not_reverted(example_manifest, backend, settings, edit, field):
+    spec = cpu_spec(example_manifest)
+    child = child_of(spec, backend, state=RUNNING if backend is TRAINJOB else {
+        "conditions": [{"type": "Running", "status": "True", "reason": "Running"}]})
+    edit(child)
+    status = {"phase": "Running", "backend": backend.name}
+    observed = seen(settings, config_map=started(spec), child=child)
+    decided = decide(spec, status, observed)
+    found = condition(decided.status, "ChildMatchesSpec")
+    assert (found["status"], found["reason"]) == ("False", "EditedOutsideKubetune") and field in found["message"]
+    assert decided.actions == [], "reported, not reverted: a running child's pods are not restarted behind the user"
+    assert said(decided) == [("Warning", "EditedOutsideKubetune")]
+    assert said(converged(spec, status, observed, decided)) == []
+    put_back = decide(spec, {**status, **decided.status}, seen(settings, config_map=started(spec),
+                                                               child=child_of(spec, backend, state=child["status"])))
+    assert condition(put_back.status, "ChildMatchesSpec")["status"] == "True"
+
+
+def test_a_child_as_built_raises_no_drift(example_manifest):
+    spec = cpu_spec(example_manifest)
+    decided = decide(spec, {"phase": "Running", "backend": "trainjob"},
+                     seen(config_map=started(spec), child=child_of(spec, state=RUNNING)))
+    assert condition(decided.status, "ChildMatchesSpec") is None
