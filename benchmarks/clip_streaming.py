@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -148,6 +149,7 @@ def main(argv=None) -> None:
     finally:
         server.terminate()
         server.wait()
+        shutil.rmtree(work)  # the clips, their S3 copy and each case's cache: a few hundred MB
     copied = results["clips, s3 copied whole"]["first_batch_s"]
     for name, result in results.items():
         print(f"{name}: first batch {result['first_batch_s']:.1f} s ({result['first_batch_s'] / copied:.2f} of "
