@@ -85,22 +85,32 @@ def load(args) -> dict:
         "data": {"layout": "captions", "uri": args.uri, "format": data_format, "resolution": args.resolution,
                  "numWorkers": args.workers, "streaming": {"enabled": streaming}},
         "training": {"maxSteps": args.steps, "batchSize": args.batch_size}, "checkpoints": {"uri": "/runs"}})
+    phases = {}  # where the first batch's time goes: each phase's end, from the case's start
+
+    def mark(phase: str) -> None:
+        phases[phase] = round(time.time() - started, 2)
+
     spec = with_local_inputs(spec)
+    mark("lay out (open the stream, or copy whole)")
     screen = Screen(skip_bad=False)
     samples = LAYOUTS["captions"].read_samples(spec, screen)
     stream = streamed(Path(spec.data.uri))
     if stream is None:
         samples = screen.images(samples)  # as the trainer does before training data it does not stream
+    mark("read the samples (index containers, screen)")
     dataset = CaptionsDataset(samples, ImageTransform(args.resolution), 0.0, seed=0)
     steps = epoch_steps(len(dataset), args.batch_size, seed=0, epoch=0)[:args.steps]
     prefetcher = None
     if stream is not None:
         prefetcher = Prefetcher(4 << 30, spec.data.streaming.prefetch_steps)
         prefetcher.plan([[p for _, i in keys for p in image_paths(dataset.samples[i])] for keys in steps])
+    mark("data set and prefetch plan")
     times = []
     loader = DataLoader(dataset, batch_sampler=steps, collate_fn=collate, num_workers=args.workers)
     for _ in loader:
         times.append(time.time())
+        if len(times) == 1:
+            mark("first batch")
         if prefetcher is not None:
             prefetcher.advance()
     if prefetcher is not None:
@@ -110,7 +120,7 @@ def load(args) -> dict:
     fetched = (stream.fetched_bytes if stream else 0) + MEMBERS.ranged_bytes
     return {"first_batch_s": times[0] - started,
             "samples_per_s": args.batch_size * (len(steady) - 1) / (steady[-1] - steady[0]),
-            "fetched_mb": fetched / 1e6}
+            "fetched_mb": fetched / 1e6, "phases": phases}
 
 
 def run_case(args, name: str, uri: str, work: Path) -> dict:
@@ -179,6 +189,8 @@ def main(argv=None) -> None:
     for name, result in results.items():
         print(f"| {name} | {result['first_batch_s']:.1f} | {result['first_batch_s'] / copied:.2f} | "
               f"{result['samples_per_s']:.0f} | {result['samples_per_s'] / reference:.2f}x | {result['fetched_mb']:.0f} |")
+    for name, result in results.items():  # where each case's first batch went (each phase's end, s)
+        print(f"{name}: {result['phases']}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ noise levels, says so in the log and in the LoRA file's metadata, and that file 
 WanPipeline's expert (the low-noise one with load_into_transformer_2=True); FSDP over two processes
 trains both (the default); TI2V-5B (48-channel VAE, a timestep per token) trains too; image-to-video
 (Wan 2.2 I2V A14B, Wan 2.1 I2V with its CLIP states) trains on the first frame as condition, built
-as WanImageToVideoPipeline builds it, and loads whole there; bad input is refused naming the field
+as WanImageToVideoPipeline builds it, and loads whole there; TI2V-5B image-to-video (the condition
+in the first latent frame) trains on clips and loads whole; bad input is refused naming the field
 before anything is written."""
 from __future__ import annotations
 
@@ -231,6 +232,46 @@ def test_image_to_video_trains_on_the_first_frame_as_condition_samples_from_held
         assert_lora_loads_whole_and_changes_the_expert(variant(name), run, file, component)
 
 
+def test_ti2v_5b_image_to_video_trains_clips_past_their_first_frame_samples_and_loads_whole(
+        variant, tiny_dataset, tmp_path):
+    """TI2V-5B as a WanImageToVideoPipeline: the condition is the first latent frame (48 channels in),
+    trained on 5-frame clips; validation animates a held-out first frame; the LoRA loads whole."""
+    name = "i2v-ti2v-5b"
+    manifest = family_job(FAMILY, "video-captions", variant(name), tiny_dataset("video-captions"), tmp_path / "out",
+                          data={"frames": 5},
+                          validation={"everySteps": 2, "heldOutFraction": 0.25, "prompts": ["a red cube"],
+                                      "numInferenceSteps": 2})
+    stderr = run_trainer(manifest, tmp_path).stderr
+    assert "wan: training whole (transformer)" in stderr and "image-to-video (first frame as condition)" in stderr, \
+        stderr[-2000:]
+    run = run_dir(tmp_path / "out")
+    assert (run / "samples" / "step-0000002" / "0.mp4").is_file(), "a held-out first frame, animated by one prompt"
+    assert expert_of(run / HIGH_NOISE_FILE) == "whole"
+    assert_lora_loads_whole_and_changes_the_expert(variant(name), run, HIGH_NOISE_FILE, "transformer")
+
+
+def test_ti2v_5b_s_condition_and_timesteps_are_the_ones_wan_image_to_video_pipeline_prepares(variant):
+    """The first frame alone through the VAE, normalised, in place of the first latent frame, and timestep 0
+    on that frame's tokens: what WanImageToVideoPipeline with expand_timesteps hands its transformer."""
+    from diffusers import WanImageToVideoPipeline
+
+    from kubetune_trainer.families.wan import first_latent_mask, normalised
+
+    pipeline = WanImageToVideoPipeline.from_pretrained(variant("i2v-ti2v-5b"))
+    assert pipeline.config.expand_timesteps and pipeline.transformer.config.in_channels == 48
+    generator = torch.Generator().manual_seed(0)
+    clip = torch.rand(1, 3, 5, 32, 32, generator=generator) * 2 - 1
+    noisy, expected, pipeline_mask = pipeline.prepare_latents(clip[:, :, 0], 1, 48, 32, 32, 5, torch.float32,
+                                                              torch.device("cpu"), generator)
+    with torch.no_grad():
+        condition = normalised(pipeline.vae.encode(clip[:, :, :1]).latent_dist.mode(), pipeline.vae.config)
+    torch.testing.assert_close(condition, expected)
+    mask = first_latent_mask(noisy)
+    torch.testing.assert_close(mask, pipeline_mask)
+    tokens = mask[0, 0][:, ::2, ::2].flatten()
+    assert tokens.tolist() == [0.0] + [1.0] * (len(tokens) - 1), "one 2x2-patch token per latent frame here"
+
+
 @pytest.mark.parametrize("frames", [1, 5])
 def test_the_first_frame_condition_is_the_one_wan_image_to_video_pipeline_prepares(frames, variant):
     """Mask and condition latents as WanImageToVideoPipeline.prepare_latents makes them from the first frame
@@ -287,6 +328,25 @@ def test_a_choice_the_model_cannot_take_is_refused_in_one_line_before_anything_i
     assert message.format(model=variant(name)) in stderr, stderr[-2000:]
     assert "Traceback" not in stderr
     assert not (tmp_path / "out").exists(), "refused before the run wrote anything"
+
+
+@pytest.mark.parametrize("data, given", [({"layout": "captions"}, "images (1 frame each)"),
+                                         ({"layout": "video-captions", "frames": [1, 9]}, "spec.data.frames 1")])
+def test_ti2v_5b_image_to_video_refuses_samples_with_no_frame_past_the_condition(data, given):
+    """(Raised where Wan's constructor raised before: before any model is loaded.)"""
+    from types import SimpleNamespace
+
+    from kubetune_trainer.errors import ConfigError
+    from kubetune_trainer.families.wan import check_latent_condition_frames
+
+    spec = SimpleNamespace(data=SimpleNamespace(frames=data.get("frames")))
+    with pytest.raises(ConfigError) as refused:
+        check_latent_condition_frames(spec, {"scale_factor_temporal": 4})
+    assert str(refused.value) == (
+        f"spec.data.frames: TI2V-5B image-to-video trains the frames after the first (the first is its condition), "
+        f"but {given} leave none; train on clips (layout video-captions) of at least 5 frames, or use its "
+        "WanPipeline folder (text-to-video)")
+    check_latent_condition_frames(SimpleNamespace(data=SimpleNamespace(frames=[5, 9])), {"scale_factor_temporal": 4})
 
 
 def test_the_api_refuses_experts_for_another_family_and_a_size_off_the_16_grid():

@@ -322,3 +322,25 @@ def test_a_clip_cut_short_after_it_was_probed_stops_the_loader_in_one_line_namin
         list(iterate_steps(data, LAYOUT.collate, workers, [[[(0, 0)]], [[(0, 1)]]], loader_seed=0))
     message = str(stopped.value)
     assert message.startswith(f"{clip}: ") and "fix or remove it" in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize("suffix, codec", [(".mp4", "libx264"), (".mp4", "libx265"), (".mov", "libx264")])
+def test_a_streamed_clip_probed_from_its_header_seeks_to_the_keyframe_before_a_late_sample(tmp_path, suffix, codec):
+    """A clip probed through ranged reads (s3://, its header only: no keyframe list) keeps its frame
+    timeline, and a late sample seeks by time to the keyframe before it: the same frames, bit for bit,
+    as decoding from the clip's start."""
+    from kubetune_trainer.data.video import _numbered_from_time, _probe, read_frames
+    from kubetune_trainer.storage.stream import ranged_file
+
+    path = write_clip(tmp_path / f"long{suffix}", [np.full((32, 32, 3), 5 * i, np.uint8) for i in range(48)], 16,
+                      codec, g="8", bf="2")
+    data = path.read_bytes()
+    info = _probe(ranged_file(lambda start, size: data[start:start + size], len(data)), header_only=True)
+    assert info.frames == 48 and info.keyframes == () and info.frame_ticks, info
+    with av.open(str(path)) as container:  # decoding starts at a keyframe after the clip's start
+        landed = next(_numbered_from_time(container, container.streams.video[0], info, 29))[0]
+    assert 8 <= landed <= 29, landed
+    for indices in ([29, 30, 31, 32], [40, 40, 47], [0, 1, 2], [8, 9], [7, 8]):
+        frames = read_frames(path, indices, (32, 32), (0, 0, 32, 32), False, info)
+        assert [round(level / 5) for level in frames.mean(axis=(1, 2, 3))] == indices
+        assert np.array_equal(frames, read_frames(path, indices, (32, 32), (0, 0, 32, 32), False)), "as from the start"

@@ -43,6 +43,12 @@ class ClipInfo:
     # (frame number, presentation timestamp) of each keyframe after the first, where decoding may
     # start; empty where the packets carry no timestamps (then decoding starts at the clip's start).
     keyframes: tuple[tuple[int, int], ...] = ()
+    # A clip probed from its header only (its packets, so its keyframes, unread): frame n is shown at
+    # first_pts + n * frame_ticks (a constant-rate clip, checked on its sample table), so decoding a
+    # sample seeks to the time of its first frame and the demuxer's index finds the keyframe. None:
+    # no such timeline (keyframes above, or decoding from the start).
+    first_pts: int | None = None
+    frame_ticks: int | None = None
 
     def keyframe_before(self, number: int) -> tuple[int, int] | None:
         """The last keyframe at or before frame `number` (None: decode from the start)."""
@@ -81,8 +87,9 @@ def probe(path: Path) -> ClipInfo:
     every clip before the data set is built, which probes them again.
 
     A clip streamed from s3:// and not fetched yet is probed by ranged reads: an .mp4/.mov's frame
-    count is in its header (the sample table), so only the header and the first frame are read,
-    and its keyframes are left unknown (its samples decode from the clip's start). Other
+    count is in its header (the sample table), so only the header and the first frame are read;
+    its keyframes are not listed, but a constant-rate clip's timeline is kept (ClipInfo.first_pts,
+    frame_ticks), so its samples still seek to the keyframe before them. Other
     containers (.webm) keep no count in the header: their packets are read, the whole clip."""
     local = in_place(path)
     if local:
@@ -115,8 +122,10 @@ def _probe(source, header_only: bool = False) -> ClipInfo:
                 raise ClipError(f"holds no video stream (only {kinds}): it is not a video (.mp4 H.264/H.265, "
                                 ".webm, .mov)")
             stream = container.streams.video[0]
+            ticks = None
             if header_only and "mp4" in container.format.name and stream.frames > 0:
                 frames, keyframes = stream.frames, ()  # the sample table's count: no packet read
+                ticks = _constant_ticks(stream, frames)
             else:
                 packets = [(packet.pts, packet.is_keyframe) for packet in container.demux(stream) if packet.size]
                 frames, keyframes = len(packets), _keyframes(packets)
@@ -133,7 +142,8 @@ def _probe(source, header_only: bool = False) -> ClipInfo:
                 rate = frames / duration if duration > 0 else 0.0
             if rate <= 0:
                 raise ClipError("has no frame rate (neither its stream nor its duration gives one)")
-            return ClipInfo(frames, rate, first.width, first.height, keyframes)
+            timeline = (first.pts, ticks) if ticks is not None and first.pts is not None else (None, None)
+            return ClipInfo(frames, rate, first.width, first.height, keyframes, *timeline)
     except av.FFmpegError as err:
         raise ClipError(f"cannot be read as a video ({type(err).__name__}: {err})") from None
 
@@ -145,6 +155,18 @@ def _keyframes(packets: list[tuple[int | None, bool]]) -> tuple[tuple[int, int],
         return ()
     number = {pts: rank for rank, pts in enumerate(sorted(pts for pts, _ in packets))}
     return tuple(sorted((number[pts], pts) for pts, key in packets if key and number[pts] > 0))
+
+
+def _constant_ticks(stream, frames: int) -> int | None:
+    """The one duration of every frame in the stream's time base, read from the demuxer's index (an
+    .mp4's sample table, in its header: no packet read); None when the index does not hold every
+    frame or the durations differ (a variable-rate clip: its samples decode from its start)."""
+    try:
+        stamps = sorted(entry.timestamp for entry in stream.index_entries)
+    except (AttributeError, av.FFmpegError):
+        return None
+    steps = {later - earlier for earlier, later in zip(stamps, stamps[1:])}
+    return steps.pop() if len(stamps) == frames and len(steps) == 1 and min(steps, default=0) > 0 else None
 
 
 def clip_check(shortest: int, fps: float | None):
@@ -179,7 +201,9 @@ def read_frames(path: Path, indices: list[int], size: tuple[int, int], crop: tup
         with av.open(_source(path)) as container:
             video = container.streams.video[0]
             video.codec_context.thread_count = DECODE_THREADS
-            for number, frame in _numbered(container, video, keyframe):
+            numbered = _numbered(container, video, keyframe) if keyframe is not None or info is None \
+                else _numbered_from_time(container, video, info, min(indices))
+            for number, frame in numbered:
                 if number in wanted:
                     rgb = frame.reformat(width=size[0], height=size[1], format="rgb24",
                                          interpolation="BICUBIC").to_ndarray()
@@ -209,6 +233,34 @@ def _numbered(container, stream, keyframe: tuple[int, int] | None):
             yield from enumerate(frames, start=number + 1)
             return
         container.seek(0, stream=stream, backward=True)
+    yield from enumerate(container.decode(stream))
+
+
+def _numbered_from_time(container, stream, info: ClipInfo, first: int):
+    """(frame number, frame) in presentation order from the keyframe at or before frame `first`,
+    found by seeking to that frame's time on the clip's constant-rate timeline (ClipInfo.first_pts,
+    frame_ticks); frames are numbered by their timestamps. A seek that lands after `first` (a
+    keyframe's decoding time is before its presentation time, and the index seeks by the former) is
+    retried that many frames earlier; a frame off the timeline, or no landing, decodes from the start."""
+    if info.first_pts is None or info.frame_ticks is None or first == 0:
+        yield from _numbered(container, stream, None)
+        return
+    target = first
+    for _ in range(3):
+        container.seek(info.first_pts + target * info.frame_ticks, stream=stream, backward=True)
+        frames = container.decode(stream)
+        landed = next(frames, None)
+        if landed is None or landed.pts is None:
+            break
+        number, off = divmod(landed.pts - info.first_pts, info.frame_ticks)
+        if off or number < 0:
+            break
+        if number <= first:
+            yield number, landed
+            yield from enumerate(frames, start=number + 1)
+            return
+        target = max(0, target - (number - first) - 1)
+    container.seek(0, stream=stream, backward=True)
     yield from enumerate(container.decode(stream))
 
 

@@ -22,8 +22,12 @@ transformer takes [noisy latents, mask, condition] on its channels (36). Wan 2.1
 first frame's CLIP ViT-H penultimate states (its image_encoder) through added key/value projections,
 which its LoRA adapts too. A 1-frame clip is its own condition: the model learns to keep the frame,
 which is what a 1-frame I2V sample asks; the first-frame conditioning of longer clips is the same code.
-TI2V-5B's image-to-video (the first latent frame replaced by the clean condition, timestep 0 on its
-tokens) is not trained: its folder trains text-to-video.
+TI2V-5B's image-to-video (its folder as a WanImageToVideoPipeline with expand_timesteps) conditions
+through the latents instead: the first frame alone, encoded by the VAE (its mode) and normalised,
+replaces the first latent frame of the noisy clip, whose tokens get timestep 0; the transformer takes
+its 48 channels only, and the loss is the later latent frames' (the pipeline overwrites the first's
+prediction with the condition). It trains on clips of at least 5 frames (a 1-latent-frame sample is
+all condition), refused otherwise naming spec.data.frames.
 
 Training data: the `video-captions` layout's clips, or the `captions` layout's images, each a 1-frame
 clip (one latent frame, as Wan itself trains on images). A video batch ([B, F, C, H, W] pixel_values,
@@ -118,6 +122,18 @@ def check_resolution(spec, vae_config: dict, transformer_config: dict) -> None:
                               f"{lower + factor}")
 
 
+def check_latent_condition_frames(spec, vae_config) -> None:
+    """TI2V-5B image-to-video learns the latent frames after the first (the condition): refuse samples
+    with none, images or clips of fewer frames than one latent frame past the first."""
+    temporal = vae_config.get("scale_factor_temporal", 4)
+    shortest = min(frame_counts(getattr(spec.data, "frames", None)) or [1])
+    if shortest < temporal + 1:
+        given = f"spec.data.frames {shortest}" if getattr(spec.data, "frames", None) else "images (1 frame each)"
+        raise ConfigError(f"spec.data.frames: TI2V-5B image-to-video trains the frames after the first (the first "
+                          f"is its condition), but {given} leave none; train on clips (layout video-captions) of "
+                          f"at least {temporal + 1} frames, or use its WanPipeline folder (text-to-video)")
+
+
 def first_frame_condition(clip: torch.Tensor) -> torch.Tensor:
     """What the VAE encodes as an image-to-video condition: the clip [B, C, F, H, W] with every frame
     after the first zeroed (WanImageToVideoPipeline's video_condition without a last image)."""
@@ -132,6 +148,14 @@ def first_frame_mask(batch: int, frames: int, height: int, width: int, temporal:
     mask = torch.zeros(batch, 1, frames + temporal - 1, height, width)
     mask[:, :, :temporal] = 1
     return mask.view(batch, -1, temporal, height, width).transpose(1, 2)
+
+
+def first_latent_mask(latents: torch.Tensor) -> torch.Tensor:
+    """TI2V-5B's first-frame mask [1, 1, F, h, w] for latents [B, C, F, h, w]: 0 on the first latent
+    frame (the condition), 1 elsewhere (WanImageToVideoPipeline.prepare_latents with expand_timesteps)."""
+    mask = torch.ones(1, 1, *latents.shape[2:], dtype=latents.dtype, device=latents.device)
+    mask[:, :, 0] = 0
+    return mask
 
 
 def normalised(latents: torch.Tensor, vae_config) -> torch.Tensor:
@@ -209,9 +233,10 @@ class Wan(ModelFamily):
         root = spec.model.pretrained
         self.index = DiffusionPipeline.load_config(root)
         self.image_to_video = self.index.get("_class_name") == I2V_PIPELINE
-        if self.image_to_video and self.index.get("expand_timesteps"):
-            raise ConfigError(f"spec.model.pretrained: {root} is TI2V-5B as an image-to-video pipeline, whose "
-                              "first-frame conditioning is not trained yet; use its WanPipeline folder (text-to-video)")
+        # TI2V-5B as an image-to-video pipeline: the condition is the first latent frame itself.
+        self.condition_in_latents = self.image_to_video and bool(self.index.get("expand_timesteps"))
+        if self.condition_in_latents:
+            check_latent_condition_frames(spec, AutoencoderKLWan.load_config(root, subfolder="vae"))
         self.boundary = boundary(self.index)
         self.expert_names = trained_experts(spec, self.index)
         check_resolution(spec, AutoencoderKLWan.load_config(root, subfolder="vae"),
@@ -280,7 +305,9 @@ class Wan(ModelFamily):
         text = model_identity(self.text_encoder, f"{root}/text_encoder", dtype, extra=json.dumps([MAX_TEXT_TOKENS]))
         encoders = {"latents": Encoder("latents", vae, self._vae_moments),
                     "text": Encoder("text", text + "wan", self.encode_prompts)}
-        if self.image_to_video:
+        if self.condition_in_latents:
+            encoders["condition"] = Encoder("condition", vae + "first frame alone", self._first_frame_latents)
+        elif self.image_to_video:
             encoders["condition"] = Encoder("condition", vae + "first-frame condition", self._condition_latents)
         if self.image_encoder is not None:
             image = model_identity(self.image_encoder, f"{root}/image_encoder", dtype, extra="hidden_states[-2]")
@@ -315,6 +342,13 @@ class Wan(ModelFamily):
         """The first-frame condition's latents: the VAE's mode, as the pipeline takes them (argmax)."""
         condition = first_frame_condition(to_device(clips(torch.stack(pixels)), self.vae.device, self.vae.dtype))
         return {"latents": self.vae.encode(condition).latent_dist.mode()}
+
+    @torch.no_grad()
+    def _first_frame_latents(self, pixels):
+        """TI2V-5B's condition: the first frame alone through the VAE, its mode (the pipeline's
+        prepare_latents with expand_timesteps)."""
+        first = to_device(clips(torch.stack(pixels))[:, :, :1], self.vae.device, self.vae.dtype)
+        return {"latents": self.vae.encode(first).latent_dist.mode()}
 
     @torch.no_grad()
     def _image_embeds(self, pixels):
@@ -363,7 +397,12 @@ class Wan(ModelFamily):
         text = encoded["text"]["prompt_embeds"]
         text = torch.nn.functional.pad(text, (0, 0, 0, MAX_TEXT_TOKENS - text.shape[1]))
         hidden = noisy
-        if self.image_to_video:  # [noisy latents, first-frame mask, condition latents] on the channels
+        # TI2V-5B image-to-video: the clean first frame in place of the noisy one, timestep 0 on its tokens.
+        kept = first_latent_mask(noisy) if self.condition_in_latents else None
+        if kept is not None:
+            condition = self._normalised(encoded["condition"]["latents"]).to(noisy)
+            hidden = (1 - kept) * condition + kept * noisy
+        elif self.image_to_video:  # [noisy latents, first-frame mask, condition latents] on the channels
             batch_size, _, frames, height, width = noisy.shape
             mask = first_frame_mask(batch_size, clips(batch["pixel_values"]).shape[2], height, width,
                                     self.vae.config.scale_factor_temporal).to(noisy)
@@ -374,8 +413,12 @@ class Wan(ModelFamily):
             _, patch_h, patch_w = self.experts[self.expert_names[0]].config.patch_size
             frames, height, width = noisy.shape[2:]
             timestep = timestep[:, None].expand(-1, frames * (height // patch_h) * (width // patch_w))
+            if kept is not None:  # the pipeline's per-token timesteps: the mask at token resolution times t
+                timestep = timestep * kept[0, 0][:, ::patch_h, ::patch_w].flatten()[None]
         prediction = model(self.routes(sigmas), hidden.to(self.weight_dtype), timestep,
                            text.to(self.weight_dtype), image_embeds)
+        if kept is not None:  # the first latent frame is the condition: nothing to learn there
+            return flow_matching.loss(prediction[:, :, 1:], (noise - latents)[:, :, 1:])
         return flow_matching.loss(prediction, noise - latents)
 
     # --- output -------------------------------------------------------------------------------
@@ -562,7 +605,7 @@ def write_tokenizers(out_dir: Path) -> None:
     tiny_models.tiny_t5_tokenizer(max_length=MAX_TEXT_TOKENS).save_pretrained(out_dir / "tokenizer")
 
 
-TINY_VARIANTS = ("a14b", "2.1", "ti2v-5b", "i2v-a14b", "i2v-2.1")
+TINY_VARIANTS = ("a14b", "2.1", "ti2v-5b", "i2v-a14b", "i2v-2.1", "i2v-ti2v-5b")
 BOUNDARY_I2V_A14B = 0.9  # Wan2.2-I2V-A14B's boundary_ratio
 
 
@@ -572,7 +615,8 @@ def write_tiny_wan(out_dir: Path, seed: int = 0, variant: str = "a14b") -> Path:
     layout (two experts split at 0.875); "2.1", one expert; "ti2v-5b", one expert on a 48-channel VAE
     with 2x2 pixel patches (16x) and a timestep per token; "i2v-a14b", Wan 2.2 I2V A14B's
     WanImageToVideoPipeline (36 input channels, two experts split at 0.9); "i2v-2.1", Wan 2.1 I2V's
-    (one expert reading a CLIP vision tower's states through added key/value projections)."""
+    (one expert reading a CLIP vision tower's states through added key/value projections); "i2v-ti2v-5b",
+    TI2V-5B as a WanImageToVideoPipeline (the condition in the latents: 48 input channels)."""
     import diffusers
     from diffusers import AutoencoderKLWan, WanTransformer3DModel
     from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel, UMT5Config, UMT5EncoderModel
@@ -584,7 +628,8 @@ def write_tiny_wan(out_dir: Path, seed: int = 0, variant: str = "a14b") -> Path:
     text_encoder = UMT5EncoderModel(UMT5Config(
         vocab_size=len(tokenizer), d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
         relative_attention_num_buckets=8, feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1))
-    dense, i2v, clip = variant == "ti2v-5b", variant.startswith("i2v"), variant == "i2v-2.1"
+    dense, i2v, clip = variant.endswith("ti2v-5b"), variant.startswith("i2v"), variant == "i2v-2.1"
+    extra_channels = i2v and not dense  # the 36-channel I2V models; TI2V-5B's condition is a latent frame
     channels = 48 if dense else 16
     vae = AutoencoderKLWan(
         base_dim=8, z_dim=channels, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True],
@@ -594,7 +639,7 @@ def write_tiny_wan(out_dir: Path, seed: int = 0, variant: str = "a14b") -> Path:
 
     def transformer():  # image-to-video: noisy latents + 4 mask channels + condition latents in
         return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12,
-                                     in_channels=2 * channels + 4 if i2v else channels, out_channels=channels,
+                                     in_channels=2 * channels + 4 if extra_channels else channels, out_channels=channels,
                                      text_dim=16, freq_dim=32, ffn_dim=32, num_layers=1, rope_max_seq_len=32,
                                      **(dict(image_dim=16, added_kv_proj_dim=24) if clip else {}))
 
