@@ -614,7 +614,7 @@ def test_a_second_local_sweep_of_the_same_name_resumes_none_of_the_firsts_runs(t
     whole path, two 2-step sweeps, takes about a minute.)"""
     from kubetune_api.sweep import load_sweep
     from kubetune_cli.sweep import LocalSweep
-    from kubetune_trainer.storage.runs import RunRecord, choose_version
+    from kubetune_trainer.checkpoint.runs import RunRecord, choose_version
     from tests.trainer.test_local_sweep import write_sweep
 
     path = write_sweep(tmp_path, tmp_path / "model", tmp_path / "data", "same", {"adapter.rank": {"choice": [2]}},
