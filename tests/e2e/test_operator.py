@@ -115,7 +115,7 @@ def test_an_applied_example_trains_to_succeeded_and_its_lora_lands_in_s3(
         generated_on_the_cluster(control_plane, api_client, core, cli_env, job_namespace, run, s3, tmp_path)
     missing = subprocess.run([sys.executable, "-m", "kubetune_cli.main", "checkpoints", "ls", "no-such-job", "-n",
                               job_namespace], env=cli_env, capture_output=True, text=True)
-    assert missing.returncode == 1 and f"no TrainingJob 'no-such-job' in namespace '{job_namespace}'" in missing.stderr
+    assert missing.returncode == 2 and f"no TrainingJob 'no-such-job' in namespace '{job_namespace}'" in missing.stderr
 
     events = kubectl(control_plane, "get", "events", "-n", job_namespace,
                      "--field-selector", "involvedObject.name=sd15-e2e,involvedObject.kind=TrainingJob",

@@ -66,7 +66,7 @@ def test_pull_fetches_a_verified_checkpoint_or_the_final_weights(job_dir, tmp_pa
 ])
 def test_pull_refuses_what_is_not_there_naming_the_option(job_dir, tmp_path, args, message):
     result = kubetune("checkpoints", "pull", str(job_dir), *args, "-o", str(tmp_path / "x"))
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert message in result.output
 
 
@@ -82,4 +82,4 @@ def test_each_run_records_the_trainingjob_it_trained(job_dir):
 
 def test_an_empty_or_unknown_location_is_reported(tmp_path):
     result = kubetune("checkpoints", "ls", str(tmp_path / "nothing"))
-    assert result.exit_code == 1 and "nothing was written there yet" in result.output
+    assert result.exit_code == 2 and "nothing was written there yet" in result.output

@@ -148,7 +148,7 @@ def test_a_classifier_may_monitor_precision_or_recall(classifier_run):
 ])
 def test_a_step_or_run_that_does_not_exist_is_one_line(classifier_job, tmp_path, args, message):
     result = kubetune(str(classifier_job), *args, "--out", str(tmp_path / "x"))
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.output.strip() == f"kubetune evaluate: {message.format(run=classifier_job / 'v0')}"
     assert not (tmp_path / "x").exists()
 
@@ -159,13 +159,13 @@ def test_a_run_with_no_final_weights_names_the_steps_it_has(classifier_job, tmp_
     (unfinished / "v0" / "adapter_model.safetensors").unlink()
     (unfinished / "v0" / "run.json").write_text('{"runId": null, "steps": 4, "finished": false}')
     result = kubetune(str(unfinished), "--out", str(tmp_path / "x"))
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "has no final weights (the run has not finished); it has checkpoints at steps 2, 4" in result.output
 
 
 def test_data_not_in_the_jobs_layout_is_refused_naming_data(classifier_job, tmp_path, tiny_dataset):
     result = kubetune(str(classifier_job), "--data", str(tiny_dataset("captions")), "--out", str(tmp_path / "x"))
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert f"--data {tiny_dataset('captions')}: not a folder in the job's layout image-folder" in result.output
     assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
 
@@ -174,7 +174,7 @@ def test_data_not_in_the_jobs_layout_is_refused_naming_data(classifier_job, tmp_
         (other / name).mkdir(parents=True)
         shutil.copy(next(tiny_dataset("image-folder").glob("circle/*.png")), other / name / "a.png")
     result = kubetune(str(classifier_job), "--data", str(other), "--out", str(tmp_path / "x"))
-    assert result.exit_code == 1 and "class folders ['triangle'] are not classes the model was trained on" \
+    assert result.exit_code == 2 and "class folders ['triangle'] are not classes the model was trained on" \
         in result.output
 
 
@@ -182,14 +182,14 @@ def test_an_out_that_is_a_file_or_not_empty_is_refused_and_left_alone(classifier
     a_file = tmp_path / "results"
     a_file.write_text("keep")
     result = kubetune(str(classifier_job), "--out", str(a_file))
-    assert result.exit_code == 1 and f"--out {a_file} exists as a file" in result.output
+    assert result.exit_code == 2 and f"--out {a_file} exists as a file" in result.output
     assert a_file.read_text() == "keep"
 
     full = tmp_path / "full"
     full.mkdir()
     (full / "metrics.json").write_text("keep")
     result = kubetune(str(classifier_job), "--out", str(full))
-    assert result.exit_code == 1 and "is not empty: give a new folder, or pass --force" in result.output
+    assert result.exit_code == 2 and "is not empty: give a new folder, or pass --force" in result.output
     assert (full / "metrics.json").read_text() == "keep"
 
     outside = tmp_path / "outside.json"
@@ -234,7 +234,7 @@ def test_a_generating_family_is_scored_on_images_its_trained_weights_draw(sd15_j
 
 def test_a_model_that_is_not_clip_is_refused_before_anything_is_generated(sd15_job, tiny_sd15, tmp_path):
     result = kubetune(str(sd15_job), "--out", str(tmp_path / "x"), "--clip-model", str(tiny_sd15))
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.output.startswith(f"kubetune evaluate: --clip-model: cannot load a CLIP model from {tiny_sd15}")
     assert not (tmp_path / "x").exists()
 

@@ -143,7 +143,7 @@ def test_a_model_that_is_not_one_is_refused_before_anything_is_generated(sd15_jo
 
     monkeypatch.setattr(run_evaluation, "generate_for", never)
     result = kubetune(str(sd15_job), "--out", str(tmp_path / "x"), option, str(tiny_sd15))
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.output.startswith(f"kubetune evaluate: {option}") and result.output.count("\n") == 1, result.output
     assert not (tmp_path / "x").exists()
 

@@ -175,7 +175,7 @@ def run_of_family(runs, tmp_path: Path, family: str, **spec_changes) -> Path:
 ])
 def test_kohya_is_refused_naming_the_family_and_the_formats_it_has(runs, tmp_path, family, spec_changes, message):
     result = kubetune(run_of_family(runs, tmp_path, family, **spec_changes), "--format", "kohya", "--out", tmp_path / "k")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.output.strip() == f"kubetune export: {message}"
     assert not (tmp_path / "k").exists()
 
@@ -183,21 +183,21 @@ def test_kohya_is_refused_naming_the_family_and_the_formats_it_has(runs, tmp_pat
 def test_merged_is_refused_for_pmg(runs, tmp_path):
     job_dir = run_of_family(runs, tmp_path, "pmg", adapter={}, data={"layout": "pmg", "uri": "/d", "resolution": 32})
     result = kubetune(job_dir, "--format", "merged", "--out", tmp_path / "m")
-    assert result.exit_code == 1 and "--format merged: pmg trains no diffusers LoRA" in result.output
+    assert result.exit_code == 2 and "--format merged: pmg trains no diffusers LoRA" in result.output
 
 
 def test_an_existing_output_is_never_overwritten_without_force(runs, tmp_path):
     as_file = tmp_path / "file.safetensors"
     as_file.write_text("mine")
     result = kubetune(runs("sd15"), "--format", "diffusers", "--out", as_file)
-    assert result.exit_code == 1 and f"--out {as_file} exists as a file" in result.output
+    assert result.exit_code == 2 and f"--out {as_file} exists as a file" in result.output
     assert as_file.read_text() == "mine"
 
     full = tmp_path / "full"
     full.mkdir()
     (full / LORA_FILE).write_text("mine")
     result = kubetune(runs("sd15"), "--format", "diffusers", "--out", full)
-    assert result.exit_code == 1 and "is not empty: give a new folder, or pass --force" in result.output
+    assert result.exit_code == 2 and "is not empty: give a new folder, or pass --force" in result.output
     assert (full / LORA_FILE).read_text() == "mine"
 
     exported(runs("sd15"), "--format", "diffusers", "--out", full, "--force")
@@ -210,26 +210,26 @@ def test_nothing_is_written_through_a_symbolic_link(runs, tmp_path):
     elsewhere.mkdir()
     (tmp_path / "link").symlink_to(elsewhere)
     result = kubetune(runs("sd15"), "--format", "diffusers", "--out", tmp_path / "link")
-    assert result.exit_code == 1 and "is a symbolic link" in result.output
+    assert result.exit_code == 2 and "is a symbolic link" in result.output
 
     out = tmp_path / "out"
     out.mkdir()
     (out / LORA_FILE).symlink_to(elsewhere / "victim")
     result = kubetune(runs("sd15"), "--format", "diffusers", "--out", out, "--force")
-    assert result.exit_code == 1 and "through a symbolic link" in result.output
+    assert result.exit_code == 2 and "through a symbolic link" in result.output
     assert list(elsewhere.iterdir()) == []
 
 
 def test_a_missing_step_or_final_weights_is_named_with_what_exists(runs, tmp_path):
     result = kubetune(runs("sd15"), "--format", "diffusers", "--step", "3", "--out", tmp_path / "x")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "--step 3:" in result.output and "has no complete checkpoint-3; it has checkpoints at steps 2" in result.output
 
     unfinished = run_of_family(runs, tmp_path, "sd15")
     (run_dir_of(unfinished) / LORA_FILE).unlink()
     (run_dir_of(unfinished) / "run.json").write_text('{"runId": null, "steps": 2, "finished": false}')
     result = kubetune(unfinished, "--format", "kohya", "--out", tmp_path / "x")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "has no final weights (the run has not finished); it has checkpoints at steps 2" in result.output
     assert not (tmp_path / "x").exists()
 
@@ -260,7 +260,7 @@ def test_a_full_fine_tune_exports_its_model_folder_and_merges_it_into_the_base(f
     assert (tmp_path / "m" / "model_index.json").is_file()
 
     result = kubetune(full_run, "--format", "diffusers", "--step", "2", "--out", tmp_path / "c")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "checkpoints hold only the training state): export --step final" in result.output
 
 

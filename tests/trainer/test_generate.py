@@ -141,7 +141,7 @@ def test_generate_refuses_in_one_line_and_writes_nothing(case, message, trained,
         out.symlink_to(tmp_path / "elsewhere")
     before = sorted(p.name for p in tmp_path.rglob("*") if "unfinished" not in p.parts)
     result = kubetune(job, *args, "--out", out)
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert message in result.output and result.output.count("\n") == 1, result.output
     assert sorted(p.name for p in tmp_path.rglob("*") if "unfinished" not in p.parts) == before, "nothing written"
     if case in ("file", "full"):

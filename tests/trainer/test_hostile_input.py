@@ -180,7 +180,7 @@ def test_a_hostile_manifest_gets_one_clear_error_from_validate_and_train(what, m
     path = example(tmp_path, make())
     for command in (["validate", "-f", str(path)], ["train", "-f", str(path)]):
         result = kubetune(*command)
-        assert result.exit_code == 1, (command, result.output)
+        assert result.exit_code == 2, (command, result.output)
         for word in words:
             assert word in result.output, result.output
         assert "wJalrXUtnFEMI" not in result.output, "a secret is never echoed"
@@ -190,7 +190,7 @@ def test_a_hostile_manifest_gets_one_clear_error_from_validate_and_train(what, m
 def test_an_override_that_is_not_yaml_is_one_line_naming_the_flag(tmp_path):
     path = example(tmp_path, example_text())
     result = kubetune("validate", "-f", str(path), "--set", "spec.data.uri=[unclosed")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "--set spec.data.uri=...: the value is not valid YAML" in result.output
     assert isinstance(result.exception, SystemExit)
 
@@ -221,7 +221,7 @@ def test_a_manifest_listing_a_file_outside_its_checkpoint_is_refused_and_pull_le
     manifest["files"]["../../../../../../etc/hostname"] = {"size": 1, "sha256": "0" * 64}
     manifest_path.write_text(json.dumps(manifest))
     result = kubetune("checkpoints", "pull", str(run), "--step", "2", "-o", str(tmp_path / "pulled"))
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output
     assert "did not arrive intact" in result.output and "'../../../../../../etc/hostname' leaves" in result.output
     assert not [p for p in (tmp_path / "pulled").rglob("*") if p.is_file()], "no unverified file is left behind"
 
@@ -395,7 +395,7 @@ def test_a_step_in_unicode_digits_is_refused_in_one_line(tmp_path):
     for command in (["checkpoints", "pull", str(tmp_path), "-o", str(tmp_path / "o")],
                     ["export", str(tmp_path), "--format", "kohya", "--out", str(tmp_path / "o")]):
         result = kubetune(*command, "--step", "²")
-        assert result.exit_code == 1, (command, result.output)
+        assert result.exit_code == 2, (command, result.output)
         assert "--step '²': use a step number, latest or final" in result.output, result.output
         assert isinstance(result.exception, SystemExit)
 
@@ -454,7 +454,7 @@ def test_pull_replaces_no_file_without_force_writes_through_no_link_and_refuses_
     (out / "pytorch_lora_weights.safetensors").write_text("the user's own file")
     pull = ("checkpoints", "pull", str(run), "--step", "final", "-o", str(out))
     result = kubetune(*pull)
-    assert result.exit_code == 1 and "already holds pytorch_lora_weights.safetensors" in result.output, result.output
+    assert result.exit_code == 2 and "already holds pytorch_lora_weights.safetensors" in result.output, result.output
     assert "--force" in result.output
     assert (out / "pytorch_lora_weights.safetensors").read_text() == "the user's own file", "untouched"
     assert not list(out.glob(".kubetune-pull-*")), "no staging left behind"
@@ -469,12 +469,12 @@ def test_pull_replaces_no_file_without_force_writes_through_no_link_and_refuses_
     linked.mkdir()
     (linked / "scheduler.pt").symlink_to(elsewhere / "target.pt")  # a file the checkpoint holds
     result = kubetune("checkpoints", "pull", str(run), "--step", "2", "-o", str(linked), "--force")
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output
     assert f"{linked / 'scheduler.pt'} is a symbolic link: kubetune never writes through one" in result.output
     assert (elsewhere / "target.pt").read_text() == "outside" and (linked / "scheduler.pt").is_symlink()
 
     result = kubetune("checkpoints", "pull", str(run), "-o", "/", "--force")
-    assert result.exit_code == 1 and "-o / is the file system's root" in result.output, result.output
+    assert result.exit_code == 2 and "-o / is the file system's root" in result.output, result.output
 
 
 def test_a_folder_inside_the_pull_target_that_links_out_is_never_written_through(tmp_path):
@@ -594,7 +594,7 @@ def test_a_search_space_of_a_billion_values_is_counted_not_built(tmp_path):
     path.write_text(yaml.safe_dump(billion_values_sweep("grid")))
     started = time.monotonic()
     result = kubetune("validate", "-f", str(path))
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output
     assert "spec.parameters: the grid has " in result.output and " points, more than 10000" in result.output, \
         result.output
     path.write_text(yaml.safe_dump(billion_values_sweep("random")))
@@ -614,7 +614,7 @@ def test_a_second_local_sweep_of_the_same_name_resumes_none_of_the_firsts_runs(t
     whole path, two 2-step sweeps, takes about a minute.)"""
     from kubetune_api.sweep import load_sweep
     from kubetune_cli.sweep import LocalSweep
-    from kubetune_trainer.storage.runs import RunRecord, choose_version
+    from kubetune_trainer.checkpoint.runs import RunRecord, choose_version
     from tests.trainer.test_local_sweep import write_sweep
 
     path = write_sweep(tmp_path, tmp_path / "model", tmp_path / "data", "same", {"adapter.rank": {"choice": [2]}},
@@ -630,7 +630,7 @@ def test_a_second_local_sweep_of_the_same_name_resumes_none_of_the_firsts_runs(t
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "same-0.log").write_text("the first sweep's trial log")
     result = kubetune("sweep", "-f", str(path), "--workdir", str(tmp_path / "work"))
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output
     assert "holds the trial logs of an earlier sweep 'same' (same-0.log, ...)" in result.output
     assert "--force" in result.output and "--workdir" in result.output
     assert (tmp_path / "work" / "same-0.log").read_text() == "the first sweep's trial log"

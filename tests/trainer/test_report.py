@@ -155,7 +155,7 @@ def test_report_never_writes_through_a_symlink(trained, tmp_path, force):
     link = tmp_path / "report.html"
     link.symlink_to(target)
     result = kubetune("report", str(trained), "--out", str(link), *(["--force"] if force else []))
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.output.strip() == (f"kubetune report: --out {link} is a symbolic link: kubetune never writes "
                                      "through one; remove it or pick another path")
     assert target.read_text() == "keep me" and link.is_symlink()
@@ -165,7 +165,7 @@ def test_report_refuses_an_existing_file_without_force_and_replaces_it_with(trai
     out = tmp_path / "report.html"
     out.write_text("an older report")
     refused = kubetune("report", str(trained), "--out", str(out))
-    assert refused.exit_code == 1
+    assert refused.exit_code == 2
     assert refused.output.strip() == f"kubetune report: --out {out} exists: pass --force to replace it, or pick another path"
     assert out.read_text() == "an older report"
     forced = kubetune("report", str(trained), "--out", str(out), "--force")
@@ -177,14 +177,14 @@ def test_report_of_a_job_with_no_runs_is_one_line(tmp_path):
     empty = tmp_path / "out" / "default" / "nothing"
     empty.mkdir(parents=True)
     result = kubetune("report", str(empty), "--out", str(tmp_path / "r.html"))
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert len(result.output.strip().splitlines()) == 1 and f"no runs under {empty}" in result.output
     assert not (tmp_path / "r.html").exists()
 
 
 def test_report_of_a_run_version_that_does_not_exist_names_those_that_do(trained, tmp_path):
     result = kubetune("report", str(trained.parent), "--version", "7", "--out", str(tmp_path / "r.html"))
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.output.strip() == "kubetune report: --version 7: no such run; there are v0"
     assert not (tmp_path / "r.html").exists()
 

@@ -187,5 +187,5 @@ def test_generate_on_cluster_refuses_what_the_pod_cannot_take_before_asking_anyt
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-cluster"))
     result = CliRunner().invoke(cli, ["generate", "--on-cluster", *args])
-    assert result.exit_code == 1 and message in result.output and result.output.count("\n") == 1, result.output
+    assert result.exit_code == 2 and message in result.output and result.output.count("\n") == 1, result.output
     assert list(tmp_path.iterdir()) == [], "nothing written"

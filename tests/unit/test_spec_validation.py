@@ -234,7 +234,7 @@ def test_validate_command_reports_the_verdict(tmp_path, example_manifest):
     ok = CliRunner().invoke(cli, ["validate", "-f", str(path)])
     assert ok.exit_code == 0 and "valid TrainingJob 'sd15-lora-demo'" in ok.output
     bad = CliRunner().invoke(cli, ["validate", "-f", str(path), "--set", "spec.adapter.rank=0"])
-    assert bad.exit_code == 1 and "spec.adapter.rank" in bad.output
+    assert bad.exit_code == 2 and "spec.adapter.rank" in bad.output
 
 
 def test_an_unquoted_no_gets_a_quoting_hint(example_manifest):

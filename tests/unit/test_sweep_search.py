@@ -174,7 +174,7 @@ def test_kubetune_validate_checks_the_example_sweep_and_names_a_bad_one(tmp_path
     bad = tmp_path / "bad.yaml"
     bad.write_text(example.read_text().replace("adapter.rank: {choice: [4, 8, 16]}", "adapter.rank: {choice: [0, 8]}"))
     result = CliRunner().invoke(cli, ["validate", "-f", str(bad)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "spec.parameters[adapter.rank]: 0 refused: Input should be greater than or equal to 1" in result.output
 
 

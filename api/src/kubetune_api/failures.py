@@ -12,7 +12,9 @@ import errno
 from dataclasses import dataclass
 from typing import Callable
 
-BAD_INPUT = 2  # the input is wrong: retrying as it is cannot help
+from kubetune_api.contract import EXIT_BAD_INPUT
+
+BAD_INPUT = EXIT_BAD_INPUT  # the input is wrong: retrying as it is cannot help
 FAILED = 1  # the environment failed (a store unreachable, a disk full): fix it and retry
 INTERRUPTED = 130  # Ctrl-C
 
@@ -109,6 +111,7 @@ TABLE: dict[str, Callable[[BaseException], Answer]] = {
     "kubetune_api.manifest.ManifestError": _own_message(BAD_INPUT),
     "kubetune_trainer.errors.ConfigError": _own_message(BAD_INPUT),
     "kubetune_trainer.storage.confine.UnsafePath": _own_message(BAD_INPUT),
+    "kubetune_trainer.checkpoint.catalog.DestinationTaken": _own_message(BAD_INPUT),
     "kubetune_trainer.checkpoint.catalog.PullFailed": _own_message(FAILED),
     # S3 (botocore), by what went wrong rather than by which of botocore's classes said it.
     "botocore.exceptions.NoCredentialsError": _s3_no_credentials,

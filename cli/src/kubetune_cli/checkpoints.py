@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from kubetune_api import layout
+from kubetune_api.failures import BAD_INPUT, FAILED
 from kubetune_trainer.checkpoint.catalog import human_size
 
 STEP_HELP = "A checkpoint's step, the newest complete one, or the run's final weights."
@@ -29,11 +30,12 @@ class Target:
     namespace: str | None = None  # a TrainingJob's namespace, when JOB named one on the cluster
 
 
-def fail(message: str) -> None:
+def fail(message: str, code: int = BAD_INPUT) -> None:
     """One line on stderr, prefixed with the command it came from (checkpoints, generate, export...:
-    they all find runs through this module), and exit 1."""
+    they all find runs through this module), and exit with `code`: 2 for what the user asked wrong,
+    1 where the environment failed (kubetune_api.failures)."""
     click.echo(f"kubetune {top_level_command()}: {message}", err=True)
-    sys.exit(1)
+    sys.exit(code)
 
 
 def top_level_command() -> str:
@@ -57,7 +59,7 @@ def from_cluster(name: str, namespace: str | None) -> Target:
             namespace = active.get("context", {}).get("namespace") or "default"
         api = client.CustomObjectsApi(config.new_client_from_config())
     except (config.ConfigException, OSError) as err:
-        fail(f"no cluster to ask for TrainingJob {name!r} ({err}); pass its s3:// URI instead")
+        fail(f"no cluster to ask for TrainingJob {name!r} ({err}); pass its s3:// URI instead", FAILED)
     try:
         job = api.get_namespaced_custom_object("kubetune.dev", "v1alpha1", namespace, "trainingjobs", name)
     except ApiException as err:
@@ -87,15 +89,18 @@ def storage_errors(uri: str):
     from botocore.exceptions import BotoCoreError, ClientError
 
     from kubetune_api.failures import answer
-    from kubetune_trainer.checkpoint.catalog import PullFailed
+    from kubetune_trainer.checkpoint.catalog import DestinationTaken, PullFailed
     from kubetune_trainer.storage.confine import UnsafePath
 
     try:
         yield
     except (BotoCoreError, ClientError) as err:
-        fail(f"cannot read {uri}: {answer(err).message}")  # the one table's words for it
-    except (PullFailed, UnsafePath) as err:
+        found = answer(err)  # the one table's words for it, and its exit code
+        fail(f"cannot read {uri}: {found.message}", found.code)
+    except (DestinationTaken, UnsafePath) as err:  # what the user asked for would overwrite or escape
         fail(str(err))
+    except PullFailed as err:  # what the store holds did not arrive intact
+        fail(str(err), FAILED)
 
 
 def load_runs(target: Target):

@@ -16,6 +16,7 @@ import click
 
 from kubetune_api.contract import API_GROUP, API_VERSION, GENERATE_ANNOTATION, GENERATION_LABEL, GENERATIONS_STATUS
 from kubetune_api.contract import PLURAL
+from kubetune_api.failures import FAILED
 from kubetune_api.generation_request import GenerationRequest
 
 POLL_SECONDS = 2.0
@@ -92,7 +93,7 @@ def generate_on_cluster(command: str, name: str, namespace: str, run, step: int 
         ask(custom, namespace, name, request)
     except ApiException as err:
         fail(command, f"--on-cluster: cannot annotate TrainingJob {namespace}/{name} ({err.status} {err.reason}); "
-                      "you need patch on trainingjobs.kubetune.dev")
+                      "you need patch on trainingjobs.kubetune.dev", FAILED)
     click.echo(f"asked the operator for generation {request.id} of {namespace}/{name} ({request.label})")
     if not wait:
         click.echo(f"images will be at {request.out}/ (follow: kubectl get tj {name} -n {namespace} "
@@ -101,10 +102,11 @@ def generate_on_cluster(command: str, name: str, namespace: str, run, step: int 
     entry = wait_for(custom, namespace, name, request.id, timeout)
     if entry is None:
         fail(command, f"--on-cluster: generation {request.id} did not finish within --timeout {timeout:g} s; it "
-                      f"goes on: its images will be at {request.out}/ (kubectl get tj {name} -n {namespace})")
+                      f"goes on: its images will be at {request.out}/ (kubectl get tj {name} -n {namespace})", FAILED)
     if entry["phase"] == "Failed":
         said = pod_said(core, namespace, request.id)
-        fail(command, f"--on-cluster: generation {request.id} failed: {said or entry.get('message', 'no message')}")
+        fail(command, f"--on-cluster: generation {request.id} failed: {said or entry.get('message', 'no message')}",
+             FAILED)
     click.echo(f"generated: {entry['uri']}/")
     if out is not None:
         with storage_errors(entry["uri"]):

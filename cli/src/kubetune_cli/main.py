@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from kubetune_api.failures import BAD_INPUT
 from kubetune_api.manifest import ManifestError, load_manifest
 from kubetune_api.families import FAMILY_NAMES
 from kubetune_api.spec import Layout
@@ -71,7 +72,7 @@ def validate(path: str, overrides: tuple[str, ...]) -> None:
         job = load_manifest(Path(path), overrides)
     except ManifestError as err:
         click.echo(f"{path}: invalid\n{err}", err=True)
-        sys.exit(1)
+        sys.exit(BAD_INPUT)
     click.echo(f"{path}: valid TrainingJob {job.metadata.name!r} (family {job.spec.model.family})")
 
 
@@ -97,14 +98,14 @@ def sweep(path: str, parallel: int | None, workdir: str | None, force: bool) -> 
         loaded = load_sweep(Path(path))
     except ManifestError as err:
         click.echo(f"{path}: invalid\n{err}", err=True)
-        sys.exit(1)
+        sys.exit(BAD_INPUT)
     folder = Path(workdir or Path("kubetune-sweeps") / loaded.metadata.name)
     earlier = sorted(folder.glob(f"{loaded.metadata.name}-*.log")) if folder.is_dir() else []
     if earlier and not force:
         click.echo(f"kubetune sweep: {folder} holds the trial logs of an earlier sweep {loaded.metadata.name!r} "
                    f"({earlier[0].name}, ...): pass --workdir DIR for this one, or --force to replace them (its runs "
                    "are kept either way: every sweep's trials get runs of their own)", err=True)
-        sys.exit(1)
+        sys.exit(BAD_INPUT)
     runner = LocalSweep(loaded, folder, parallel, echo=lambda line: click.echo(line, err=True))
     succeeded = runner.run()
     click.echo(runner.table())
@@ -134,7 +135,7 @@ def train(path: str, overrides: tuple[str, ...], nproc: int | None, cache_only: 
             click.echo(f"debug run: {' '.join(debugged)}", err=True)
     except ManifestError as err:
         click.echo(f"{path}: invalid\n{err}", err=True)
-        sys.exit(1)
+        sys.exit(BAD_INPUT)
     from kubetune_trainer.launch import launch_local
 
     trainer_args = (("--cache-only",) if cache_only else ()) + ((ANOMALY_FLAG,) if debug else ())

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from kubetune_api.failures import BAD_INPUT
 from kubetune_api.manifest import ManifestError, load_manifest
 from kubetune_api.strategy import unsharded_note
 
@@ -128,7 +129,7 @@ def plan(path: str, overrides: tuple[str, ...], gpu_memory_gib: float | None, no
         job = load_manifest(Path(path), (*overrides, *layout))
     except ManifestError as err:
         click.echo(f"{path}: invalid\n{err}", err=True)
-        sys.exit(1)
+        sys.exit(BAD_INPUT)
     capacity = gpu_memory_bytes(job.spec, gpu_memory_gib)
     from kubetune_trainer.errors import ConfigError
     from kubetune_trainer.planning import plan_job
@@ -138,7 +139,7 @@ def plan(path: str, overrides: tuple[str, ...], gpu_memory_gib: float | None, no
             result = plan_job(job.spec, capacity, device=device)
     except ConfigError as err:
         click.echo(f"{path}: cannot plan: {err}", err=True)
-        sys.exit(2)
+        sys.exit(BAD_INPUT)
     if as_json:
         click.echo(json.dumps(render_json(job.metadata.name, result), indent=2))
     else:

@@ -14,12 +14,14 @@ import click
 import yaml
 
 from kubetune_api import layout
+from kubetune_api.failures import BAD_INPUT
 from kubetune_cli.checkpoints import Target, load_runs, storage_errors
 
 
-def fail(command: str, message: str) -> None:
+def fail(command: str, message: str, code: int = BAD_INPUT) -> None:
+    """One line naming the command; exit 2 for what the user asked wrong, 1 where the environment failed."""
     click.echo(f"kubetune {command}: {message}", err=True)
-    raise SystemExit(1)
+    raise SystemExit(code)
 
 
 def check_step(command: str, step: str) -> None:

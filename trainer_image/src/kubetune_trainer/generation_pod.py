@@ -53,7 +53,7 @@ def read_trained_job(run_uri: str):
 def pull_weights(run_uri: str, step: str, folder: Path) -> None:
     """The run's final weights or checkpoint-STEP into FOLDER, verified as `kubetune checkpoints pull` does."""
     from kubetune_trainer.generation import GenerationError
-    from kubetune_trainer.storage.catalog import describe_run, pull_checkpoint, pull_final
+    from kubetune_trainer.checkpoint.catalog import describe_run, pull_checkpoint, pull_final
 
     run = describe_run(run_uri, None)
     if step == "final":
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from kubetune_trainer.errors import ConfigError
     from kubetune_trainer.generation import GenerationError
-    from kubetune_trainer.storage.catalog import PullFailed
+    from kubetune_trainer.checkpoint.catalog import PullFailed
 
     try:
         print(draw(args), flush=True)

@@ -103,6 +103,11 @@ class PullFailed(RuntimeError):
     """A download that could not be verified (nothing of it is left in the target)."""
 
 
+class DestinationTaken(PullFailed):
+    """The target holds a link or a file the pull would replace: the user's to resolve (bad input,
+    exit 2), where a download that did not arrive intact is the store's (exit 1)."""
+
+
 def pull_checkpoint(entry: CheckpointEntry, target: Path, force: bool = False) -> list[Path]:
     """Download one checkpoint, check every file against its manifest, then move it into target:
     a pull that fails leaves nothing unverified behind, and replaces a file already in target only
@@ -136,14 +141,14 @@ def check_destinations(names: list[str], target: Path, force: bool) -> None:
         destination = target / name
         for place in [*reversed(destination.relative_to(target).parents), Path(name)][1:]:
             if (target / place).is_symlink():
-                raise PullFailed(f"{target / place} is a symbolic link: kubetune never writes through one; "
-                                 "remove it or pull into another folder")
+                raise DestinationTaken(f"{target / place} is a symbolic link: kubetune never writes through one; "
+                                       "remove it or pull into another folder")
         if destination.exists():
             clashes.append(name)
     if clashes and not force:
         more = f" and {len(clashes) - 1} more" if len(clashes) > 1 else ""
-        raise PullFailed(f"{target} already holds {clashes[0]}{more}: pass --force to replace them, or pull into "
-                         "another folder")
+        raise DestinationTaken(f"{target} already holds {clashes[0]}{more}: pass --force to replace them, "
+                               "or pull into another folder")
 
 
 @contextmanager
