@@ -14,13 +14,15 @@ from kubetune_trainer.tiny_models import write_tiny_model
 
 
 @pytest.fixture(scope="session")
-def tiny_sd15(tmp_path_factory) -> Path:
-    return write_tiny_model("sd15", tmp_path_factory.mktemp("sd15"), seed=0)
+def tiny_sd15(tiny_model) -> Path:
+    """tiny_model("sd15"): one folder, so that runs trained on either are the same run."""
+    return tiny_model("sd15")
 
 
 @pytest.fixture(scope="session")
-def captions_data(tmp_path_factory) -> Path:
-    return write_tiny_data("captions", tmp_path_factory.mktemp("captions"), count=8, size=32, seed=0)
+def captions_data(tiny_dataset) -> Path:
+    """tiny_dataset("captions"), for the same reason."""
+    return tiny_dataset("captions")
 
 
 def tiny_manifest(model: Path, data: Path, out: Path, **training) -> dict:
@@ -72,6 +74,50 @@ def run_trainer(manifest: dict, directory: Path) -> subprocess.CompletedProcess:
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     return result
+
+
+@pytest.fixture(scope="session")
+def sd15_run(tiny_sd15, captions_data, tmp_path_factory) -> tuple[dict, Path]:
+    """One finished two-step SD1.5 LoRA run (checkpoint-2, final weights, a quarter of the captions held
+    out), trained once per session for every test that reads a finished run: (its manifest, its
+    checkpoints.uri). Read-only: a test that changes the run works on copy_of_run's copy."""
+    root = tmp_path_factory.mktemp("sd15-run")
+    manifest = tiny_manifest(tiny_sd15, captions_data, root / "out")
+    manifest["spec"]["validation"] = {"heldOutFraction": 0.25}
+    run_trainer(manifest, root)
+    return manifest, root / "out"
+
+
+def copy_of_run(sd15_run: tuple[dict, Path], directory: Path) -> tuple[dict, Path]:
+    """sd15_run copied to directory/out, with a manifest of its own that writes there."""
+    import copy
+    import shutil
+
+    manifest, out = sd15_run
+    shutil.copytree(out, directory / "out")
+    manifest = copy.deepcopy(manifest)
+    manifest["spec"]["checkpoints"]["uri"] = str(directory / "out")
+    return manifest, directory / "out"
+
+
+VALIDATION_PROMPT = "a red circle"
+
+
+def each_step_manifest(model: Path, data: Path, out: Path, **validation) -> dict:
+    """Two SD1.5 steps, a checkpoint at each, a quarter of the captions held out; validation extends spec.validation."""
+    return family_job("sd15", "captions", model, data, out, checkpoints={"everySteps": 1},
+                      validation={"heldOutFraction": 0.25, **validation})
+
+
+@pytest.fixture(scope="session")
+def validated_sd15_run(tiny_sd15, captions_data, tmp_path_factory) -> Path:
+    """Two steps, a checkpoint and a validation (loss, and one prompt drawn in 2 steps) at each, the base's at
+    step 0, the 3 best kept: the run's folder, with its report. Trained once per session for `kubetune
+    generate`'s and `kubetune report`'s tests; read-only (a test that changes it copies it)."""
+    root = tmp_path_factory.mktemp("validated-sd15-run")
+    run_trainer(each_step_manifest(tiny_sd15, captions_data, root / "out", everySteps=1, prompts=[VALIDATION_PROMPT],
+                                   numInferenceSteps=2, keepBest=3), root)
+    return run_dir(root / "out")
 
 
 @pytest.fixture(scope="session")

@@ -204,16 +204,10 @@ def test_an_out_that_is_a_file_or_not_empty_is_refused_and_left_alone(classifier
 
 # ---- generating families ------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def sd15_job(tmp_path_factory, tiny_sd15, captions_data):
-    """A finished 2-step sd15 run, a quarter of its captions held out."""
-    from tests.trainer.conftest import run_trainer, tiny_manifest
-
-    tmp = tmp_path_factory.mktemp("sd15-run")
-    manifest = tiny_manifest(tiny_sd15, captions_data, tmp / "out")
-    manifest["spec"]["validation"] = {"heldOutFraction": 0.25}
-    run_trainer(manifest, tmp)
-    return tmp / "out" / "default" / "tiny"
+@pytest.fixture
+def sd15_job(sd15_run):
+    """The session's finished 2-step sd15 run (a quarter of its captions held out): its job folder."""
+    return run_dir(sd15_run[1]).parent
 
 
 def test_a_generating_family_is_scored_on_images_its_trained_weights_draw(sd15_job, tmp_path):

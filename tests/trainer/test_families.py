@@ -128,14 +128,13 @@ def test_debug_mode_ema_checkpointing_profiling_and_samples_together(tiny_sd15, 
     assert (out / "samples" / "step-0000003" / "0.png").is_file()
 
 
-def test_lora_init_from_existing_weights_needs_the_same_rank(tiny_sd15, captions_data, tmp_path):
-    first = family_job("sd15", "captions", tiny_sd15, captions_data, tmp_path / "first", training={"maxSteps": 1})
-    run_trainer(first, tmp_path)
+def test_lora_init_from_existing_weights_needs_the_same_rank(sd15_run, tiny_sd15, captions_data, tmp_path):
+    first = run_dir(sd15_run[1])  # the session's finished rank-4 run, read only
     same = family_job("sd15", "captions", tiny_sd15, captions_data, tmp_path / "second",
-                      adapter={"initFrom": str(run_dir(tmp_path / "first"))}, training={"maxSteps": 1})
+                      adapter={"initFrom": str(first)}, training={"maxSteps": 1})
     run_trainer(same, tmp_path)
     other_rank = family_job("sd15", "captions", tiny_sd15, captions_data, tmp_path / "third",
-                            adapter={"rank": 8, "initFrom": str(run_dir(tmp_path / "first"))})
+                            adapter={"rank": 8, "initFrom": str(first)})
     stderr = run_trainer_expecting_failure(other_rank, tmp_path)
     assert "spec.adapter.initFrom" in stderr and "rank 4 but spec.adapter.rank is 8" in stderr
 

@@ -14,25 +14,17 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from kubetune_cli.main import cli
-from tests.trainer.conftest import family_job, run_dir, run_trainer
+from tests.trainer.conftest import VALIDATION_PROMPT as PROMPT
+from tests.trainer.conftest import each_step_manifest as manifest
+from tests.trainer.conftest import run_dir, run_trainer
 
 pytestmark = pytest.mark.slow
 
-PROMPT = "a red circle"
 
-
-def manifest(model, data, out, **validation) -> dict:
-    return family_job("sd15", "captions", model, data, out, checkpoints={"everySteps": 1},
-                      validation={"heldOutFraction": 0.25, **validation})
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, tiny_sd15, captions_data) -> Path:
+@pytest.fixture
+def trained(validated_sd15_run) -> Path:
     """Two steps, a checkpoint and a validation at each (the base's at step 0), the 3 best kept: the run's folder."""
-    tmp = tmp_path_factory.mktemp("generate")
-    run_trainer(manifest(tiny_sd15, captions_data, tmp / "out", everySteps=1, prompts=[PROMPT], numInferenceSteps=2,
-                         keepBest=3), tmp)
-    return run_dir(tmp / "out")
+    return validated_sd15_run
 
 
 def kubetune(*args: str):
@@ -55,10 +47,14 @@ def test_validation_starts_with_the_base_model_and_does_not_rank_it(trained):
     assert kept == [1, 2], "keepBest 3 keeps the run's validations, not the base's"
 
 
-def test_validation_at_step_0_changes_no_trained_weight(trained, tiny_sd15, captions_data, tmp_path):
-    run_trainer(manifest(tiny_sd15, captions_data, tmp_path / "out"), tmp_path)  # the same run, never validated
-    assert not (run_dir(tmp_path / "out") / "samples").exists()
-    quiet = load_file(run_dir(tmp_path / "out") / "pytorch_lora_weights.safetensors")
+def test_validation_at_step_0_changes_no_trained_weight(trained, sd15_run, tiny_sd15, captions_data):
+    """The session's shared run is this run never validated (and checkpointed at step 2 only)."""
+    shared, out = sd15_run
+    never_validated = manifest(tiny_sd15, captions_data, out)
+    never_validated["spec"]["checkpoints"]["everySteps"] = 2
+    assert shared["spec"] == never_validated["spec"], "the same model, data, split, seed and steps"
+    assert not (run_dir(out) / "samples").exists()
+    quiet = load_file(run_dir(out) / "pytorch_lora_weights.safetensors")
     validated = load_file(trained / "pytorch_lora_weights.safetensors")
     assert quiet.keys() == validated.keys()
     assert all((quiet[key] == validated[key]).all() for key in quiet), "bitwise the same training"

@@ -17,7 +17,7 @@ from PIL import Image
 from kubetune_cli.main import cli
 from kubetune_trainer.tiny_data import write_tiny_data
 from tests.storage.conftest import s3_server  # noqa: F401 - a fixture, for the missing-bucket row
-from tests.trainer.conftest import (family_job, run_dir, run_trainer, run_trainer_expecting_failure, tiny_manifest,
+from tests.trainer.conftest import (copy_of_run, family_job, run_dir, run_trainer, run_trainer_expecting_failure,
                                     trainer_command, trainer_env, write_manifest)
 
 pytestmark = pytest.mark.slow
@@ -208,10 +208,10 @@ def test_a_missing_local_model_path_is_named_not_taken_for_a_hub_id(tiny_job, tm
 # --- checkpoints: nothing read or written outside, nothing saved lost ---------------------------
 
 @pytest.fixture
-def finished_job(tiny_sd15, captions_data, tmp_path):
-    manifest = tiny_manifest(tiny_sd15, captions_data, tmp_path / "out", maxSteps=2)
-    run_trainer(manifest, tmp_path)
-    return manifest, run_dir(tmp_path / "out")
+def finished_job(sd15_run, tmp_path):
+    """A copy of the session's finished 2-step run under tmp_path (the tests damage it): (manifest, run folder)."""
+    manifest, out = copy_of_run(sd15_run, tmp_path)
+    return manifest, run_dir(out)
 
 
 def test_a_manifest_listing_a_file_outside_its_checkpoint_is_refused_and_pull_leaves_nothing(finished_job, tmp_path):
@@ -279,32 +279,17 @@ def test_a_full_disk_is_one_line_naming_where_it_could_not_write(tiny_job, tmp_p
 
 # --- damaged sharded checkpoints whose manifest was re-sealed: refused naming the file, nothing lost ----
 
-@pytest.fixture(scope="module")
-def trained_once(tiny_sd15, captions_data, tmp_path_factory):
-    """One finished 2-step run, copied by each test that damages it."""
-    root = tmp_path_factory.mktemp("trained-once")
-    manifest = tiny_manifest(tiny_sd15, captions_data, root / "out", maxSteps=2)
-    result = run_trainer(manifest, root)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return manifest, root / "out"
-
-
-def damaged_copy(trained_once, tmp_path, damage) -> tuple[dict, Path]:
+def damaged_copy(sd15_run, tmp_path, damage) -> tuple[dict, Path]:
     """The run copied under tmp_path, checkpoint-2 damaged, and its manifest re-sealed over the damage."""
-    import shutil
-
     from kubetune_trainer.checkpoint import files as checkpoints
 
-    manifest, out = trained_once
-    shutil.copytree(out, tmp_path / "out")
-    checkpoint = run_dir(tmp_path / "out") / "checkpoint-2"
+    resumed, out = copy_of_run(sd15_run, tmp_path)
+    checkpoint = run_dir(out) / "checkpoint-2"
     damage(checkpoint)
     sealed = json.loads((checkpoint / checkpoints.MANIFEST).read_text())
     files = [f for f in checkpoint.rglob("*") if f.is_file() and f.name != checkpoints.MANIFEST]
     sealed["files"] = checkpoints.describe_files(checkpoint, files)
     (checkpoint / checkpoints.MANIFEST).write_text(json.dumps(sealed))
-    resumed = json.loads(json.dumps(manifest))
-    resumed["spec"]["checkpoints"]["uri"] = str(tmp_path / "out")
     resumed["spec"]["checkpoints"]["resumeFrom"] = "latest"
     return resumed, checkpoint
 
@@ -325,13 +310,13 @@ DAMAGED_CHECKPOINTS = [
 
 
 @pytest.mark.parametrize("what,damage,words", DAMAGED_CHECKPOINTS, ids=[row[0] for row in DAMAGED_CHECKPOINTS])
-def test_a_damaged_checkpoint_under_a_resealed_manifest_is_refused_naming_the_file(what, damage, words, trained_once,
+def test_a_damaged_checkpoint_under_a_resealed_manifest_is_refused_naming_the_file(what, damage, words, sd15_run,
                                                                                    tmp_path):
     from kubetune_api.manifest import parse_manifest
     from kubetune_trainer.errors import ConfigError
     from kubetune_trainer.checkpoint.resume import place_run
 
-    resumed, checkpoint = damaged_copy(trained_once, tmp_path, damage)
+    resumed, checkpoint = damaged_copy(sd15_run, tmp_path, damage)
     with pytest.raises(ConfigError) as refused:  # what the trainer's main process decides before writing
         place_run(parse_manifest(resumed).spec.checkpoints, "default", "tiny", None)
     message = str(refused.value)
@@ -339,8 +324,8 @@ def test_a_damaged_checkpoint_under_a_resealed_manifest_is_refused_naming_the_fi
     assert "\n" not in message
 
 
-def test_the_trainer_refuses_a_damaged_checkpoint_in_one_line_and_writes_nothing(trained_once, tmp_path):
-    resumed, checkpoint = damaged_copy(trained_once, tmp_path, lambda c: (c / "state" / "__0_0.distcp").unlink())
+def test_the_trainer_refuses_a_damaged_checkpoint_in_one_line_and_writes_nothing(sd15_run, tmp_path):
+    resumed, checkpoint = damaged_copy(sd15_run, tmp_path, lambda c: (c / "state" / "__0_0.distcp").unlink())
     before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "out").rglob("*"))
     stderr = run_trainer_expecting_failure(resumed, tmp_path)  # exit 2: bad input, not retried
     assert f"checkpoint {checkpoint} is damaged" in stderr and "state/__0_0.distcp is missing" in stderr

@@ -19,11 +19,10 @@ from click.testing import CliRunner
 from kubetune_api import layout
 from kubetune_cli.main import cli
 from kubetune_trainer.checkpoint.catalog import describe_run
-from tests.trainer.conftest import run_dir, run_trainer, tiny_manifest
+from tests.trainer.conftest import VALIDATION_PROMPT
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = ["a red circle", "a blue square"]
 # Appended to a copy of the page (the report itself carries no script): what the browser made of it.
 CHECK_SCRIPT = """<script>
 window.addEventListener("load", () => {
@@ -69,15 +68,11 @@ def open_in_browser(page: Path, work: Path) -> dict:
     return json.loads(html.unescape(match.group(1)))
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, tiny_sd15, captions_data) -> Path:
-    """One tiny run with held-out data (validation loss) and prompts (grids), validating every 2 steps."""
-    tmp = tmp_path_factory.mktemp("report")
-    manifest = tiny_manifest(tiny_sd15, captions_data, tmp / "out", maxSteps=4)
-    manifest["spec"]["validation"] = {"everySteps": 2, "heldOutFraction": 0.25, "prompts": PROMPTS,
-                                      "numInferenceSteps": 1}
-    run_trainer(manifest, tmp)
-    return run_dir(tmp / "out")
+@pytest.fixture
+def trained(validated_sd15_run) -> Path:
+    """The session's tiny run with held-out data (validation loss) and a prompt (grids), validating and
+    checkpointing at steps 1 and 2 (the base at step 0)."""
+    return validated_sd15_run
 
 
 def kubetune(*args: str):
@@ -100,7 +95,7 @@ def test_the_trainer_writes_its_report_beside_the_weights_and_it_renders(trained
     assert seen["broken"] == [] and seen["images"] > 0
     assert seen["curves"] == ["training-curves", "validation-curves"]
     assert seen["grids"] == grid_labels(sample_steps(trained)), "every validation grid, in step order"
-    assert "a blue square" in seen["spec"] and "everySteps: 2" in seen["spec"]
+    assert VALIDATION_PROMPT in seen["spec"] and "everySteps: 1" in seen["spec"]
     assert seen["missing"] is None, "a finished run with logs and samples lacks nothing"
 
 
@@ -111,7 +106,7 @@ def test_kubetune_report_writes_a_page_that_renders_in_chromium(trained, tmp_pat
     assert str(out) in result.output
     text = out.read_text()
     assert 'src="http' not in text and "<script" not in text, "self-contained: nothing fetched, nothing run"
-    for checkpoint in (2, 4):
+    for checkpoint in (1, 2):
         assert f"{trained}/checkpoint-{checkpoint}" in text, "where each checkpoint is"
     seen = open_in_browser(out, tmp_path)
     assert seen["broken"] == []
@@ -142,8 +137,8 @@ def test_grids_start_with_the_base_and_a_damaged_one_is_named_not_shown_broken(t
     out = tmp_path / "report.html"
     assert kubetune("report", str(copy), "--out", str(out)).exit_code == 0
     seen = open_in_browser(out, tmp_path)
-    assert seen["grids"] == ["validation samples at base", "validation samples at step 2",
-                             "validation samples at step 4"], "step 0, the base model, comes first"
+    assert seen["grids"] == ["validation samples at base", "validation samples at step 1",
+                             "validation samples at step 2"], "step 0, the base model, comes first"
     assert seen["broken"] == []
     assert "samples/step-0000003/grid.png could not be read" in seen["missing"]
 

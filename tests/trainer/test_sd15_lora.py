@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import torch
 
-from tests.trainer.conftest import (run_dir, run_trainer, run_trainer_expecting_failure, trained_weights,
+from tests.trainer.conftest import (copy_of_run, run_dir, run_trainer, run_trainer_expecting_failure, trained_weights,
                                    trainer_command, trainer_env, write_manifest)
 from tests.unit.test_checkpoints import newest_step
 
@@ -110,9 +110,8 @@ def test_a_pod_killed_at_a_random_step_resumes_its_run_to_the_same_weights(tiny_
     assert json.loads((out / "run.json").read_text())["finished"] is True
 
 
-def test_runs_get_new_versions_and_one_that_died_before_five_steps_is_cleaned_up(tiny_job, tmp_path):
-    manifest = tiny_job(maxSteps=2)
-    run_trainer(manifest, tmp_path)
+def test_runs_get_new_versions_and_one_that_died_before_five_steps_is_cleaned_up(sd15_run, tmp_path):
+    manifest, _ = copy_of_run(sd15_run, tmp_path)  # a finished 2-step run as v0
     run_trainer(manifest, tmp_path)
     first, second = run_dir(tmp_path / "out", 0), run_dir(tmp_path / "out", 1)
     assert (first / "pytorch_lora_weights.safetensors").is_file(), "a finished run is never overwritten"
@@ -177,9 +176,8 @@ def test_two_processes_train_together_over_gloo(tiny_job, tmp_path):
     assert (run_dir(tmp_path / "out") / "pytorch_lora_weights.safetensors").is_file()
 
 
-def test_resuming_with_a_different_rank_is_refused(tiny_job, tmp_path):
-    manifest = tiny_job(maxSteps=2)
-    run_trainer(manifest, tmp_path)
+def test_resuming_with_a_different_rank_is_refused(sd15_run, tmp_path):
+    manifest, _ = copy_of_run(sd15_run, tmp_path)  # a finished 2-step run of rank 4, ours to resume
     manifest["spec"]["training"]["maxSteps"] = 4
     manifest["spec"]["checkpoints"]["resumeFrom"] = "latest"
     manifest["spec"]["adapter"]["rank"] = 8
