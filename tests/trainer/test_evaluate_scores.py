@@ -13,7 +13,7 @@ from PIL import Image, ImageFilter
 
 from kubetune_cli.main import cli
 from tests.storage.conftest import s3_server  # noqa: F401 - a fixture, for the s3:// row
-from tests.trainer.conftest import run_trainer, tiny_manifest
+from tests.trainer.conftest import run_dir
 
 pytestmark = pytest.mark.slow
 
@@ -91,14 +91,10 @@ def test_lpips_weights_load_from_s3(lpips_folder, s3_server, tmp_path, monkeypat
     assert fetched.distance(x, y).item() == pytest.approx(local.distance(x, y).item(), rel=1e-6)
 
 
-@pytest.fixture(scope="module")
-def sd15_job(tmp_path_factory, tiny_sd15, captions_data):
-    """A finished 2-step sd15 run, a quarter of its captions held out."""
-    tmp = tmp_path_factory.mktemp("sd15-scores-run")
-    manifest = tiny_manifest(tiny_sd15, captions_data, tmp / "out")
-    manifest["spec"]["validation"] = {"heldOutFraction": 0.25}
-    run_trainer(manifest, tmp)
-    return tmp / "out" / "default" / "tiny"
+@pytest.fixture
+def sd15_job(sd15_run):
+    """The session's finished 2-step sd15 run (a quarter of its captions held out): its job folder."""
+    return run_dir(sd15_run[1]).parent
 
 
 def kubetune(*args: str):
