@@ -19,6 +19,36 @@ def example_manifest() -> dict:
     return manifest
 
 
+# Tiny models and data sets, written once per session and shared by the trainer, storage and e2e tests
+# (tests/trainer/conftest.py's tiny_sd15 and captions_data are two of them).
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """tiny_model(family): a random-weight model of the family, written once per session."""
+    made: dict[str, Path] = {}
+
+    def make(family: str) -> Path:
+        if family not in made:
+            from kubetune_trainer.tiny_models import write_tiny_model
+
+            made[family] = write_tiny_model(family, tmp_path_factory.mktemp(family), seed=0)
+        return made[family]
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(tmp_path_factory):
+    """tiny_dataset(layout): 8 generated 32-pixel samples in the layout, written once per session."""
+    made: dict[str, Path] = {}
+
+    def make(layout: str) -> Path:
+        if layout not in made:
+            from kubetune_trainer.tiny_data import write_tiny_data
+
+            made[layout] = write_tiny_data(layout, tmp_path_factory.mktemp(layout), count=8, size=32, seed=0)
+        return made[layout]
+    return make
+
+
 def pytest_xdist_make_scheduler(config, log):
     """`make test` runs two pytest-xdist workers: every test of the local control plane goes to one
     of them, in file order, since a machine runs one control plane at a time (tests/e2e/conftest.py);

@@ -9,13 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kubetune_trainer.tiny_data import write_tiny_data
-from kubetune_trainer.tiny_models import write_tiny_model
-
 
 @pytest.fixture(scope="session")
 def tiny_sd15(tiny_model) -> Path:
-    """tiny_model("sd15"): one folder, so that runs trained on either are the same run."""
+    """tiny_model("sd15") (tests/conftest.py): one folder, so that runs trained on either are the same run."""
     return tiny_model("sd15")
 
 
@@ -121,35 +118,11 @@ def validated_sd15_run(tiny_sd15, captions_data, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory):
-    """tiny_model(family): a random-weight model of the family, written once per session."""
-    made: dict[str, Path] = {}
-
-    def make(family: str) -> Path:
-        if family not in made:
-            made[family] = write_tiny_model(family, tmp_path_factory.mktemp(family), seed=0)
-        return made[family]
-    return make
-
-
-@pytest.fixture(scope="session")
 def tiny_clip(tmp_path_factory) -> Path:
     """A random-weight CLIP model for spec.validation.clipModel, written once per session."""
     from kubetune_trainer.tiny_models import write_tiny_clip
 
     return write_tiny_clip(tmp_path_factory.mktemp("clip"), seed=0)
-
-
-@pytest.fixture(scope="session")
-def tiny_dataset(tmp_path_factory):
-    """tiny_dataset(layout): 8 generated 32-pixel samples in the layout, written once per session."""
-    made: dict[str, Path] = {}
-
-    def make(layout: str) -> Path:
-        if layout not in made:
-            made[layout] = write_tiny_data(layout, tmp_path_factory.mktemp(layout), count=8, size=32, seed=0)
-        return made[layout]
-    return make
 
 
 def family_job(family: str, layout: str, model_dir: Path, data_dir: Path, out: Path, **spec_parts) -> dict:
