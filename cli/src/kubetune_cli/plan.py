@@ -60,7 +60,7 @@ def render_text(name: str, spec, plan) -> str:
     verdict = "fits" if plan.fits else "does NOT fit"
     lines.append(f"  total             {gib(e.total):>11}   {verdict} in {gib(plan.capacity)}")
     unsharded = unsharded_note(spec, e.world_size)
-    lines += [f"note: {note}" for note in e.notes + ([unsharded] if unsharded else [])]
+    lines += [f"note: {note}" for note in (*e.notes, *([unsharded] if unsharded else []))]
     if not plan.fits:
         if plan.suggestions:
             lines.append("what would fit (each estimated again):")
