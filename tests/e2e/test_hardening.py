@@ -63,12 +63,15 @@ def served_serial(core) -> int | None:
         return None
 
 
-def refuses_a_job_without_its_secret(control_plane, namespace, inputs_in_s3) -> bool:
-    manifest = example_job(inputs_in_s3, "no-secret", "runs/no-secret")
-    manifest["spec"]["s3"]["credentialsSecret"] = "not-there"
+def webhook_refuses_disagreeing_queues(control_plane, namespace, inputs_in_s3) -> bool:
+    """Whether the operator's admission webhook answers: it refuses a job queued two ways that disagree
+    (the operator reads no Secret any more, so a missing one is no longer an admission refusal)."""
+    manifest = example_job(inputs_in_s3, "two-queues", "runs/two-queues")
+    manifest["metadata"].setdefault("labels", {})["kueue.x-k8s.io/queue-name"] = "one-queue"
+    manifest["spec"]["scheduling"] = {"queueName": "another-queue"}
     result = kubectl(control_plane, "apply", "--dry-run=server", "-n", namespace, "-f", "-",
                      input=yaml.safe_dump(manifest), check=False)
-    return result.returncode != 0 and "Secret 'not-there' does not exist" in result.stderr
+    return result.returncode != 0 and "they are the same request" in result.stderr
 
 
 def test_the_webhook_answers_through_its_service_across_certificate_rotations(
@@ -76,7 +79,7 @@ def test_the_webhook_answers_through_its_service_across_certificate_rotations(
     first = eventually(lambda: (s := served_serial(core)) in trusted_serials(api_client) and s, timeout=60,
                        message=lambda: "the served certificate is never in the caBundle; operator log:\n"
                                        + operator_log(control_plane, core))
-    assert refuses_a_job_without_its_secret(control_plane, job_namespace, inputs_in_s3)
+    assert webhook_refuses_disagreeing_queues(control_plane, job_namespace, inputs_in_s3)
 
     # Until the replacement is served, the webhook keeps answering; then the new one is trusted too.
     deadline = time.monotonic() + LIFETIME_SECONDS + 30
@@ -85,7 +88,7 @@ def test_the_webhook_answers_through_its_service_across_certificate_rotations(
     assert served not in (None, first), "the certificate was not replaced within its lifetime"
     trusted = trusted_serials(api_client)
     assert served in trusted and first in trusted, "the bundle trusts the new certificate and still the old one"
-    assert refuses_a_job_without_its_secret(control_plane, job_namespace, inputs_in_s3), \
+    assert webhook_refuses_disagreeing_queues(control_plane, job_namespace, inputs_in_s3), \
         "after the rotation the API server still reaches the webhook (a bad job would be admitted otherwise)"
 
 
@@ -100,7 +103,7 @@ def test_a_restarted_operator_publishes_its_own_certificate_and_no_job_is_lost(
     eventually(lambda: (s := served_serial(core)) not in (None, before) and s in trusted_serials(api_client),
                timeout=120, message=lambda: "the new operator's certificate is not served and trusted; operator log:\n"
                                             + operator_log(control_plane, core))
-    assert refuses_a_job_without_its_secret(control_plane, job_namespace, inputs_in_s3)
+    assert webhook_refuses_disagreeing_queues(control_plane, job_namespace, inputs_in_s3)
     kubectl(control_plane, "get", "trainingjob", "kept", "-n", job_namespace)
 
 
