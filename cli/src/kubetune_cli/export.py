@@ -99,13 +99,10 @@ def move_into(staging: Path, out: Path) -> list[Path]:
         if target.is_symlink() or target.is_dir():
             fail(COMMAND, f"--out {out}: {name} exists as a {'symbolic link' if target.is_symlink() else 'folder'}; "
                           "remove it or give another --out")
-    moved = []
-    for file in files:
-        target = out / file.relative_to(staging)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        file.replace(target)
-        moved.append(target)
-    return moved
+    from kubetune_trainer.checkpoint.catalog import move_into as move_checked
+
+    # --force was asked for a non-empty --out already (check_out_folder): replacing is what it allows.
+    return move_checked(staging, out, force=True)
 
 
 def local_models(spec):

@@ -120,7 +120,7 @@ def pull_checkpoint(entry: CheckpointEntry, target: Path, force: bool = False) -
         manifest, problem = checkpoints.verify(staging)
         if manifest is None:
             raise PullFailed(f"{entry.uri} did not arrive intact: {problem}")
-        return _move_into(staging, target, force)
+        return move_into(staging, target, force)
 
 
 def pull_final(run: RunEntry, target: Path, force: bool = False) -> list[Path]:
@@ -129,7 +129,7 @@ def pull_final(run: RunEntry, target: Path, force: bool = False) -> list[Path]:
     check_destinations(names, target, force)
     with _staging_beside(target) as staging:
         open_tree(run.uri).fetch(names, staging)
-        return _move_into(staging, target, force)
+        return move_into(staging, target, force)
 
 
 def check_destinations(names: list[str], target: Path, force: bool) -> None:
@@ -162,7 +162,9 @@ def _staging_beside(target: Path):
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _move_into(staging: Path, target: Path, force: bool) -> list[Path]:
+def move_into(staging: Path, target: Path, force: bool) -> list[Path]:
+    """Every file of `staging` to the same place under `target` (renames: staging sits beside it),
+    checked by check_destinations once more just before."""
     files = sorted(p for p in staging.rglob("*") if p.is_file())
     check_destinations([str(f.relative_to(staging)) for f in files], target, force)  # again: as late as can be
     moved = []
