@@ -59,6 +59,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kubetune trainer: {stopped}", file=sys.stderr)
         return RETRYABLE_EXIT_CODE
     except Exception as err:
+        if stop.requested():
+            # The handler's Preempted came back wrapped: a library that catches everything while it
+            # imports or loads (diffusers' lazy modules re-raise it as RuntimeError) still stopped for it.
+            wrapped = _preempted_within(err)
+            said = str(wrapped) if wrapped else f"stopped by {stop.signal_name} ({type(err).__name__} on the way out)"
+            print(f"kubetune trainer: {said}", file=sys.stderr)
+            return RETRYABLE_EXIT_CODE
         if is_lost_peer(err) and not disk_full(err):
             print(f"kubetune trainer: another process of the job is gone ({err}); stopping so that the job can "
                   "restart from its last checkpoint", file=sys.stderr)
@@ -71,6 +78,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop.uninstall()
     return 0
+
+
+def _preempted_within(error: BaseException) -> Preempted | None:
+    """The Preempted an exception was raised from or while handling, if any."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, Preempted):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 if __name__ == "__main__":
