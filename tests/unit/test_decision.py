@@ -378,3 +378,110 @@ def test_a_child_as_built_raises_no_drift(example_manifest):
     decided = decide(spec, {"phase": "Running", "backend": "trainjob"},
                      seen(config_map=started(spec), child=child_of(spec, state=RUNNING)))
     assert condition(decided.status, "ChildMatchesSpec") is None
+
+
+# ---- generation on the cluster (`kubetune generate --on-cluster`) ----------------------------------------
+
+RUN_URI = "s3://bucket/runs/team-a/sd15/v0"
+SUCCEEDED = {"phase": "Succeeded", "backend": "trainjob", "outputUri": RUN_URI}
+
+
+def drawing_spec(example_manifest) -> dict:
+    spec = cpu_spec(example_manifest)
+    spec["checkpoints"] = {**spec["checkpoints"], "uri": "s3://bucket/runs"}
+    return spec
+
+
+def generation_request(**changes) -> str:
+    from kubetune_api.generation_request import GenerationRequest
+
+    return GenerationRequest(**{"id": "abc123", "run": RUN_URI, "step": "final", "prompts": ("a red circle",),
+                                **changes}).to_annotation()
+
+
+def asked(annotation: str, job: dict | None = None, refused: str | None = None, **found) -> Observed:
+    from kubetune_operator.generation_jobs import SeenGeneration
+
+    return seen(generation_request=SeenGeneration(annotation, job=job, refused=refused), **found)
+
+
+def generation_job(rendered: dict, *conditions: dict, **state) -> dict:
+    """The rendered Job as the API server returns it later, with its status."""
+    return {**copy.deepcopy(rendered), "status": {"conditions": list(conditions), **state}}
+
+
+def first_draw(example_manifest) -> tuple[dict, decision.Decision]:
+    spec = drawing_spec(example_manifest)
+    return spec, decide(spec, SUCCEEDED, asked(generation_request()))
+
+
+def test_a_request_on_a_finished_job_creates_its_generation_job_once_and_says_so(example_manifest):
+    spec, decided = first_draw(example_manifest)
+    (create,) = decided.actions
+    assert isinstance(create, decision.CreateGenerationJob) and create.request_id == "abc123"
+    assert (create.obj["kind"], create.obj["metadata"]["name"]) == ("Job", "sd15-generate-abc123")
+    assert create.obj["spec"]["template"]["spec"]["containers"][0]["args"][:2] == ["--run", RUN_URI]
+    assert decided.status == {"generations": [{"id": "abc123", "phase": "Running", "job": "sd15-generate-abc123",
+                                               "uri": f"{RUN_URI}/generated/final-abc123"}]}
+    assert said(decided) == [("Normal", "Generating")] and decided.events == [], "said once the Job is created"
+    assert "phase" not in decided.status, "finished is final for the training"
+    # Created: the Job as observed next, still drawing: the same entry, nothing created again or said.
+    made = generation_job(create.obj)
+    again = decide(spec, {**SUCCEEDED, **decided.status}, asked(generation_request(), job=made))
+    assert again.actions == [] and again.status == {} and said(again) == []
+
+
+@pytest.mark.parametrize("conditions,state,expected", [
+    ((), {"startTime": "2026-11-27T12:01:00Z"}, {"phase": "Running", "startTime": "2026-11-27T12:01:00Z"}),
+    (({"type": "Complete", "status": "True"},), {"startTime": "2026-11-27T12:01:00Z",
+                                                  "completionTime": "2026-11-27T12:03:00Z"},
+     {"phase": "Succeeded", "startTime": "2026-11-27T12:01:00Z", "completionTime": "2026-11-27T12:03:00Z"}),
+    (({"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "too long"},), {},
+     {"phase": "Failed", "message": "DeadlineExceeded: too long (kubectl logs -n team-a job/sd15-generate-abc123)"}),
+], ids=["running", "succeeded", "failed"])
+def test_the_generation_jobs_state_is_its_status_entry_until_answered(example_manifest, conditions, state, expected):
+    spec, first = first_draw(example_manifest)
+    status = {**SUCCEEDED, **first.status}
+    observed = asked(generation_request(), job=generation_job(first.actions[0].obj, *conditions, **state))
+    decided = decide(spec, status, observed)
+    assert decided.actions == [] and said(decided) == []
+    assert decided.status == {"generations": [{"id": "abc123", "job": "sd15-generate-abc123",
+                                               "uri": f"{RUN_URI}/generated/final-abc123", **expected}]}
+    assert converged(spec, status, observed, decided).status == {}
+    if expected["phase"] != "Running":  # answered: its Job gone after its TTL is not drawn again
+        answered = {**status, **decided.status}
+        assert decide(spec, answered, asked(generation_request())) == decision.Decision(TRAINJOB)
+
+
+@pytest.mark.parametrize("annotation,refused,spec_change,message", [
+    ("{not json", None, {}, "annotation kubetune.dev/generate: not a generation request"),
+    (generation_request(run="s3://bucket/runs/team-b/other/v0"), None, {},
+     "annotation kubetune.dev/generate: run s3://bucket/runs/team-b/other/v0 is not a run of this job"),
+    (generation_request(), "403 Forbidden", {}, "annotation kubetune.dev/generate: 403 Forbidden"),
+    (generation_request(), None, {"training": {"maxSteps": -1}}, "annotation kubetune.dev/generate: invalid spec: "),
+], ids=["unreadable", "another-jobs-run", "job-refused-by-the-api-server", "invalid-spec"])
+def test_a_refused_request_is_answered_failed_with_one_warning_and_no_job(example_manifest, annotation, refused,
+                                                                           spec_change, message):
+    spec = {**drawing_spec(example_manifest), **spec_change}
+    observed = asked(annotation, refused=refused)
+    decided = decide(spec, SUCCEEDED, observed)
+    assert decided.actions == []
+    (entry,) = decided.status["generations"]
+    assert entry["phase"] == "Failed" and entry["message"].startswith(message)
+    assert entry["id"] == ("invalid" if annotation == "{not json" else "abc123"), "the id the CLI waits for"
+    assert said(decided) == [("Warning", "GenerationRefused")]
+    assert converged(spec, SUCCEEDED, observed, decided) == decision.Decision(TRAINJOB), "answered once"
+
+
+def test_a_request_on_a_running_job_is_drawn_beside_its_training(example_manifest):
+    spec = drawing_spec(example_manifest)
+    status = {"phase": "Running", "backend": "trainjob", "startTime": NOW}
+    observed = asked(generation_request(step="4"), config_map=started(spec), child=child_of(spec, state=RUNNING),
+                     gauges={"step": 30, "planned_steps": 60})
+    decided = decide(spec, status, observed)
+    assert kinds(decided.actions) == ["PatchChildStatus", "CreateGenerationJob"]
+    assert decided.status["progress"]["step"] == 30 and decided.status["generations"][0]["phase"] == "Running"
+    # Older answers are kept beside the new one (the latest ten).
+    older = {"id": "old1", "phase": "Succeeded", "uri": f"{RUN_URI}/generated/final-old1"}
+    kept = decide(spec, {**status, "generations": [older]}, observed)
+    assert [e["id"] for e in kept.status["generations"]] == ["old1", "abc123"]

@@ -143,20 +143,6 @@ def test_status_keeps_one_entry_per_request_and_the_latest_ten():
     assert [e["id"] for e in merged_entries(entries, {"id": "new", "phase": "Running"})][0] == "r1"
 
 
-class Body(dict):
-    """What kopf hands a `when` callback: the object, with .metadata."""
-
-    @property
-    def metadata(self):
-        return Metadata(self["metadata"])
-
-
-class Metadata(dict):
-    @property
-    def annotations(self):
-        return self.get("annotations", {})
-
-
 @pytest.mark.parametrize("annotation,entries,expected", [
     (None, [], False),
     (request().to_annotation(), [], True),
@@ -165,11 +151,11 @@ class Metadata(dict):
     (request().to_annotation(), [{"id": "older", "phase": "Succeeded"}], True),
     ("{broken", [], True),  # answered once, as Failed
     ("{broken", [{"id": "invalid", "phase": "Failed"}], False),
+    ('{"id": "abc", "step": "latest"}', [{"id": "abc", "phase": "Failed"}], False),  # under its own id
 ])
 def test_the_operator_follows_a_request_until_it_is_answered(annotation, entries, expected):
-    body = Body(metadata={"annotations": {GENERATE_ANNOTATION: annotation} if annotation else {}},
-                status={"generations": entries})
-    assert pending(body) is expected
+    annotations = {GENERATE_ANNOTATION: annotation} if annotation else {}
+    assert pending(annotations, {"generations": entries}) is expected
 
 
 @pytest.mark.parametrize("args,message", [

@@ -221,6 +221,94 @@ def test_a_deleted_or_deleting_job_is_left_to_the_garbage_collector(api, example
     assert [c[0] for c in fake.calls] == ["get"]
 
 
+# ---- generation on the cluster: the same reconcile, finished job or not ------------------------------------
+
+class FakeBatch:
+    """The BatchV1Api calls of `generate --on-cluster` over a dict of Jobs; every create refused on request."""
+
+    def __init__(self, refuse: int | None = None):
+        self.jobs: dict[str, dict] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.refuse = refuse
+        self.api_client = type("ApiClient", (), {"sanitize_for_serialization": staticmethod(lambda job: job.body)})()
+
+    def read_namespaced_job(self, name, namespace):
+        self.calls.append(("read", name))
+        if name not in self.jobs:
+            raise ApiException(status=404, reason="Not Found")
+        body = copy.deepcopy(self.jobs[name])
+        owners = [type("Ref", (), {"uid": ref["uid"]})() for ref in body["metadata"].get("ownerReferences", [])]
+        return type("Job", (), {"body": body, "metadata": type("Meta", (), {"owner_references": owners})()})()
+
+    def create_namespaced_job(self, namespace, body):
+        self.calls.append(("create", body["metadata"]["name"]))
+        if self.refuse:
+            raise ApiException(status=self.refuse, reason="Forbidden")
+        if body["metadata"]["name"] in self.jobs:
+            raise ApiException(status=409, reason="Conflict")
+        self.jobs[body["metadata"]["name"]] = copy.deepcopy(body)
+
+
+def asking_job(example_manifest) -> dict:
+    """A job that succeeded, annotated by `kubetune generate --on-cluster`."""
+    from kubetune_api.contract import GENERATE_ANNOTATION
+    from kubetune_api.generation_request import GenerationRequest
+
+    job = dict(job_body(example_manifest, status={"phase": "Succeeded", "backend": "trainjob"}))
+    request = GenerationRequest(id="abc123", run="/checkpoints/team-a/sd15/v0", step="final")
+    job["metadata"] = {**job["metadata"], "annotations": {GENERATE_ANNOTATION: request.to_annotation()}}
+    return job
+
+
+@pytest.fixture
+def batch(api, monkeypatch):
+    monkeypatch.setattr(reconcile, "_generation_refusals", {})
+
+    def install(fake: FakeBatch) -> FakeBatch:
+        monkeypatch.setattr(kube, "batch_api", lambda: fake)
+        return fake
+    return install
+
+
+def visited_by_the_timer(job: dict) -> bool:
+    return handlers.still_active(spec=job["spec"], body=kopf.Body(job))
+
+
+def test_a_finished_job_draws_once_and_answers_in_its_status_until_the_timer_stops(api, batch, example_manifest):
+    fake = api(FakeCustomObjects({("trainingjobs", "sd15"): asking_job(example_manifest)}))
+    jobs = batch(FakeBatch())
+    stored = fake.objects[("trainingjobs", "sd15")]
+    assert visited_by_the_timer(stored), "a pending request keeps the timer on a finished job"
+    reconcile.reconcile("team-a", "sd15")
+    assert [c for c in jobs.calls if c[0] == "create"] == [("create", "sd15-generate-abc123")]
+    assert jobs.jobs["sd15-generate-abc123"]["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert [(e["id"], e["phase"]) for e in stored["status"]["generations"]] == [("abc123", "Running")]
+    assert stored["status"]["phase"] == "Succeeded"
+    reconcile.reconcile("team-a", "sd15")  # the timer again, the Job still drawing
+    assert [c[0] for c in jobs.calls].count("create") == 1
+    assert [(t, r) for t, r, _ in fake.events] == [("Normal", "Generating")]
+    jobs.jobs["sd15-generate-abc123"]["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    reconcile.reconcile("team-a", "sd15")
+    assert [(e["id"], e["phase"]) for e in stored["status"]["generations"]] == [("abc123", "Succeeded")]
+    assert not visited_by_the_timer(stored), "answered: the finished job is left alone again"
+    jobs.calls.clear()
+    reconcile.reconcile("team-a", "sd15")
+    assert jobs.calls == [], "an answered request costs no API call"
+
+
+def test_a_generation_job_the_api_server_refuses_is_answered_failed_in_the_same_reconcile(api, batch,
+                                                                                       example_manifest):
+    fake = api(FakeCustomObjects({("trainingjobs", "sd15"): asking_job(example_manifest)}))
+    jobs = batch(FakeBatch(refuse=403))
+    reconcile.reconcile("team-a", "sd15")
+    (entry,) = fake.objects[("trainingjobs", "sd15")]["status"]["generations"]
+    assert (entry["id"], entry["phase"], entry["message"]) == (
+        "abc123", "Failed", "annotation kubetune.dev/generate: 403 Forbidden")
+    assert [(t, r) for t, r, _ in fake.events] == [("Warning", "GenerationRefused")]
+    reconcile.reconcile("team-a", "sd15")
+    assert [c[0] for c in jobs.calls].count("create") == 1 and len(fake.events) == 1
+
+
 # ---- admission -------------------------------------------------------------------------------------------
 
 def test_the_webhook_refuses_what_the_backend_cannot_run_and_warns_of_a_backend_not_enabled(api, example_manifest):

@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from kubetune_operator import generation_jobs, handlers, sweeps  # noqa: F401  (registers the handlers)
+    from kubetune_operator import handlers, sweeps  # noqa: F401  (registers the handlers)
 
     if args.metrics_port:
         from prometheus_client import start_http_server

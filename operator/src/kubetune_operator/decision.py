@@ -17,6 +17,9 @@ The transitions, in order:
   child               its state mirrored into phase/conditions (finished: the final progress)
   progress            the rank-0 trainer's gauges into status.progress & co. while Running
   queue               Kueue's Workload into the Queued condition while the job waits in a queue
+  generation          a `kubetune generate --on-cluster` request, finished job or not (drawing from a
+                      finished run is the main use): its batch Job created once, its state in
+                      status.generations, a refused request answered Failed with one Warning
 """
 from __future__ import annotations
 
@@ -24,11 +27,12 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from kubetune_api.contract import API_GROUP, API_VERSION, KIND
+from kubetune_api.contract import API_GROUP, API_VERSION, GENERATIONS_STATUS, KIND
+from kubetune_api.generation_request import BadGenerationRequest
 from kubetune_api.manifest import describe_errors
 from kubetune_api.spec import TrainingJob
-from kubetune_operator import (backend_check, credentials, fit_check, image_policy, naming, network_policy, queueing,
-                               spec_change, status)
+from kubetune_operator import (backend_check, credentials, fit_check, generation_jobs, image_policy, naming,
+                               network_policy, queueing, spec_change, status)
 from kubetune_operator.backends import BACKENDS, Backend, backend_name
 from kubetune_operator.backends.base import observed_state
 from kubetune_operator.settings import Settings
@@ -59,6 +63,7 @@ class Observed:
     workload: dict | None = None  # Kueue's Workload of the child
     gauges: dict | None = None  # the rank-0 trainer's gauges (names without the prefix), while Running
     credentials_problem: str | None = None  # a credentials Secret the job's pods cannot use
+    generation_request: generation_jobs.SeenGeneration | None = None  # one not answered yet, and its Job
 
 
 # ---- actions: what act() does, in order ---------------------------------------------------------------
@@ -97,6 +102,12 @@ class PatchConfigMap:
 @dataclass(frozen=True)
 class PatchChildStatus:
     body: dict
+
+
+@dataclass(frozen=True)
+class CreateGenerationJob:
+    obj: dict  # the batch Job that draws a `kubetune generate --on-cluster` request
+    request_id: str
 
 
 @dataclass
@@ -177,9 +188,9 @@ def decide(spec: dict, status_: dict | None, observed: Observed) -> Decision:
     settings = observed.settings
     backend = BACKENDS[backend_name(spec, current, settings.backend)]
     decision = Decision(backend)
-    if current.get("phase") in FINISHED:
-        return decision  # finished is final: late events change nothing
     draft = _Draft(current, observed.now)
+    if current.get("phase") in FINISHED:
+        return _generation_only(spec, observed, draft, decision)  # finished is final for training
     if observed.config_map is None:
         runs = _start(spec, observed, backend, draft, decision)
     else:
@@ -191,6 +202,7 @@ def decide(spec: dict, status_: dict | None, observed: Observed) -> Decision:
         _progress(spec, observed, draft)
         _mirror_child(spec, observed, backend, draft, decision)
         _queue(spec, observed, backend, draft, decision)
+    _generation(spec, observed, draft, decision)
     decision.status = draft.patch
     return decision
 
@@ -391,3 +403,46 @@ def _credentials(observed: Observed, draft: _Draft, decision: Decision) -> None:
             decision.events.append(Event("Warning", credentials.REASON, observed.credentials_problem))
     elif draft.condition_reason(credentials.CONDITION) == credentials.REASON and draft.get("phase") == "Running":
         draft.condition(credentials.CONDITION, "True", "InUse", "the trainer pods started with their Secrets")
+
+
+# ---- generation on the cluster (`kubetune generate --on-cluster`, generation_jobs.py) ----------------------
+
+GENERATING, GENERATION_REFUSED = "Generating", "GenerationRefused"  # the events
+
+
+def _generation_only(spec: dict, observed: Observed, draft: _Draft, decision: Decision) -> Decision:
+    """A finished job: late events of its training change nothing, but its run is drawn from."""
+    _generation(spec, observed, draft, decision)
+    decision.status = draft.patch
+    return decision
+
+
+def _generation(spec: dict, observed: Observed, draft: _Draft, decision: Decision) -> None:
+    """A request without a finished answer: refused (answered Failed, one Warning), or its Job created
+    once (Generating, said when created), then the Job's state as its status.generations entry."""
+    seen = observed.generation_request
+    entries = list(draft.get(GENERATIONS_STATUS) or [])
+    if seen is None or generation_jobs.answered(seen.annotation, entries):
+        return
+    try:
+        job = _typed(spec, observed)
+        request = generation_jobs.checked_request(seen.annotation, job)
+    except ValidationError as err:
+        refused = "invalid spec: " + "; ".join(describe_errors(err))
+    except BadGenerationRequest as err:
+        refused = str(err)
+    else:
+        refused = seen.refused  # the API server's answer to reading or creating the Job
+    if refused is not None:
+        entry = generation_jobs.refused_entry(seen.annotation, refused)
+        if entry not in entries:
+            decision.events.append(Event("Warning", GENERATION_REFUSED, entry["message"]))
+    elif seen.job is None:
+        rendered = generation_jobs.render_generation_job(job, observed.uid, observed.settings, request)
+        decision.actions.append(CreateGenerationJob(rendered, request.id))
+        decision.action_events.append(Event("Normal", GENERATING, generation_jobs.announcement(request, rendered)))
+        entry = generation_jobs.generation_status(rendered)
+    else:
+        entry = generation_jobs.generation_status(seen.job)
+    if entry not in entries:
+        draft.set(GENERATIONS_STATUS, generation_jobs.merged_entries(entries, entry))

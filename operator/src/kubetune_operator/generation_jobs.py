@@ -2,41 +2,33 @@
 
 The CLI cannot render the trainer pod (its image, environment and security context come from this
 operator's Settings), so it records a request on the TrainingJob (the contract's GENERATE_ANNOTATION,
-a kubetune_api.generation_request.GenerationRequest) and the operator:
+a kubetune_api.generation_request.GenerationRequest) and the one reconcile answers it:
 
-  1. renders a batch/v1 Job from the trainer's pod template (render_generation_job: the job's image,
-     credentials by reference and security context, one process, one GPU when the job trains on GPUs)
-     whose container runs `python -m kubetune_trainer.generation` with the request's arguments; the
-     Job is owned by the TrainingJob, so it goes when the job goes;
-  2. reports the Job's state in status.generations (generation_status: Running, Succeeded or Failed,
-     with the URI of the images), which the CLI waits on.
+  observe  the request while it has no finished answer (pending), and its Job (reconcile.py, kube.py);
+  decide   the Job to create (render_generation_job: the job's image, credentials by reference and
+           security context, one process, one GPU when the job trains on GPUs, running
+           `python -m kubetune_trainer.generation` with the request's arguments; owned by the
+           TrainingJob, so it goes when the job goes) and the status.generations entry
+           (generation_status: Running, Succeeded or Failed, with the URI of the images), which the
+           CLI waits on (decision._generation);
+  act      the Job created through kube.py, the entry written with the one status patch.
 
-The two pure functions carry the logic; `follow_generation` is the one kopf handler, a timer on
-TrainingJobs with a request not yet finished: observe (annotation, status entry, Job), act.
+Everything here is pure: no I/O, no clock.
 """
 from __future__ import annotations
 
-import functools
 import json
-
-import kopf
-from kubernetes import client
-from kubernetes.client.rest import ApiException
-from pydantic import ValidationError
+from dataclasses import dataclass
 
 from kubetune_api import layout
-from kubetune_api.contract import (API_GROUP, API_VERSION, GENERATE_ANNOTATION, GENERATION_COMMAND,
-                                   GENERATION_LABEL, GENERATIONS_STATUS, PLURAL)
+from kubetune_api.contract import GENERATE_ANNOTATION, GENERATION_COMMAND, GENERATION_LABEL, GENERATIONS_STATUS
 from kubetune_api.generation_request import BadGenerationRequest, GenerationRequest
 from kubetune_api.spec import TrainingJob
 from kubetune_operator import naming
 from kubetune_operator.pod_template import ContainerShape, pod_template, resources
 from kubetune_operator.settings import Settings
 
-SETTINGS = Settings.from_env()
-
 CONTAINER = "generate"
-POLL_SECONDS = 5.0
 # A finished Job is removed after a day (status.generations keeps its answer); one that draws for
 # longer than this is stopped: a real model draws a handful of images in minutes.
 FINISHED_JOB_TTL_SECONDS = 24 * 3600
@@ -108,86 +100,61 @@ def merged_entries(entries: list[dict], entry: dict) -> list[dict]:
     return (others + [entry])[-KEPT_ENTRIES:]
 
 
-def requested(annotations: dict) -> GenerationRequest | None:
-    text = (annotations or {}).get(GENERATE_ANNOTATION)
-    return GenerationRequest.from_annotation(text) if text else None
+INVALID_ID = "invalid"  # the id an annotation without a usable one is answered under
+ID_MAX_LENGTH = 64  # what status.generations[].id holds (kubetune_api.spec.Generation)
 
 
-def pending(body: kopf.Body, **_) -> bool:
-    """Whether the job's request has no finished answer yet (the timer runs only then)."""
-    entries = (body.get("status") or {}).get(GENERATIONS_STATUS) or []
+@dataclass(frozen=True)
+class SeenGeneration:
+    """A request without a finished answer, as the reconcile found it."""
+
+    annotation: str  # the request as the annotation holds it (perhaps not a readable one)
+    job: dict | None = None  # its Job as the API returns it (camelCase); None: not created yet
+    refused: str | None = None  # the API server's refusal to read or create its Job, e.g. "403 Forbidden"
+
+
+def request_id(annotation: str) -> str:
+    """The id a request is answered under: its own, even where the rest of it is unreadable (the CLI
+    waits for that id), or INVALID_ID where there is none that status can hold."""
     try:
-        request = requested(dict(body.metadata.annotations))
-        request_id = request.id if request else None
-    except BadGenerationRequest:
-        request_id = _request_id(body) or "invalid"  # answered once, as Failed
-    return request_id is not None and not any(e.get("id") == request_id and e.get("phase") in FINISHED
-                                              for e in entries)
-
-
-# ---- the handler: observe, act ----------------------------------------------------------------------
-
-@functools.cache
-def batch_api() -> client.BatchV1Api:
-    return client.BatchV1Api()
-
-
-def typed(body: kopf.Body) -> TrainingJob:
-    return TrainingJob.model_validate({"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
-                                       "metadata": {"name": body.metadata.name, "namespace": body.metadata.namespace},
-                                       "spec": dict(body.get("spec") or {})})
-
-
-def read_or_create(body: kopf.Body, uid: str, request: GenerationRequest) -> dict:
-    """The request's Job, created now from the pod template when it does not exist yet."""
-    namespace, name = body.metadata.namespace, job_name(body.metadata.name, request.id)
-    api = batch_api()
-    as_dict = api.api_client.sanitize_for_serialization  # camelCase, as the API returns it
-    try:
-        return as_dict(api.read_namespaced_job(name, namespace))
-    except ApiException as err:
-        if err.status != 404:
-            raise
-    rendered = render_generation_job(typed(body), uid, SETTINGS, request)
-    kopf.adopt(rendered, owner=body)
-    try:
-        created = api.create_namespaced_job(namespace, rendered)
-    except ApiException as err:
-        if err.status != 409:
-            raise
-        created = api.read_namespaced_job(name, namespace)
-    kopf.info(body, reason="Generating", message=f"job {name} draws {request.label} into {request.out}")
-    return as_dict(created)
-
-
-@kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=POLL_SECONDS, idle=0,
-            annotations={GENERATE_ANNOTATION: kopf.PRESENT}, when=pending, id="generation")
-def follow_generation(body: kopf.Body, uid: str, patch: kopf.Patch, **_) -> None:
-    entries = list((body.get("status") or {}).get(GENERATIONS_STATUS) or [])
-    try:
-        request = requested(dict(body.metadata.annotations))
-        problem = request.belongs_to(layout.job_root(body["spec"]["checkpoints"]["uri"], body.metadata.namespace,
-                                                     body.metadata.name))
-        if problem:
-            raise BadGenerationRequest(problem)
-        job_obj = read_or_create(body, uid, request)
-        entry = generation_status(job_obj)
-    except (BadGenerationRequest, ValidationError, ApiException) as err:
-        if isinstance(err, ApiException) and err.status not in (403, 422):
-            raise  # the API server away or busy: the next tick tries again
-        # Refused for good (bad request; no right to create Jobs; a Job the API server will not take):
-        # answered as Failed, so the CLI stops waiting and says why.
-        reason = f"{err.status} {err.reason}" if isinstance(err, ApiException) else err
-        message = f"annotation {GENERATE_ANNOTATION}: {reason}".splitlines()[0]
-        entry = {"id": _request_id(body) or "invalid", "phase": "Failed", "message": message}
-        kopf.warn(body, reason="GenerationRefused", message=message)
-    if entry not in entries:
-        patch.status[GENERATIONS_STATUS] = merged_entries(entries, entry)
-
-
-def _request_id(body: kopf.Body) -> str | None:
-    try:
-        raw = json.loads(body.metadata.annotations.get(GENERATE_ANNOTATION) or "")
-        return raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) else None
+        raw = json.loads(annotation or "")
     except ValueError:
-        return None
+        return INVALID_ID
+    found = raw.get("id") if isinstance(raw, dict) else None
+    return found if isinstance(found, str) and 0 < len(found) <= ID_MAX_LENGTH else INVALID_ID
+
+
+def answered(annotation: str, entries: list[dict] | None) -> bool:
+    """Whether status.generations holds the request's final answer (Succeeded or Failed)."""
+    wanted = request_id(annotation)
+    return any(e.get("id") == wanted and e.get("phase") in FINISHED for e in entries or [])
+
+
+def pending(annotations: dict | None, status: dict | None) -> bool:
+    """Whether the TrainingJob carries a request with no finished answer yet: the reconcile looks at
+    (and the timer visits) such a job, whatever its own phase."""
+    annotation = (annotations or {}).get(GENERATE_ANNOTATION)
+    return bool(annotation) and not answered(annotation, (status or {}).get(GENERATIONS_STATUS))
+
+
+def checked_request(annotation: str, job: TrainingJob) -> GenerationRequest:
+    """The request, where the operator may act on it for JOB; else BadGenerationRequest, in one line.
+    The pod writes with the job's credentials, so it draws from and writes beside the job's own runs only."""
+    request = GenerationRequest.from_annotation(annotation)
+    problem = request.belongs_to(layout.job_root(job.spec.checkpoints.uri, job.metadata.namespace,
+                                                 job.metadata.name))
+    if problem:
+        raise BadGenerationRequest(problem)
+    return request
+
+
+def refused_entry(annotation: str, reason: str) -> dict:
+    """The answer to a request refused for good (unreadable, outside the job's runs, a Job the API server
+    will not take): Failed, so the CLI stops waiting and says why."""
+    message = f"annotation {GENERATE_ANNOTATION}: {reason}".splitlines()[0]
+    return {"id": request_id(annotation), "phase": "Failed", "message": message}
+
+
+def announcement(request: GenerationRequest, rendered: dict) -> str:
+    """The Generating event's message."""
+    return f"job {rendered['metadata']['name']} draws {request.label} into {request.out}"

@@ -1,11 +1,12 @@
 """kopf handlers: admission, and triggers of the one reconcile (reconcile.py).
 
 kopf keeps three jobs here: the admission webhook (refuse what the trainer would refuse), the
-triggers (a TrainingJob created, resumed or changed, one of its child jobs changed, and one timer
-for what changes without an event: progress, Kueue's Workload, the pods' state), and the phase
-counts. Each trigger runs the same level-triggered reconcile, which decides from what exists, so
-which trigger fired never matters. The timer's interval and the watched child kinds are read from
-the settings at import: kopf registers handlers there.
+triggers (a TrainingJob created, resumed, changed or asked for a generation, one of its child jobs
+changed, and one timer for what changes without an event: progress, Kueue's Workload, the pods'
+state, a generation Job's state), and the phase counts. Each trigger runs the same level-triggered
+reconcile, which decides from what exists, so which trigger fired never matters. The timer's
+interval and the watched child kinds are read from the settings at import: kopf registers handlers
+there.
 """
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ import logging
 import kopf
 from pydantic import ValidationError
 
-from kubetune_api.contract import API_GROUP, API_VERSION, KIND, PLURAL
+from kubetune_api.contract import API_GROUP, API_VERSION, GENERATE_ANNOTATION, KIND, PLURAL
 from kubetune_api.manifest import describe_errors
 from kubetune_api.spec import TrainingJob
-from kubetune_operator import backend_check, decision, fit_check, image_policy, kube, metrics, naming, status
+from kubetune_operator import (backend_check, decision, fit_check, generation_jobs, image_policy, kube, metrics,
+                               naming, status)
 from kubetune_operator.backends import BACKENDS, backend_name
 from kubetune_operator.reconcile import reconcile
 from kubetune_operator.webhook import configure_server as configure_webhook
@@ -105,8 +107,11 @@ def count_by_phase(type: str | None, body: kopf.Body, uid: str, **_) -> None:
 @kopf.on.create(API_GROUP, API_VERSION, PLURAL)
 @kopf.on.resume(API_GROUP, API_VERSION, PLURAL)
 @kopf.on.update(API_GROUP, API_VERSION, PLURAL, field="spec", id="job_spec_changed")
+@kopf.on.update(API_GROUP, API_VERSION, PLURAL, field=("metadata", "annotations", GENERATE_ANNOTATION),
+                id="generation_asked")
 def job_changed(name: str, namespace: str, **_) -> None:
-    """The job is new, the operator (re)started, or its spec changed: reconcile it."""
+    """The job is new, the operator (re)started, its spec changed or it was asked for a generation
+    (`kubetune generate --on-cluster`, finished job or not): reconcile it."""
     reconcile(namespace, name)
 
 
@@ -140,8 +145,11 @@ for _backend in BACKENDS.values():
 
 def still_active(spec: kopf.Spec, body: kopf.Body, **_) -> bool:
     """Jobs whose state changes without an event of theirs: running (progress), waiting in a queue
-    (Kueue's Workload), pods waiting for a Secret. Finished and suspended-by-author jobs are left alone."""
-    return (body.get("status") or {}).get("phase") not in status.FINISHED and not spec.get("suspend")
+    (Kueue's Workload), pods waiting for a Secret, drawing (a generation Job's state: its Job is read,
+    not watched). Finished and suspended-by-author jobs are left alone, unless they draw."""
+    job_status = body.get("status") or {}
+    return ((job_status.get("phase") not in status.FINISHED and not spec.get("suspend"))
+            or generation_jobs.pending(dict(body.metadata.annotations), job_status))
 
 
 @kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=kube.settings().progress_interval_seconds, idle=0,

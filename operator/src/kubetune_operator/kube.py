@@ -61,6 +61,25 @@ def networking_api() -> client.NetworkingV1Api:
     return client.NetworkingV1Api(core_api().api_client)
 
 
+@functools.cache
+def batch_api() -> client.BatchV1Api:
+    return client.BatchV1Api(core_api().api_client)
+
+
+class Refused(Exception):
+    """The API server refuses a request for good: 403 (no right to it) or 422 (an object it will not take)."""
+
+
+def _refusal_raised(request):
+    """REQUEST(), with a refusal for good raised as Refused("<status> <reason>")."""
+    try:
+        return request()
+    except ApiException as err:
+        if err.status in (403, 422):
+            raise Refused(f"{err.status} {err.reason}") from None
+        raise
+
+
 def _missing_is_none(read):
     """READ(), or None where the API server answers 404."""
     try:
@@ -114,6 +133,16 @@ def read_workload(namespace: str, child_uid: str, enabled: bool) -> dict | None:
             return None
         raise
     return found["items"][0] if found["items"] else None
+
+
+def read_generation_job(namespace: str, name: str, owner_uid: str) -> dict | None:
+    """A `generate --on-cluster` batch Job OWNER_UID owns, as the API returns it (camelCase), or None;
+    raises Refused where the operator may not read Jobs."""
+    batch = batch_api()
+    found = _refusal_raised(lambda: _missing_is_none(lambda: batch.read_namespaced_job(name, namespace)))
+    if found is None or owner_uid not in [ref.uid for ref in found.metadata.owner_references or []]:
+        return None
+    return batch.api_client.sanitize_for_serialization(found)
 
 
 def trainer_pods(namespace: str, job_name: str, backend: Backend) -> list:
@@ -210,6 +239,15 @@ def create_child(backend: Backend, obj: dict, owner_uid: str) -> bool:
                         lambda: [ref["uid"] for ref in custom.get_namespaced_custom_object(
                             backend.group, backend.version, namespace, backend.plural,
                             obj["metadata"]["name"])["metadata"].get("ownerReferences", [])])
+
+
+def create_generation_job(obj: dict, owner_uid: str) -> bool:
+    """Raises Refused where the API server will not take it (no right to create Jobs, a Job it refuses)."""
+    namespace, batch = obj["metadata"]["namespace"], batch_api()
+    return _refusal_raised(lambda: create_owned(
+        obj, owner_uid, lambda o: batch.create_namespaced_job(namespace, o),
+        lambda: [ref.uid for ref in batch.read_namespaced_job(obj["metadata"]["name"],
+                                                              namespace).metadata.owner_references or []]))
 
 
 def patch_child(backend: Backend, job_name: str, namespace: str, body: dict | list) -> None:

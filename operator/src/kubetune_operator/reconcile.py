@@ -1,9 +1,10 @@
 """One level-triggered reconcile of a TrainingJob: observe, decide, act.
 
-Every trigger (the job created, resumed or changed, its child job changed, the timer) runs the same
-`reconcile(namespace, name)`: read the TrainingJob as it is now and everything it owns into one
-Observed value, let decision.decide (pure) say what to do, do it through kube.py, and write the one
-status patch, guarded by the resourceVersion it was decided from. A write raced by another trigger
+Every trigger (the job created, resumed, changed or asked for a generation, its child job changed,
+the timer) runs the same `reconcile(namespace, name)`: read the TrainingJob as it is now and
+everything it owns (a generation request's Job included) into one Observed value, let
+decision.decide (pure) say what to do, do it through kube.py, and write the one status patch,
+guarded by the resourceVersion it was decided from. A write raced by another trigger
 is decided again from the fresh object, never overwritten; the actions are idempotent, so repeating
 them changes nothing.
 """
@@ -13,7 +14,9 @@ import logging
 
 import kopf
 
-from kubetune_operator import credentials, decision, kube, metrics, naming
+from kubetune_api.contract import GENERATE_ANNOTATION
+from kubetune_api.generation_request import BadGenerationRequest, GenerationRequest
+from kubetune_operator import credentials, decision, generation_jobs, kube, metrics, naming
 from kubetune_operator.backends import BACKENDS, backend_name
 from kubetune_operator.decision import Observed
 from kubetune_operator.settings import Settings
@@ -31,9 +34,10 @@ def observe(job: dict, settings: Settings) -> Observed:
     metadata, spec, status = job["metadata"], dict(job.get("spec") or {}), dict(job.get("status") or {})
     namespace, name = metadata["namespace"], metadata["name"]
     base = dict(name=name, namespace=namespace, uid=metadata["uid"], generation=metadata.get("generation"),
-                settings=settings, now=kube.now(), labels=dict(metadata.get("labels") or {}))
+                settings=settings, now=kube.now(), labels=dict(metadata.get("labels") or {}),
+                generation_request=_requested_generation(job))
     if status.get("phase") in FINISHED:
-        return Observed(**base)  # nothing left to decide
+        return Observed(**base)  # nothing left to decide but a generation
     backend = BACKENDS[backend_name(spec, status, settings.backend)]
     enabled = settings.backend_enabled(backend.name)
     child = kube.read_child(backend, namespace, name, metadata["uid"]) if enabled else None
@@ -68,11 +72,54 @@ def _gauges(namespace: str, name: str, backend, settings: Settings) -> dict | No
         return None
 
 
+# ---- generation on the cluster: observed --------------------------------------------------------------
+
+# What the API server answered when a generation Job could not be created (or read) for good, by
+# (TrainingJob UID, request id): observed by act, answered in status by the next decision. Only
+# refusals are kept, the oldest forgotten first; once answered, status holds the answer.
+_generation_refusals: dict[tuple[str, str], str] = {}
+KEPT_REFUSALS = 1000
+
+
+def _requested_generation(job: dict) -> generation_jobs.SeenGeneration | None:
+    """The job's generation request while it has no finished answer, with its Job (read only then)."""
+    metadata = job["metadata"]
+    if not generation_jobs.pending(metadata.get("annotations"), job.get("status")):
+        return None
+    annotation = metadata["annotations"][GENERATE_ANNOTATION]
+    try:
+        request_id = GenerationRequest.from_annotation(annotation).id
+    except BadGenerationRequest:
+        return generation_jobs.SeenGeneration(annotation)  # refused by decide: no Job to look for
+    refused = _generation_refusals.get((metadata["uid"], request_id))
+    if refused is not None:
+        return generation_jobs.SeenGeneration(annotation, refused=refused)
+    try:
+        found = kube.read_generation_job(metadata["namespace"], generation_jobs.job_name(metadata["name"], request_id),
+                                         metadata["uid"])
+    except kube.Refused as err:
+        return generation_jobs.SeenGeneration(annotation, refused=str(err))
+    return generation_jobs.SeenGeneration(annotation, job=found)
+
+
+def _create_generation_job(job: dict, action: decision.CreateGenerationJob) -> bool | None:
+    """Whether the Job was created now; None when the API server refuses it for good (remembered)."""
+    kopf.adopt(action.obj, owner=job)
+    try:
+        return kube.create_generation_job(action.obj, job["metadata"]["uid"])
+    except kube.Refused as err:
+        _generation_refusals[(job["metadata"]["uid"], action.request_id)] = str(err)
+        while len(_generation_refusals) > KEPT_REFUSALS:
+            _generation_refusals.pop(next(iter(_generation_refusals)))
+        return None
+
+
 def act(job: dict, decided: decision.Decision) -> bool:
-    """Do what was decided; False when the status changed meanwhile (decide again)."""
+    """Do what was decided; False when the status changed meanwhile or a generation Job was refused
+    (decide again)."""
     metadata = job["metadata"]
     namespace, name, uid = metadata["namespace"], metadata["name"], metadata["uid"]
-    backend, child_created = decided.backend, False
+    backend, child_created, generation_created = decided.backend, False, False
     for action in decided.actions:
         if isinstance(action, decision.CreateConfigMap):
             kopf.adopt(action.obj, owner=job)
@@ -91,9 +138,14 @@ def act(job: dict, decided: decision.Decision) -> bool:
             kube.delete_child(backend, namespace, action.name, action.uid)
         elif isinstance(action, decision.PatchConfigMap):
             kube.patch_config_map(namespace, name, action.data)
+        elif isinstance(action, decision.CreateGenerationJob):
+            generation_created = _create_generation_job(job, action)
     for event in decided.action_events:
-        if event.reason != CREATED or child_created:  # one that existed already was announced when created
+        # A child or generation Job that existed already was announced when it was created.
+        if (event.reason != CREATED or child_created) and (event.reason != decision.GENERATING or generation_created):
             kube.post_event(job, event.type, event.reason, event.message)
+    if generation_created is None:
+        return False  # refused: decided again, the refusal now observed and answered in status
     if decided.status and not kube.patch_status(namespace, name, metadata["resourceVersion"], decided.status):
         return False
     for action in decided.actions:  # courtesy copies, once the TrainingJob's own status holds the news
