@@ -37,6 +37,11 @@ def _condition(workload: dict, kind: str, status: str = "True") -> dict | None:
                  if c.get("type") == kind and c.get("status") == status), None)
 
 
+def is_admitted(workload: dict) -> bool:
+    """Whether a ClusterQueue admits the Workload now (its pods may run)."""
+    return _condition(workload, "Admitted") is not None and not _condition(workload, "Finished")
+
+
 def queue_state(queue: str, child_suspended: bool, workload: dict | None) -> QueueState | None:
     """Where a job in LocalQueue QUEUE stands, from its child's suspension and Kueue's Workload.
 

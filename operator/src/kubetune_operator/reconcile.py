@@ -91,6 +91,8 @@ def act(job: dict, decided: decision.Decision) -> bool:
             kube.delete_child(backend, namespace, action.name, action.uid)
         elif isinstance(action, decision.PatchConfigMap):
             kube.patch_config_map(namespace, name, action.data)
+        elif isinstance(action, decision.PatchWorkload):
+            kube.patch_workload(namespace, action.name, action.resource_version, action.body)
     for event in decided.action_events:
         if event.reason != CREATED or child_created:  # one that existed already was announced when created
             kube.post_event(job, event.type, event.reason, event.message)

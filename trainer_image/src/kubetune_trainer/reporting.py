@@ -32,6 +32,9 @@ class Reporter:
         self._last_time = time.perf_counter()
         self._bar = None
         self._writer = None
+        # When each staged checkpoint's state was taken (time.time()), until it is complete: from then
+        # on only the steps after it are unsaved.
+        self._staged_at: dict[int, float] = {}
         if not enabled:
             return
         from tqdm.auto import tqdm
@@ -46,6 +49,11 @@ class Reporter:
         self.metrics = TrainerMetrics.from_env(namespace, job_name)
         self.metrics.planned_steps.set(total_steps)
         self.metrics.step.set(start_step)
+        # Work is unsaved from here on; a resumed run's checkpoint is its newest complete one (written
+        # by an earlier attempt: its time is not known here, so the time gauge stays 0).
+        self.metrics.unsaved_since.set(time.time())
+        if start_step:
+            self.metrics.last_checkpoint_step.set(start_step)
 
     def step(self, step: int, loss: float, lr: float, epoch: int, ended: float | None = None) -> None:
         """Step `step` is done; `ended`: when the host finished queuing it (time.time()), where its
@@ -119,6 +127,7 @@ class Reporter:
 
     def checkpoint_saved(self, step: int, seconds: float) -> None:
         """Staged for writing (training waited `seconds` for it; writing and uploading go on behind)."""
+        self._staged_at[step] = time.time() - seconds
         if self.enabled:
             self.metrics.checkpoint_save.observe(seconds)
 
@@ -131,6 +140,8 @@ class Reporter:
             self.metrics.checkpoint_upload.observe(upload_seconds)
             self.metrics.checkpoint_uploaded_bytes.inc(size_bytes)
         self.metrics.last_checkpoint_step.set(step)
+        self.metrics.last_checkpoint_time.set(time.time())
+        self.metrics.unsaved_since.set(self._staged_at.pop(step, time.time()))
 
     def uploads_pending(self, count: int) -> None:
         if self.enabled:
