@@ -409,7 +409,9 @@ def boost_written(decided: decision.Decision) -> str | None | bool:
     (720, ours(10, "2026-11-27T11:58:00Z"), ADMITTED, "12", 12),  # the interval has passed
     (720, ours(12, "2026-11-27T11:59:59Z"), ADMITTED, False, 12),  # as it should be: no write
     (None, ours(10, "2026-11-27T11:59:50Z"), EVICTED, "", 0),  # preempted: no boost in the queue, at once
-], ids=["proportional", "bounded", "below-one-point", "too-soon", "after-interval", "unchanged", "evicted"])
+    (None, ours(10, "2026-11-27T11:00:00Z"), [*ADMITTED, {"type": "Finished", "status": "True"}], False, 10),
+], ids=["proportional", "bounded", "below-one-point", "too-soon", "after-interval", "unchanged", "evicted",
+        "finished-no-write"])
 def test_the_priority_boost_follows_the_unsaved_work_bounded_and_seldom(example_manifest, unsaved_seconds, annotations,
                                                                         conditions, written, shown):
     gauges = unsaved_for(unsaved_seconds) if unsaved_seconds is not None else None

@@ -101,6 +101,8 @@ def plan(workload: dict, unsaved_seconds: float | None, now: str, settings: Boos
     found, record = annotations.get(BOOST_ANNOTATION), _record(annotations)
     if found is not None and (record is None or str(record["boost"]) != found):
         return BoostPlan(foreign=found)
+    if queueing.is_finished(workload):
+        return BoostPlan(boost=int(found) if found is not None else 0)  # no longer ordered: no write
     running = unsaved_seconds is not None and queueing.is_admitted(workload)
     wanted = boost_for(unsaved_seconds, settings) if running else 0
     written = int(found) if found is not None else 0
