@@ -439,6 +439,16 @@ def test_a_priority_boost_set_by_someone_else_is_kept_and_said_once(example_mani
         "our record says 5: a 7 there is someone else's"
 
 
+@pytest.mark.parametrize("env,named", [
+    ({"KUBETUNE_KUEUE_MAX_PRIORITY_BOOST": "0"}, "kueue.maxPriorityBoost"),
+    ({"KUBETUNE_KUEUE_SECONDS_PER_BOOST_POINT": "soon"}, "kueue.secondsPerBoostPoint"),
+    ({"KUBETUNE_KUEUE_BOOST_INTERVAL_SECONDS": "-1"}, "kueue.boostIntervalSeconds"),
+])
+def test_a_bad_preemption_cost_setting_stops_the_operator_naming_its_helm_value(env, named):
+    with pytest.raises(ValueError, match=f"Helm value {named}"):
+        BoostSettings.from_env(env)
+
+
 def test_without_preemption_cost_the_workload_is_never_written(example_manifest):
     off = dataclasses.replace(BOOSTING, preemption_cost=BoostSettings())
     spec, observed = running_with(example_manifest, unsaved_for(3600), off, workload())
