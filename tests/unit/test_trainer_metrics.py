@@ -72,9 +72,11 @@ def test_unsaved_work_starts_with_training_and_moves_to_a_checkpoint_state_once_
     r.close()
 
 
-def test_a_resumed_run_counts_its_starting_checkpoint_as_its_newest():
+def test_a_restarted_run_counts_its_own_starting_checkpoint_as_its_newest():
     r = Reporter(True, total_steps=10, start_step=6, log_dir=None, log_every=1, samples_per_step=4,
                  namespace="team-a", job_name="demo")
+    assert value(r, "kubetune_trainer_last_checkpoint_step") == 0, "another run's checkpoint is not this run's"
+    r.resumed_own_checkpoint(6)
     assert value(r, "kubetune_trainer_last_checkpoint_step") == 6
     assert value(r, "kubetune_trainer_last_checkpoint_time_seconds") == 0, "written by an earlier attempt"
     r.close()

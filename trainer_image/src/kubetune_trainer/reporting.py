@@ -49,11 +49,7 @@ class Reporter:
         self.metrics = TrainerMetrics.from_env(namespace, job_name)
         self.metrics.planned_steps.set(total_steps)
         self.metrics.step.set(start_step)
-        # Work is unsaved from here on; a resumed run's checkpoint is its newest complete one (written
-        # by an earlier attempt: its time is not known here, so the time gauge stays 0).
-        self.metrics.unsaved_since.set(time.time())
-        if start_step:
-            self.metrics.last_checkpoint_step.set(start_step)
+        self.metrics.unsaved_since.set(time.time())  # work is unsaved from here on
 
     def step(self, step: int, loss: float, lr: float, epoch: int, ended: float | None = None) -> None:
         """Step `step` is done; `ended`: when the host finished queuing it (time.time()), where its
@@ -124,6 +120,13 @@ class Reporter:
     def gpu_memory(self, per_rank: list[tuple[int, int]]) -> None:
         if self.enabled:
             self.metrics.gpu_memory(per_rank)
+
+    def resumed_own_checkpoint(self, step: int) -> None:
+        """A restarted attempt continues this run's own newest checkpoint: it is the run's newest complete
+        one (written by an earlier attempt, at a time not known here: the time gauge stays 0). Not for a
+        start from another run's checkpoint, which is not in this run's directory."""
+        if self.enabled:
+            self.metrics.last_checkpoint_step.set(step)
 
     def checkpoint_saved(self, step: int, seconds: float) -> None:
         """Staged for writing (training waited `seconds` for it; writing and uploading go on behind)."""
