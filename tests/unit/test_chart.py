@@ -264,6 +264,20 @@ def test_reading_kueues_workloads_is_granted_only_with_kueue_enabled(helm):
     assert {k: v for k, v in rbac_rules(enabled).items() if k.startswith("kueue.x-k8s.io")} == {
         "kueue.x-k8s.io/workloads": {"list"}}, "read only, and only the Workloads"
     assert operator_env(enabled)["KUBETUNE_KUEUE_WORKLOADS"] == "true"
+    assert "KUBETUNE_KUEUE_PREEMPTION_COST" not in operator_env(enabled)
+
+
+def test_preemption_cost_adds_patching_workloads_and_its_settings(helm):
+    from kubetune_operator.settings import Settings
+
+    documents = documents_of(render(helm, "--set", "kueue.enabled=true", "--set", "kueue.preemptionCost=true",
+                                    "--set", "kueue.maxPriorityBoost=9", "--set", "kueue.boostIntervalSeconds=30"))
+    assert {k: v for k, v in rbac_rules(documents).items() if k.startswith("kueue.x-k8s.io")} == {
+        "kueue.x-k8s.io/workloads": {"list", "patch"}}, "patch, and only the Workloads"
+    env = operator_env(documents)
+    settings = Settings.from_env(env).preemption_cost
+    assert (settings.enabled, settings.max_boost, settings.interval_seconds, settings.seconds_per_point) == (
+        True, 9, 30.0, 60.0)
 
 
 def test_watched_namespaces_get_roles_and_the_cluster_role_keeps_only_what_is_cluster_scoped(helm):
@@ -431,7 +445,8 @@ RBAC_ALLOW_LIST = {
     ("trainer.kubeflow.org", "trainjobs"): {"get", "list", "watch", "create", "patch", "delete"},
     ("trainer.kubeflow.org", "trainjobs/status"): {"patch"},
     ("trainer.kubeflow.org", "clustertrainingruntimes"): {"get"},
-    ("kueue.x-k8s.io", "workloads"): {"list"},
+    # patch: Kueue's priority boost annotation (kueue.preemptionCost), nothing else of a Workload.
+    ("kueue.x-k8s.io", "workloads"): {"list", "patch"},
     ("networking.k8s.io", "networkpolicies"): {"get", "create"},
     # `kubetune generate --on-cluster`: created per request, polled; removed by the garbage collector.
     ("batch", "jobs"): {"get", "create"},
@@ -451,7 +466,8 @@ NAMED_ONLY = {("trainer.kubeflow.org", "clustertrainingruntimes"),
 @pytest.mark.parametrize("mode", [[], ["--set", "operator.watchNamespaces={team-a,team-b}"]],
                          ids=["all-namespaces", "watched-namespaces"])
 def test_every_rbac_rule_is_on_the_allow_list(helm, mode):
-    everything_on = ["--set", "trainjob.enabled=true", "--set", "kueue.enabled=true", "--set", "networkPolicy.enabled=true"]
+    everything_on = ["--set", "trainjob.enabled=true", "--set", "kueue.enabled=true", "--set", "kueue.preemptionCost=true",
+                     "--set", "networkPolicy.enabled=true"]
     documents = documents_of(render(helm, *everything_on, *mode))
     roles = [d for d in documents if d["kind"] in ("ClusterRole", "Role")]
     assert roles

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import datetime
+import json
 
 import pytest
 
 from kubetune_api.spec import TrainingJob
 from kubetune_operator import backend_check, credentials, decision
 from kubetune_operator.backends import BACKENDS
-from kubetune_operator.decision import CreateChild, DeleteChild, Observed, PatchChildStatus, decide
+from kubetune_operator.decision import CreateChild, DeleteChild, Observed, PatchChildStatus, PatchWorkload, decide
 from kubetune_operator.network_policy import NetworkPolicySettings
+from kubetune_operator.preemption_cost import BoostSettings
 from kubetune_operator.settings import Settings
 from kubetune_operator.trainer_config import build_config_map, job_from_config_map
 
@@ -319,6 +322,139 @@ def test_a_queue_named_two_ways_must_agree(example_manifest, spec_queue, label, 
     if refused:
         assert "metadata.labels[kueue.x-k8s.io/queue-name] is 'other'" in message
         assert "spec.scheduling.queueName is 'jobs'" in message
+
+
+# ---- saved and unsaved work; Kueue's priority boost from it --------------------------------------------------
+
+def unix(timestamp: str) -> float:
+    return datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
+def running_with(example_manifest, gauges: dict, settings: Settings = TRAINJOB_SETTINGS, workload: dict | None = None,
+                 state: dict = RUNNING):
+    spec = cpu_spec(example_manifest, scheduling={"queueName": "jobs"})
+    return spec, seen(settings, config_map=started(spec), child=child_of(spec, state=state), gauges=gauges,
+                      workload=workload)
+
+
+def test_the_last_checkpoint_and_the_unsaved_work_come_from_the_trainers_gauges(example_manifest):
+    gauges = {"step": 30, "planned_steps": 60, "last_checkpoint_step": 20,
+              "last_checkpoint_time_seconds": unix(NOW) - 300, "unsaved_since_seconds": unix(NOW) - 240.5}
+    spec, observed = running_with(example_manifest, gauges)
+    status = {"phase": "Running", "backend": "trainjob", "startTime": NOW}
+    decided = decide(spec, status, observed)
+    assert decided.status["lastCheckpoint"] == {"step": 20, "time": "2026-11-27T11:55:00Z"}
+    assert decided.status["unsavedWork"] == {"steps": 10, "seconds": 240}, "since the checkpoint's state was taken"
+
+
+def test_a_resumed_run_keeps_the_time_of_the_checkpoint_it_started_from(example_manifest):
+    gauges = {"step": 22, "planned_steps": 60, "last_checkpoint_step": 20, "last_checkpoint_time_seconds": 0,
+              "unsaved_since_seconds": unix(NOW) - 10}
+    spec, observed = running_with(example_manifest, gauges)
+    shown = {"phase": "Running", "backend": "trainjob", "startTime": NOW,
+             "lastCheckpoint": {"step": 20, "time": "2026-11-27T10:00:00Z"}}
+    decided = decide(spec, shown, observed)
+    assert "lastCheckpoint" not in decided.status, "the same checkpoint, written before this attempt"
+    assert decided.status["unsavedWork"] == {"steps": 2, "seconds": 10}, "only this attempt's work is unsaved"
+    other = decide(spec, {**shown, "lastCheckpoint": {"step": 10, "time": "2026-11-27T09:00:00Z"}}, observed)
+    assert other.status["lastCheckpoint"] == {"step": 20, "time": None}, "a time of another step is not this one's"
+
+
+def test_unsaved_work_is_removed_once_the_job_stops_running(example_manifest):
+    spec, observed = running_with(example_manifest, None, state={})
+    observed = dataclasses.replace(observed, child=child_of(spec, suspend=True))
+    decided = decide(spec, {"phase": "Running", "backend": "trainjob", "startTime": NOW,
+                            "unsavedWork": {"steps": 5, "seconds": 50}}, observed)
+    assert decided.status["phase"] == "Suspended" and decided.status["unsavedWork"] is None
+
+
+BOOSTING = dataclasses.replace(TRAINJOB_SETTINGS, kueue_workloads=True, preemption_cost=BoostSettings(
+    enabled=True, max_boost=99, seconds_per_point=60, interval_seconds=60))
+ADMITTED = [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"}]
+EVICTED = [{"type": "Evicted", "status": "True", "reason": "Preempted"},
+           {"type": "QuotaReserved", "status": "False", "reason": "Pending"}]
+
+
+def workload(annotations: dict | None = None, conditions: list = ADMITTED) -> dict:
+    return {"metadata": {"name": "trainjob-sd15-1a2b3", "resourceVersion": "41", "annotations": annotations or {}},
+            "status": {"conditions": conditions}}
+
+
+def ours(boost: int, at: str) -> dict:
+    return {**({"kueue.x-k8s.io/priority-boost": str(boost)} if boost else {}),
+            "kubetune.dev/priority-boost": json.dumps({"boost": boost, "at": at})}
+
+
+def unsaved_for(seconds: float) -> dict:
+    return {"step": 30, "planned_steps": 60, "last_checkpoint_step": 20, "unsaved_since_seconds": unix(NOW) - seconds}
+
+
+def boost_written(decided: decision.Decision) -> str | None | bool:
+    """The boost a decision writes on the Workload ("" for none left), or False: no write."""
+    patches = [a for a in decided.actions if isinstance(a, PatchWorkload)]
+    if not patches:
+        return False
+    (patch,) = patches
+    assert patch.name == "trainjob-sd15-1a2b3" and patch.resource_version == "41", "guarded by what was read"
+    annotations = patch.body["metadata"]["annotations"]
+    assert json.loads(annotations["kubetune.dev/priority-boost"])["at"] == NOW, "and records when, for the interval"
+    return annotations["kueue.x-k8s.io/priority-boost"] or ""
+
+
+@pytest.mark.parametrize("unsaved_seconds,annotations,conditions,written,shown", [
+    (600, {}, ADMITTED, "10", 10),  # one point per minute of unsaved work
+    (10**6, {}, ADMITTED, "99", 99),  # bounded: never up to the next priority class
+    (20, {}, ADMITTED, False, 0),  # under a point: nothing to write
+    (720, ours(10, "2026-11-27T11:59:30Z"), ADMITTED, False, 10),  # written 30 s ago: waits for the interval
+    (720, ours(10, "2026-11-27T11:58:00Z"), ADMITTED, "12", 12),  # the interval has passed
+    (720, ours(12, "2026-11-27T11:59:59Z"), ADMITTED, False, 12),  # as it should be: no write
+    (None, ours(10, "2026-11-27T11:59:50Z"), EVICTED, "", 0),  # preempted: no boost in the queue, at once
+    (None, ours(10, "2026-11-27T11:00:00Z"), [*ADMITTED, {"type": "Finished", "status": "True"}], False, 10),
+], ids=["proportional", "bounded", "below-one-point", "too-soon", "after-interval", "unchanged", "evicted",
+        "finished-no-write"])
+def test_the_priority_boost_follows_the_unsaved_work_bounded_and_seldom(example_manifest, unsaved_seconds, annotations,
+                                                                        conditions, written, shown):
+    gauges = unsaved_for(unsaved_seconds) if unsaved_seconds is not None else None
+    spec, observed = running_with(example_manifest, gauges, BOOSTING, workload(annotations, conditions))
+    decided = decide(spec, {"phase": "Running", "backend": "trainjob", "startTime": NOW}, observed)
+    assert boost_written(decided) == written
+    assert decided.status.get("priorityBoost", 0) == shown
+    assert condition(decided.status, "PriorityBoost")["reason"] == "FromUnsavedWork"
+
+
+def test_a_priority_boost_set_by_someone_else_is_kept_and_said_once(example_manifest):
+    spec, observed = running_with(example_manifest, unsaved_for(3600), BOOSTING,
+                                  workload({"kueue.x-k8s.io/priority-boost": "500"}))
+    status = {"phase": "Running", "backend": "trainjob", "startTime": NOW}
+    decided = decide(spec, status, observed)
+    assert boost_written(decided) is False, "theirs is not overwritten"
+    found = condition(decided.status, "PriorityBoost")
+    assert (found["status"], found["reason"]) == ("False", "SetByOthers") and "'500'" in found["message"]
+    assert ("Warning", "PriorityBoostKept") in said(decided)
+    again = converged(spec, status, observed, decided)
+    assert boost_written(again) is False and ("Warning", "PriorityBoostKept") not in said(again), "said once"
+    changed = workload({"kueue.x-k8s.io/priority-boost": "7", **{k: v for k, v in ours(5, NOW).items()
+                                                                 if k.startswith("kubetune")}})
+    assert boost_written(decide(spec, status, dataclasses.replace(observed, workload=changed))) is False, \
+        "our record says 5: a 7 there is someone else's"
+
+
+@pytest.mark.parametrize("env,named", [
+    ({"KUBETUNE_KUEUE_MAX_PRIORITY_BOOST": "0"}, "kueue.maxPriorityBoost"),
+    ({"KUBETUNE_KUEUE_SECONDS_PER_BOOST_POINT": "soon"}, "kueue.secondsPerBoostPoint"),
+    ({"KUBETUNE_KUEUE_BOOST_INTERVAL_SECONDS": "-1"}, "kueue.boostIntervalSeconds"),
+])
+def test_a_bad_preemption_cost_setting_stops_the_operator_naming_its_helm_value(env, named):
+    with pytest.raises(ValueError, match=f"Helm value {named}"):
+        BoostSettings.from_env(env)
+
+
+def test_without_preemption_cost_the_workload_is_never_written(example_manifest):
+    off = dataclasses.replace(BOOSTING, preemption_cost=BoostSettings())
+    spec, observed = running_with(example_manifest, unsaved_for(3600), off, workload())
+    decided = decide(spec, {"phase": "Running", "backend": "trainjob", "startTime": NOW}, observed)
+    assert boost_written(decided) is False and "priorityBoost" not in decided.status
+    assert condition(decided.status, "PriorityBoost") is None
 
 
 # ---- credentials: from what the pods report, never from a Secret ------------------------------------------

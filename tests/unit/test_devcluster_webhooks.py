@@ -126,10 +126,11 @@ def test_every_controller_listens_on_loopback_only_without_leader_election_or_it
     assert cert_management == {"enable": False}
 
 
-def test_kueue_runs_the_integrations_of_both_backends_and_no_visibility_server():
+def test_kueue_runs_the_integrations_of_both_backends_the_priority_boost_and_no_visibility_server():
     kueue = next(c for c in controllers.CONTROLLERS if c.name == "kueue")
     config = kueue.configuration(1, 2, "/certs")
     assert config["integrations"]["frameworks"] == ["kubeflow.org/pytorchjob", "jobset.x-k8s.io/jobset",
                                                     "trainer.kubeflow.org/trainjob"]
-    # Its aggregated visibility server would listen on a fixed port of every interface.
-    assert config["featureGates"] == {"VisibilityOnDemand": False}
+    # Its aggregated visibility server would listen on a fixed port of every interface; the priority boost
+    # (from a job's unsaved work, the chart's kueue.preemptionCost) is read only with its gate on.
+    assert config["featureGates"] == {"VisibilityOnDemand": False, "PriorityBoost": True}

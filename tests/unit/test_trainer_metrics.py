@@ -60,6 +60,28 @@ def test_a_checkpoint_counts_as_the_latest_only_once_published():
     r.close()
 
 
+def test_unsaved_work_starts_with_training_and_moves_to_a_checkpoint_state_once_it_is_complete():
+    r = reporter()
+    started = value(r, "kubetune_trainer_unsaved_since_seconds")
+    assert started > 0 and value(r, "kubetune_trainer_last_checkpoint_time_seconds") == 0
+    r.checkpoint_saved(10, seconds=0.5)
+    assert value(r, "kubetune_trainer_unsaved_since_seconds") == started, "staged is not saved yet"
+    r.checkpoint_published(10, upload_seconds=None, size_bytes=1)
+    written, since = value(r, "kubetune_trainer_last_checkpoint_time_seconds"), value(r, "kubetune_trainer_unsaved_since_seconds")
+    assert since != started and since <= written - 0.5, "unsaved since the checkpoint's state was taken, before its write"
+    r.close()
+
+
+def test_a_restarted_run_counts_its_own_starting_checkpoint_as_its_newest():
+    r = Reporter(True, total_steps=10, start_step=6, log_dir=None, log_every=1, samples_per_step=4,
+                 namespace="team-a", job_name="demo")
+    assert value(r, "kubetune_trainer_last_checkpoint_step") == 0, "another run's checkpoint is not this run's"
+    r.resumed_own_checkpoint(6)
+    assert value(r, "kubetune_trainer_last_checkpoint_step") == 6
+    assert value(r, "kubetune_trainer_last_checkpoint_time_seconds") == 0, "written by an earlier attempt"
+    r.close()
+
+
 def test_gpu_memory_is_per_rank_and_pods_are_listed_for_joins():
     r = reporter()
     r.gpu_memory([(1, 2), (3, 4)])

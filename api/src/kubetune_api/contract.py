@@ -225,12 +225,19 @@ class TrainerGauge:
     ETA_SECONDS = "eta_seconds"
     RUN_VERSION = "run_version"
     LAST_CHECKPOINT_STEP = "last_checkpoint_step"
+    # Unix seconds: when the newest complete checkpoint was written (absent or 0 for the one a resumed
+    # run started from, written by an earlier attempt), and since when this process's work is unsaved
+    # (the moment the newest checkpoint's state was taken, or training began): status.lastCheckpoint
+    # and status.unsavedWork, the work a preemption would cost (Kueue's priority boost).
+    LAST_CHECKPOINT_TIME = "last_checkpoint_time_seconds"
+    UNSAVED_SINCE = "unsaved_since_seconds"
 
     # The latest validation: its step, and each metric as a gauge of its own (validation_loss, ...).
     # A name per metric, not a label: the operator's reader keys samples by name and drops labels.
     VALIDATION_STEP = "validation_step"
 
-    ALL = (STEP, PLANNED_STEPS, LOSS, ETA_SECONDS, RUN_VERSION, LAST_CHECKPOINT_STEP, VALIDATION_STEP)
+    ALL = (STEP, PLANNED_STEPS, LOSS, ETA_SECONDS, RUN_VERSION, LAST_CHECKPOINT_STEP, LAST_CHECKPOINT_TIME,
+           UNSAVED_SINCE, VALIDATION_STEP)
 
     @staticmethod
     def validation(metric: str) -> str:

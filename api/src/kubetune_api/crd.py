@@ -36,6 +36,11 @@ PRINTER_COLUMNS = [
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
     {"name": "Progress", "type": "number", "jsonPath": ".status.progress.percent", "description": "percent"},
     {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss"},
+    # What a preemption would cost now: seconds (and, wide, steps) since the newest complete checkpoint.
+    {"name": "Unsaved", "type": "integer", "jsonPath": ".status.unsavedWork.seconds", "description": "seconds"},
+    {"name": "Unsaved-Steps", "type": "integer", "jsonPath": ".status.unsavedWork.steps", "priority": 1},
+    {"name": "Saved-Step", "type": "integer", "jsonPath": ".status.lastCheckpoint.step", "priority": 1},
+    {"name": "Boost", "type": "integer", "jsonPath": ".status.priorityBoost", "priority": 1},
     {"name": "ETA", "type": "number", "jsonPath": ".status.progress.etaSeconds", "priority": 1,
      "description": "seconds"},
     {"name": "Family", "type": "string", "jsonPath": ".spec.model.family", "priority": 1},

@@ -1354,6 +1354,22 @@ class Progress(_Model):
     loss: Optional[float] = Field(default=None, description="Latest training loss.")
 
 
+class CheckpointMark(_Model):
+    """The newest complete checkpoint as the trainer reports it."""
+
+    step: int = Field(ge=0, description="The step it holds.")
+    time: Optional[str] = Field(default=None, description="When it was written (RFC 3339); unset for one written "
+                                "before the operator saw the run (a resumed run's starting checkpoint).")
+
+
+class UnsavedWork(_Model):
+    """Work a stop without a final checkpoint would lose, while the job runs: what a preemption costs."""
+
+    steps: int = Field(ge=0, description="Optimizer steps done since the newest complete checkpoint.")
+    seconds: int = Field(ge=0, description="Seconds of training since that checkpoint's state was taken (or since "
+                         "this attempt started training, if later).")
+
+
 class ValidationResult(_Model):
     """The latest validation as the trainer reports it."""
 
@@ -1394,6 +1410,14 @@ class TrainingJobStatus(_Model):
         "(checkpoints, final weights, logs).",
     )
     latest_checkpoint: Optional[str] = Field(default=None, description="URI of the newest complete checkpoint.")
+    last_checkpoint: Optional[CheckpointMark] = Field(
+        default=None, description="The newest complete checkpoint's step and time, read from the trainer.")
+    unsaved_work: Optional[UnsavedWork] = Field(
+        default=None, description="Work done since the newest complete checkpoint, while the job runs (removed "
+        "once it stops: a stopping trainer writes a last checkpoint).")
+    priority_boost: Optional[int] = Field(
+        default=None, description="The kueue.x-k8s.io/priority-boost kubetune keeps on the job's Kueue Workload "
+        "for its unsaved work (the chart's kueue.preemptionCost).")
     report_uri: Optional[str] = Field(
         default=None, description="URI of the run's report (report.html in the run's directory: curves, validation "
         "grids, the resolved spec, where the weights are), set when the job succeeds. The trainer writes it last; "

@@ -111,7 +111,9 @@ def _kueue_configuration(webhook_port: int, health_port: int, cert_dir: str) -> 
         "integrations": {"frameworks": KUEUE_FRAMEWORKS},
         # The on-demand visibility API is an aggregated API server on a fixed port of every
         # interface; pending workloads are readable from the Workload objects instead.
-        "featureGates": {"VisibilityOnDemand": False},
+        # PriorityBoost (alpha, KEP-7990): Kueue adds a Workload's kueue.x-k8s.io/priority-boost to its
+        # priority, which the operator's kueue.preemptionCost sets from a job's unsaved work.
+        "featureGates": {"VisibilityOnDemand": False, "PriorityBoost": True},
     }
 
 

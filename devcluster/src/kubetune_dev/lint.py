@@ -52,7 +52,9 @@ LINTERS = ("kube-score", "checkov")
 CHART_VARIANTS: dict[str, list[str]] = {
     "chart-defaults": [],
     "chart-pytorchjob": ["--set", "backend=pytorchjob"],
-    "chart-watch-namespaces": ["--set", "operator.watchNamespaces={team-a,team-b}", "--set", "kueue.enabled=true"],
+    # Kueue with the preemption cost: the Workload patch right, in Roles as watched namespaces get them.
+    "chart-watch-namespaces": ["--set", "operator.watchNamespaces={team-a,team-b}", "--set", "kueue.enabled=true",
+                               "--set", "kueue.preemptionCost=true"],
     "chart-monitors": ["--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.podMonitor.enabled=true"],
     "chart-hardened": ["--set", "webhook.certificates=cert-manager", "--set", "networkPolicy.enabled=true"],
 }

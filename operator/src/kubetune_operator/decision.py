@@ -20,6 +20,8 @@ The transitions, in order:
   generation          a `kubetune generate --on-cluster` request, finished job or not (drawing from a
                       finished run is the main use): its batch Job created once, its state in
                       status.generations, a refused request answered Failed with one Warning
+  preemption cost     with kueue.preemptionCost, Kueue's priority boost on the Workload from the job's
+                      unsaved work (preemption_cost.py); someone else's boost is kept and reported
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from kubetune_api.generation_request import BadGenerationRequest
 from kubetune_api.manifest import describe_errors
 from kubetune_api.spec import TrainingJob
 from kubetune_operator import (backend_check, credentials, fit_check, generation_jobs, image_policy, naming,
-                               network_policy, queueing, spec_change, status)
+                               network_policy, preemption_cost, queueing, spec_change, status)
 from kubetune_operator.backends import BACKENDS, Backend, backend_name
 from kubetune_operator.backends.base import observed_state
 from kubetune_operator.settings import Settings
@@ -108,6 +110,14 @@ class PatchChildStatus:
 class CreateGenerationJob:
     obj: dict  # the batch Job that draws a `kubetune generate --on-cluster` request
     request_id: str
+
+
+@dataclass(frozen=True)
+class PatchWorkload:
+    """A merge patch of Kueue's Workload, only if it is still at RESOURCE_VERSION (else decided again)."""
+    name: str
+    resource_version: str
+    body: dict
 
 
 @dataclass
@@ -203,6 +213,10 @@ def decide(spec: dict, status_: dict | None, observed: Observed) -> Decision:
         _mirror_child(spec, observed, backend, draft, decision)
         _queue(spec, observed, backend, draft, decision)
     _generation(spec, observed, draft, decision)
+    if draft.get("phase") != "Running" and draft.get("unsavedWork"):
+        draft.set("unsavedWork", None)  # nothing in flight; a stopping trainer writes a last checkpoint
+    if observed.workload is not None and observed.settings.preemption_cost.enabled:
+        _preemption_cost(observed, draft, decision)
     decision.status = draft.patch
     return decision
 
@@ -366,6 +380,7 @@ def _progress(spec: dict, observed: Observed, draft: _Draft) -> None:
     if observed.gauges and draft.get("phase") == "Running":
         draft.update(status.status_from_metrics(observed.gauges, (spec.get("checkpoints") or {}).get("uri", ""),
                                                 observed.namespace, observed.name))
+        draft.update(status.saved_work_from_metrics(observed.gauges, observed.now, draft.get("lastCheckpoint")))
 
 
 def _mirror_child(spec: dict, observed: Observed, backend: Backend, draft: _Draft, decision: Decision) -> None:
@@ -393,6 +408,27 @@ def _queue(spec: dict, observed: Observed, backend: Backend, draft: _Draft, deci
     if draft.condition(queueing.CONDITION, state.status, state.reason, state.message) and before != state.reason:
         kind, reason = queueing.event_for(state)
         decision.events.append(Event(kind, reason, state.message))
+
+
+def _preemption_cost(observed: Observed, draft: _Draft, decision: Decision) -> None:
+    """Kueue's priority boost on the Workload from the unsaved work, or someone else's kept (said once)."""
+    unsaved = draft.get("unsavedWork") if draft.get("phase") == "Running" else None
+    workload = observed.workload
+    planned = preemption_cost.plan(workload, (unsaved or {}).get("seconds"), observed.now,
+                                   observed.settings.preemption_cost)
+    if planned.foreign is not None:
+        message = preemption_cost.foreign_message(planned.foreign)
+        if draft.condition(preemption_cost.CONDITION, "False", "SetByOthers", message):
+            decision.events.append(Event("Warning", "PriorityBoostKept", message))
+        if draft.get("priorityBoost") is not None:
+            draft.set("priorityBoost", None)
+        return
+    draft.condition(preemption_cost.CONDITION, "True", "FromUnsavedWork",
+                    "kubetune keeps Kueue's priority boost on this job's Workload in proportion to its unsaved work")
+    if planned.patch is not None:
+        decision.actions.append(PatchWorkload(workload["metadata"]["name"],
+                                              workload["metadata"].get("resourceVersion", ""), planned.patch))
+    draft.set("priorityBoost", planned.boost)
 
 
 def _credentials(observed: Observed, draft: _Draft, decision: Decision) -> None:

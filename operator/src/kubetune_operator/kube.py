@@ -279,6 +279,23 @@ def patch_config_map(namespace: str, job_name: str, data: dict) -> None:
     core_api().patch_namespaced_config_map(naming.config_map_name(job_name), namespace, {"data": data})
 
 
+def patch_workload(namespace: str, name: str, resource_version: str, body: dict) -> bool:
+    """A merge patch of Kueue's Workload NAME (its annotations), only if it is still at RESOURCE_VERSION:
+    False when it changed or went meanwhile (the next reconcile decides again from what it is then)."""
+    group, version, plural = queueing.WORKLOADS
+    guarded = {**body, "metadata": {**body.get("metadata", {}), "resourceVersion": resource_version}}
+    try:
+        custom_api().patch_namespaced_custom_object(group, version, namespace, plural, name, guarded)
+        return True
+    except ApiException as err:
+        if err.status in (404, 409):
+            return False
+        if err.status == 403:  # the chart grants patch with kueue.preemptionCost: a hand-made install may not
+            log.warning("cannot set Kueue's priority boost on Workload %s/%s: %s", namespace, name, err.reason)
+            return False
+        raise
+
+
 def patch_child_status(backend: Backend, namespace: str, job_name: str, body: dict) -> None:
     """A courtesy copy on the child's own status (TrainJob status.trainerStatus): never fails the
     TrainingJob's own status over it."""

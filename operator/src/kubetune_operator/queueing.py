@@ -37,6 +37,15 @@ def _condition(workload: dict, kind: str, status: str = "True") -> dict | None:
                  if c.get("type") == kind and c.get("status") == status), None)
 
 
+def is_finished(workload: dict) -> bool:
+    return _condition(workload, "Finished") is not None
+
+
+def is_admitted(workload: dict) -> bool:
+    """Whether a ClusterQueue admits the Workload now (its pods may run)."""
+    return _condition(workload, "Admitted") is not None and not is_finished(workload)
+
+
 def queue_state(queue: str, child_suspended: bool, workload: dict | None) -> QueueState | None:
     """Where a job in LocalQueue QUEUE stands, from its child's suspension and Kueue's Workload.
 

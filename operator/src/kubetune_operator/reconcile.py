@@ -140,6 +140,8 @@ def act(job: dict, decided: decision.Decision) -> bool:
             kube.patch_config_map(namespace, name, action.data)
         elif isinstance(action, decision.CreateGenerationJob):
             generation_created = _create_generation_job(job, action)
+        elif isinstance(action, decision.PatchWorkload):
+            kube.patch_workload(namespace, action.name, action.resource_version, action.body)
     for event in decided.action_events:
         # A child or generation Job that existed already was announced when it was created.
         if (event.reason != CREATED or child_created) and (event.reason != decision.GENERATING or generation_created):

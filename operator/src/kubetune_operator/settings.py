@@ -9,6 +9,7 @@ from typing import Any
 from kubetune_api.contract import BACKENDS as BACKEND_NAMES, PYTORCHJOB, TrainerEnv
 from kubetune_operator import image_policy
 from kubetune_operator.network_policy import NetworkPolicySettings
+from kubetune_operator.preemption_cost import BoostSettings
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,9 @@ class Settings:
     # Read Kueue's Workloads (the chart grants it with kueue.enabled) to say in the Queued condition
     # why a queued job waits or that it was preempted.
     kueue_workloads: bool = False
+    # Keep Kueue's priority boost on running jobs' Workloads in proportion to their unsaved work (the
+    # chart's kueue.preemptionCost; preemption_cost.py states the bound). Needs kueue_workloads.
+    preemption_cost: BoostSettings = field(default_factory=BoostSettings)
     # Hub models (kubetune_trainer.storage.hub): the S3 prefix they are mirrored to once per cluster
     # (Helm value models.mirrorUri; a job's spec.model.mirrorUri overrides it), and the hub's
     # address for clusters that reach it through a proxy or an internal hub (models.hubEndpoint).
@@ -96,6 +100,7 @@ class Settings:
             **_backends(env.get("KUBETUNE_BACKEND") or cls.backend, env.get("KUBETUNE_BACKENDS", "")),
             backend_settings=_backend_settings(env),
             kueue_workloads=env.get("KUBETUNE_KUEUE_WORKLOADS", "").lower() == "true",
+            preemption_cost=BoostSettings.from_env(env),
             models_mirror_uri=env.get("KUBETUNE_MODELS_MIRROR_URI") or None,
             hub_endpoint=env.get("KUBETUNE_HUB_ENDPOINT") or None,
             network_policy=NetworkPolicySettings.from_json(env.get("KUBETUNE_NETWORK_POLICY", "")),

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from kubetune_api import layout
 from kubetune_api.contract import VALIDATION_METRICS, TrainerGauge
 from kubetune_operator.backends.base import ChildState
+from kubetune_operator.timestamps import rfc3339, unix_seconds
 
 PHASES = ("Pending", "Running", "Succeeded", "Failed", "Suspended")
 FINISHED = ("Succeeded", "Failed")
@@ -90,6 +91,25 @@ def output_uri_from_metrics(samples: dict[str, float], checkpoints_uri: str, nam
 def latest_checkpoint_from_metrics(samples: dict[str, float], output_uri: str | None) -> str | None:
     step = int(samples.get(TrainerGauge.LAST_CHECKPOINT_STEP, 0))
     return layout.join(output_uri, layout.checkpoint_name(step)) if step > 0 and output_uri else None
+
+
+def saved_work_from_metrics(samples: dict[str, float], now: str, shown: dict | None) -> dict:
+    """status.lastCheckpoint (step, time) and status.unsavedWork (steps, seconds) at NOW from the trainer's
+    gauges; SHOWN: status.lastCheckpoint as it is. A resumed run reports its starting checkpoint without
+    a time (an earlier attempt wrote it): the time shown for that step stays."""
+    fields: dict = {}
+    saved = int(samples.get(TrainerGauge.LAST_CHECKPOINT_STEP, 0))
+    written = samples.get(TrainerGauge.LAST_CHECKPOINT_TIME, 0)
+    if saved > 0:
+        if written > 0:
+            fields["lastCheckpoint"] = {"step": saved, "time": rfc3339(written)}
+        elif (shown or {}).get("step") != saved:
+            fields["lastCheckpoint"] = {"step": saved, "time": None}
+    since = samples.get(TrainerGauge.UNSAVED_SINCE, 0)
+    if TrainerGauge.STEP in samples and since > 0:
+        fields["unsavedWork"] = {"steps": max(0, int(samples[TrainerGauge.STEP]) - saved),
+                                 "seconds": max(0, int(unix_seconds(now) - since))}
+    return fields
 
 
 def validation_from_metrics(samples: dict[str, float]) -> dict | None:

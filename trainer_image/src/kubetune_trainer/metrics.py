@@ -65,6 +65,10 @@ class TrainerMetrics:
                                ("trainer_pod", "node_rank"))
         self.last_checkpoint_step = gauge(TrainerGauge.LAST_CHECKPOINT_STEP, "Step of the newest complete checkpoint "
                                           "(uploaded, when checkpoints go to S3).")
+        self.last_checkpoint_time = gauge(TrainerGauge.LAST_CHECKPOINT_TIME, "When the newest complete checkpoint "
+                                          "was written (Unix seconds; 0: the one this run resumed from).")
+        self.unsaved_since = gauge(TrainerGauge.UNSAVED_SINCE, "Since when this run's work is unsaved (Unix "
+                                   "seconds): the newest complete checkpoint's state, or the start of training.")
         self.checkpoint_size = gauge("checkpoint_size_bytes", "Size of the newest complete checkpoint.")
         self.samples_skipped = gauge("samples_skipped", "Bad samples left out of the run (spec.data.skipBad).")
         self.checkpoint_save = histogram("checkpoint_save_duration_seconds", "Time training waits while a "

@@ -32,6 +32,9 @@ class Reporter:
         self._last_time = time.perf_counter()
         self._bar = None
         self._writer = None
+        # When each staged checkpoint's state was taken (time.time()), until it is complete: from then
+        # on only the steps after it are unsaved.
+        self._staged_at: dict[int, float] = {}
         if not enabled:
             return
         from tqdm.auto import tqdm
@@ -46,6 +49,7 @@ class Reporter:
         self.metrics = TrainerMetrics.from_env(namespace, job_name)
         self.metrics.planned_steps.set(total_steps)
         self.metrics.step.set(start_step)
+        self.metrics.unsaved_since.set(time.time())  # work is unsaved from here on
 
     def step(self, step: int, loss: float, lr: float, epoch: int, ended: float | None = None) -> None:
         """Step `step` is done; `ended`: when the host finished queuing it (time.time()), where its
@@ -117,8 +121,16 @@ class Reporter:
         if self.enabled:
             self.metrics.gpu_memory(per_rank)
 
+    def resumed_own_checkpoint(self, step: int) -> None:
+        """A restarted attempt continues this run's own newest checkpoint: it is the run's newest complete
+        one (written by an earlier attempt, at a time not known here: the time gauge stays 0). Not for a
+        start from another run's checkpoint, which is not in this run's directory."""
+        if self.enabled:
+            self.metrics.last_checkpoint_step.set(step)
+
     def checkpoint_saved(self, step: int, seconds: float) -> None:
         """Staged for writing (training waited `seconds` for it; writing and uploading go on behind)."""
+        self._staged_at[step] = time.time() - seconds
         if self.enabled:
             self.metrics.checkpoint_save.observe(seconds)
 
@@ -131,6 +143,8 @@ class Reporter:
             self.metrics.checkpoint_upload.observe(upload_seconds)
             self.metrics.checkpoint_uploaded_bytes.inc(size_bytes)
         self.metrics.last_checkpoint_step.set(step)
+        self.metrics.last_checkpoint_time.set(time.time())
+        self.metrics.unsaved_since.set(self._staged_at.pop(step, time.time()))
 
     def uploads_pending(self, count: int) -> None:
         if self.enabled:

@@ -308,6 +308,8 @@ class Run:
             self.store.fetch_folder("best")  # a restarted pod on another node ranks against the same best K
         if self.start_checkpoint is not None:
             self.reporter.message("resumed from %s at step %d", self.run_place.start_from, self.position.step)
+            if (self.run_place.start_from or "").startswith(self.run_place.uri + "/"):
+                self.reporter.resumed_own_checkpoint(self.position.step)
             self._explain_resume(self.saved)
         self.reporter.message("training %s: %d steps, %d process(es) (%s), %s, %d samples", self.job.metadata.name,
                               self.plan.total_steps, self.world_size, self.parallel.describe(),
