@@ -9,7 +9,7 @@ passes between them is named here and nowhere else:
     environment the Kubeflow controller sets for the node launcher (NodeEnv, PyTorchJob and
     TrainJob alike);
   * the Prometheus gauges the trainer serves and the operator reads back into status.progress
-    and status.validation;
+    and status.validation, and the same gauges as rank 0 leaves them in its termination message;
   * the trainer's exit codes, which the backends' restart policies read;
   * the log lines a local sweep (kubetune_cli.sweep) reads its trials' progress from: each line's
     format (the trainer writes it) beside its pattern (the CLI parses it);
