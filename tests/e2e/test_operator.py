@@ -19,6 +19,7 @@ import pytest
 import yaml
 from PIL import Image
 
+from kubetune_api.contract import read_final_report
 from tests.conftest import REPO
 from tests.e2e.jobs import (BUCKET, OPERATOR_NAMESPACE, backend_of, children, example_job, get_child, get_job,
                             job_pods, kubectl, operator_log, os_env, phase, printed_columns, rank0_pod,
@@ -78,6 +79,12 @@ def test_an_applied_example_trains_to_succeeded_and_its_lora_lands_in_s3(
     assert "the operator read the final metrics" in logs[-1], logs[-1][-3000:]
     last_loss = float(re.findall(r"step 30/30 loss ([\d.]+)", logs[-1])[-1])
     assert final["status"]["progress"]["loss"] == pytest.approx(last_loss, abs=1e-5)
+    # The same last reading outlives the pod: rank 0's termination message, kept in its status.
+    rank0 = core.list_namespaced_pod(job_namespace, label_selector=backend_of(backend).rank0_pod_selector(
+        "sd15-e2e")).items
+    reports = [read_final_report(c.state.terminated.message) for p in rank0 for c in p.status.container_statuses
+               if c.state and c.state.terminated]
+    assert [(r["step"], pytest.approx(r["loss"], abs=1e-5)) for r in reports if r] == [(30, last_loss)], reports
     assert final["status"]["startTime"] and final["status"]["completionTime"]
     assert final["status"]["backend"] == backend
     run = f"runs/sd15-e2e/{job_namespace}/sd15-e2e/v0"  # <checkpoints.uri>/<namespace>/<job>/v<N>

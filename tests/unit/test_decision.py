@@ -13,6 +13,7 @@ import json
 
 import pytest
 
+from kubetune_api.contract import final_report, read_final_report
 from kubetune_api.spec import TrainingJob
 from kubetune_operator import backend_check, credentials, decision
 from kubetune_operator.backends import BACKENDS
@@ -177,6 +178,52 @@ def test_the_last_reading_of_a_short_run_counts_before_it_is_marked_finished(exa
     decided = decide(spec, {"phase": "Running", "backend": "trainjob"}, observed)
     assert decided.status["phase"] == "Succeeded" and decided.status["progress"]["step"] == 40, \
         "an early-stopped run ends where its last reading says, read in the same pass"
+
+
+def test_a_run_that_ended_before_any_look_saw_it_running_keeps_its_final_report(example_manifest):
+    """A sweep trial shorter than a poll: no reading while it ran, only what rank 0 left in its
+    termination message. Its validation is the trial's objective, so it must reach the status."""
+    spec = cpu_spec(example_manifest, validation={"everySteps": 5, "prompts": ["a corgi"]})
+    report = read_final_report(final_report({"step": 60, "planned_steps": 60, "loss": 0.05, "run_version": 2,
+                                             "last_checkpoint_step": 60, "validation_step": 60,
+                                             "validation_loss": 0.25}))
+    status = {"phase": "Pending", "backend": "trainjob"}
+    never_seen = decide(spec, status, seen(config_map=started(spec), child=child_of(spec, state=COMPLETE)))
+    assert "validation" not in never_seen.status, "without the report there is nothing to rank the trial by"
+    decided = decide(spec, status, seen(config_map=started(spec), child=child_of(spec, state=COMPLETE),
+                                        final_report=report))
+    assert decided.status["phase"] == "Succeeded"
+    assert decided.status["validation"] == {"step": 60, "metrics": {"loss": 0.25}}
+    assert decided.status["progress"] == {"step": 60, "totalSteps": 60, "percent": 100.0, "loss": 0.05,
+                                          "etaSeconds": None}
+    assert decided.status["outputUri"].endswith("/v2") and decided.status["latestCheckpoint"].startswith(
+        decided.status["outputUri"])
+
+
+def test_the_final_report_outranks_the_last_poll(example_manifest):
+    spec = cpu_spec(example_manifest, validation={"everySteps": 5, "prompts": ["a corgi"]})
+    polled = {"step": 55, "planned_steps": 60, "loss": 0.2, "validation_step": 50, "validation_loss": 0.4}
+    ended = {**polled, "step": 60, "loss": 0.1, "validation_step": 60, "validation_loss": 0.3}
+    decided = decide(spec, {"phase": "Running", "backend": "trainjob"},
+                     seen(config_map=started(spec), child=child_of(spec, state=COMPLETE), gauges=polled,
+                          final_report=ended))
+    assert decided.status["validation"] == {"step": 60, "metrics": {"loss": 0.3}}
+    assert decided.status["progress"]["loss"] == 0.1
+
+
+@pytest.mark.parametrize("message", [None, "", "Error: out of memory", "[1, 2]", '{"kubetuneFinalGauges": "x"}',
+                                     '{"other": {"step": 3}}'])
+def test_a_termination_message_that_is_not_a_final_report_is_none(message):
+    assert read_final_report(message) is None
+
+
+def test_a_final_report_drops_what_json_cannot_carry_and_fits_kubernetes_limit():
+    gauges = {"step": 7, "loss": float("nan"), "eta_seconds": float("inf"),
+              **{f"validation_metric_{i}": 0.123456789 for i in range(40)}}
+    text = final_report(gauges)
+    assert len(text.encode()) <= 4096
+    back = read_final_report(text)
+    assert back["step"] == 7.0 and "loss" not in back and "eta_seconds" not in back and len(back) == 41
 
 
 def test_progress_is_read_while_running_and_copied_to_the_trainjob(example_manifest):

@@ -57,3 +57,31 @@ def test_the_operators_progress_read_is_marked_as_its_own(metrics):
     assert read_trainer_gauges("127.0.0.1", metrics.server.port)["step"] == 7
     thread.join(5)
     assert result == [True]
+
+
+def test_the_final_report_holds_what_the_operators_read_would_have(metrics):
+    """The termination message is the read that comes too late: the same gauges, under the same names."""
+    from kubetune_api.contract import final_report, read_final_report
+    from kubetune_operator.kube import read_trainer_gauges
+
+    metrics.step.set(60)
+    metrics.loss(0.125)
+    metrics.validation(60, {"loss": 0.5})
+    assert read_final_report(final_report(metrics.readings())) == read_trainer_gauges("127.0.0.1", metrics.server.port)
+
+
+def test_a_finished_trainer_leaves_its_final_report_where_the_kubelet_keeps_it(tmp_path):
+    from kubetune_api.contract import read_final_report
+    from kubetune_trainer.reporting import Reporter
+
+    reporter = Reporter(True, total_steps=10, start_step=0, log_dir=None, log_every=1, samples_per_step=4,
+                        namespace="team-a", job_name="demo")
+    reporter.step(10, loss=0.25, lr=1e-4, epoch=0)
+    termination_log = tmp_path / "termination-log"
+    assert reporter.write_final_report(termination_log) is False, "outside a pod (no file made for it): nothing"
+    assert not termination_log.exists()
+    termination_log.touch()  # what the kubelet makes for a container
+    assert reporter.write_final_report(termination_log) is True
+    report = read_final_report(termination_log.read_text())
+    assert report["step"] == 10 and report["planned_steps"] == 10 and report["loss"] == 0.25
+    reporter.close()

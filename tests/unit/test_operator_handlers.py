@@ -352,3 +352,45 @@ def test_the_created_event_is_said_even_when_the_status_write_after_it_is_raced(
     reconcile.reconcile("team-a", "sd15")
     assert [(t, r) for t, r, _ in fake.events] == [("Normal", "Created")]
     assert stored["status"]["phase"] == "Pending"
+
+
+
+def test_a_run_that_ended_unseen_is_finished_with_the_report_its_pod_left(api, example_manifest):
+    """Pending at the last look, its child complete now: the validation comes from rank 0's
+    termination message (kept in the pod's status), read once, as the job is marked finished."""
+    import datetime
+
+    from kubernetes.client import (V1ContainerState, V1ContainerStateTerminated, V1ContainerStatus, V1ObjectMeta,
+                                   V1Pod, V1PodStatus)
+
+    from kubetune_api.contract import final_report
+    from kubetune_api.spec import TrainingJob
+    from kubetune_operator.trainer_config import build_config_map
+
+    body = dict(job_body(example_manifest, status={"phase": "Pending", "backend": "trainjob"},
+                         validation={"everySteps": 1, "prompts": ["a corgi"]}))
+    typed = TrainingJob.model_validate({k: body[k] for k in ("apiVersion", "kind", "metadata", "spec")})
+    child = TRAINJOB.build(typed, "uid-1", TRAINJOB_SETTINGS)
+    child["metadata"].update(uid="child-uid", resourceVersion="1", ownerReferences=[{"kind": "TrainingJob", "name": "sd15", "uid": "uid-1"}])
+    child["status"] = {"conditions": [{"type": "Complete", "status": "True", "reason": "AllJobsCompleted"}]}
+
+    def pod(created_minute: int, message: str | None) -> V1Pod:
+        ended = V1ContainerStateTerminated(exit_code=0, message=message)
+        return V1Pod(metadata=V1ObjectMeta(name=f"sd15-node-0-{created_minute}", creation_timestamp=datetime.datetime(
+            2026, 11, 27, 12, created_minute, tzinfo=datetime.timezone.utc)),
+            status=V1PodStatus(phase="Succeeded", container_statuses=[V1ContainerStatus(
+                name="node", image="trainer", image_id="", ready=False, restart_count=0,
+                state=V1ContainerState(terminated=ended))]))
+
+    core = FakeCore(build_config_map(typed)["data"])
+    older = final_report({"step": 3, "planned_steps": 6, "validation_step": 3, "validation_loss": 0.9})
+    newest = final_report({"step": 6, "planned_steps": 6, "run_version": 0, "validation_step": 6,
+                           "validation_loss": 0.25})
+    pods = [pod(1, older), pod(3, "not a report"), pod(2, newest)]
+    core.list_namespaced_pod = lambda namespace, label_selector: type("Pods", (), {"items": pods})()
+    fake = api(FakeCustomObjects({("trainingjobs", "sd15"): body, ("trainjobs", "sd15"): child}), core)
+    reconcile.reconcile("team-a", "sd15")
+    stored = fake.objects[("trainingjobs", "sd15")]["status"]
+    assert stored["phase"] == "Succeeded"
+    assert stored["validation"] == {"step": 6, "metrics": {"loss": 0.25}}, "the newest pod's report, not an older one"
+    assert stored["progress"]["step"] == 6 and stored["outputUri"].endswith("/v0")

@@ -9,7 +9,7 @@ passes between them is named here and nowhere else:
     environment the Kubeflow controller sets for the node launcher (NodeEnv, PyTorchJob and
     TrainJob alike);
   * the Prometheus gauges the trainer serves and the operator reads back into status.progress
-    and status.validation;
+    and status.validation, and the same gauges as rank 0 leaves them in its termination message;
   * the trainer's exit codes, which the backends' restart policies read;
   * the log lines a local sweep (kubetune_cli.sweep) reads its trials' progress from: each line's
     format (the trainer writes it) beside its pattern (the CLI parses it);
@@ -21,6 +21,8 @@ Torch-free and kopf-free, like the rest of kubetune_api: both sides import it.
 """
 from __future__ import annotations
 
+import json
+import math
 import re
 from dataclasses import dataclass, fields
 from typing import Mapping
@@ -207,6 +209,37 @@ TRAINER_METRIC_PREFIX = "kubetune_trainer"
 # The operator's progress reads ask for /metrics?<this>: the trainer tells them from Prometheus' scrapes
 # (TrainerEnv.final_read_seconds waits for one of the operator's).
 OPERATOR_READ_QUERY = "reader=kubetune-operator"
+
+
+# The trainer's last reading, kept after its pod is gone. A run that ends between two reads (a sweep
+# trial shorter than the operator's interval, or an operator busy with a thousand jobs) would take its
+# final step, loss and validation with it. Kubernetes keeps what a container wrote to its
+# terminationMessagePath (this is the default path; at most 4096 bytes) in the pod's status after it
+# exits, so rank 0 writes its final gauges there as JSON and the operator reads them once the child
+# finished. The gauges only (a dozen numbers, well under the limit), under one key so that any other
+# text a container leaves there is never taken for a report.
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+FINAL_REPORT_KEY = "kubetuneFinalGauges"
+
+
+def final_report(gauges: Mapping[str, float]) -> str:
+    """The termination message carrying GAUGES (names without TRAINER_METRIC_PREFIX); a value JSON
+    cannot carry (NaN, infinite) is left out."""
+    finite = {name: float(value) for name, value in sorted(gauges.items()) if math.isfinite(value)}
+    return json.dumps({FINAL_REPORT_KEY: finite}, separators=(",", ":"))
+
+
+def read_final_report(message: str | None) -> dict[str, float] | None:
+    """The gauges in a termination message written by final_report; None for any other message."""
+    try:
+        found = json.loads(message or "")
+    except ValueError:
+        return None
+    gauges = found.get(FINAL_REPORT_KEY) if isinstance(found, dict) else None
+    if not isinstance(gauges, dict):
+        return None
+    return {str(name): float(value) for name, value in gauges.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool)}
 
 
 # Every metric a validation may report: each family's, plus the CLIP image metrics a sweep's objective

@@ -25,6 +25,9 @@ from kubetune_dev.volumes import UnsupportedVolume, VolumeNotReady, materialise
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF = 30.0
+# A container's terminationMessagePath when its spec names none, and how much of it is kept (Kubernetes').
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+TERMINATION_MESSAGE_LIMIT = 4096
 
 
 def now() -> str:
@@ -185,7 +188,7 @@ class PodRunner(threading.Thread):
             "hostname": self.pod["spec"].get("hostname") or self.meta["name"][:63],
             "hosts": str(self.hosts_file),
             "image": {"root": images.IMAGE_ROOT, "mounts": images.image_mounts()},
-            "mounts": self._mounts(spec),
+            "mounts": [*self._mounts(spec), self._termination_mount(spec)],
             "workingDir": spec.get("workingDir") or "/",
             "argv": argv,
             "env": env,
@@ -217,6 +220,25 @@ class PodRunner(threading.Thread):
             mounts.append({"source": str(source), "target": m["mountPath"], "readOnly": m.get("readOnly", False)})
         return mounts
 
+    def _termination_file(self, spec: dict) -> Path:
+        return self.dir / "termination" / spec["name"]
+
+    def _termination_mount(self, spec: dict) -> dict:
+        """The container's terminationMessagePath, as a kubelet makes it: an empty file of this
+        container's (emptied at each start), whose text becomes state.terminated.message on exit."""
+        host = self._termination_file(spec)
+        host.parent.mkdir(parents=True, exist_ok=True)
+        host.write_bytes(b"")
+        return {"source": str(host), "target": spec.get("terminationMessagePath") or TERMINATION_MESSAGE_PATH,
+                "readOnly": False}
+
+    def _termination_message(self, spec: dict) -> str | None:
+        try:
+            text = self._termination_file(spec).read_bytes()[:TERMINATION_MESSAGE_LIMIT]
+        except OSError:
+            return None
+        return text.decode(errors="replace") or None
+
     def _wait(self, c: Container) -> int | None:
         while c.proc.poll() is None:
             if self._stopping.wait(0.2):
@@ -232,6 +254,9 @@ class PodRunner(threading.Thread):
         reason = "Completed" if exit_code == 0 else "Error"
         c.state = {"terminated": {"exitCode": exit_code, "reason": reason,
                                   "startedAt": c.started_at, "finishedAt": now()}}
+        message = self._termination_message(c.spec)
+        if message:
+            c.state["terminated"]["message"] = message
         c.last_state = {"terminated": dict(c.state["terminated"])}
 
     def _back_off(self, c: Container) -> None:

@@ -15,7 +15,8 @@ The transitions, in order:
                       change refused in SpecChangeRefused; a child gone (deleted by hand, its API
                       gone with its CRDs) is created again once its backend is there
   child               its state mirrored into phase/conditions (finished: the final progress)
-  progress            the rank-0 trainer's gauges into status.progress & co. while Running
+  progress            the rank-0 trainer's gauges into status.progress & co. while Running, and its
+                      final report (termination message) once the child finished
   queue               Kueue's Workload into the Queued condition while the job waits in a queue
   generation          a `kubetune generate --on-cluster` request, finished job or not (drawing from a
                       finished run is the main use): its batch Job created once, its state in
@@ -64,6 +65,9 @@ class Observed:
     backend_problem: backend_check.Problem | None = None  # a prerequisite missing (looked for without a child)
     workload: dict | None = None  # Kueue's Workload of the child
     gauges: dict | None = None  # the rank-0 trainer's gauges (names without the prefix), while Running
+    # The same gauges as rank 0 left them in its termination message when it ended (once the child
+    # finished): the last reading, also of a run that ended before any poll saw it running.
+    final_report: dict | None = None
     credentials_problem: str | None = None  # a credentials Secret the job's pods cannot use
     generation_request: generation_jobs.SeenGeneration | None = None  # one not answered yet, and its Job
 
@@ -376,11 +380,14 @@ def _drift(runs: TrainingJob, observed: Observed, backend: Backend, draft: _Draf
 
 
 def _progress(spec: dict, observed: Observed, draft: _Draft) -> None:
-    """The rank-0 trainer's gauges while the job runs: progress, output URI, checkpoint, validation."""
-    if observed.gauges and draft.get("phase") == "Running":
-        draft.update(status.status_from_metrics(observed.gauges, (spec.get("checkpoints") or {}).get("uri", ""),
+    """The rank-0 trainer's gauges while the job runs (progress, output URI, checkpoint, validation),
+    and its final report once it ended, whatever phase the last look saw (a short run may end before
+    any look saw it Running): the report is newer than any poll."""
+    samples = observed.final_report or (observed.gauges if draft.get("phase") == "Running" else None)
+    if samples:
+        draft.update(status.status_from_metrics(samples, (spec.get("checkpoints") or {}).get("uri", ""),
                                                 observed.namespace, observed.name))
-        draft.update(status.saved_work_from_metrics(observed.gauges, observed.now, draft.get("lastCheckpoint")))
+        draft.update(status.saved_work_from_metrics(samples, observed.now, draft.get("lastCheckpoint")))
 
 
 def _mirror_child(spec: dict, observed: Observed, backend: Backend, draft: _Draft, decision: Decision) -> None:

@@ -14,10 +14,11 @@ import logging
 
 import kopf
 
-from kubetune_api.contract import GENERATE_ANNOTATION
+from kubetune_api.contract import GENERATE_ANNOTATION, read_final_report
 from kubetune_api.generation_request import BadGenerationRequest, GenerationRequest
 from kubetune_operator import credentials, decision, generation_jobs, kube, metrics, naming
 from kubetune_operator.backends import BACKENDS, backend_name
+from kubetune_operator.backends.base import observed_state
 from kubetune_operator.decision import Observed
 from kubetune_operator.settings import Settings
 from kubetune_operator.status import FINISHED
@@ -52,6 +53,8 @@ def observe(job: dict, settings: Settings) -> Observed:
             found["workload"] = kube.read_workload(namespace, child["metadata"]["uid"], settings.kueue_workloads)
         if status.get("phase") == "Running":
             found["gauges"] = _gauges(namespace, name, backend, settings)
+        if observed_state(backend, child).phase in FINISHED:  # once: a finished job is not observed again
+            found["final_report"] = _final_report(namespace, name, backend)
         # No reading from the trainer (e.g. a TrainJob counts a pod waiting for its Secret as active):
         # what its pods say, where the job names a Secret.
         if not found.get("gauges") and credentials.secret_fields(spec) and not backend.is_suspended(child):
@@ -70,6 +73,20 @@ def _gauges(namespace: str, name: str, backend, settings: Settings) -> dict | No
     except OSError as err:  # not listening yet, or restarting: the next look gets it
         log.debug("no progress from %s yet: %s", name, err)
         return None
+
+
+def _final_report(namespace: str, name: str, backend) -> dict | None:
+    """The gauges rank 0 left in its termination message as it ended (contract.final_report), from
+    the newest rank-0 pod that has one; None when none did (an older trainer, a crash, pods gone)."""
+    pods = sorted(kube.trainer_pods(namespace, name, backend), key=lambda p: p.metadata.creation_timestamp,
+                  reverse=True)
+    for pod in pods:
+        for container in pod.status.container_statuses or []:
+            ended = container.state.terminated if container.state else None
+            report = read_final_report(ended.message) if ended else None
+            if report:
+                return report
+    return None
 
 
 # ---- generation on the cluster: observed --------------------------------------------------------------

@@ -20,8 +20,9 @@ from pathlib import Path
 import yaml
 
 from kubetune_api import layout
+from kubetune_api.contract import TERMINATION_MESSAGE_PATH
 
-TERMINATION_LOG = Path("/dev/termination-log")
+TERMINATION_LOG = Path(TERMINATION_MESSAGE_PATH)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

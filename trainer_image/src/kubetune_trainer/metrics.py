@@ -109,6 +109,13 @@ class TrainerMetrics:
         for node_rank, pod in enumerate(pods):
             self._pod_info.labels(*self._values, pod, str(node_rank)).set(1)
 
+    def readings(self) -> dict[str, float]:
+        """Every sample as the operator's read of /metrics keys it: the name without the prefix
+        (labels dropped: one job's series)."""
+        return {sample.name.removeprefix(f"{PREFIX}_"): sample.value
+                for family in self.registry.collect() if family.name.startswith(f"{PREFIX}_")
+                for sample in family.samples}
+
     @classmethod
     def from_env(cls, namespace: str, job: str) -> "TrainerMetrics":
         """Served only when TrainerEnv.metrics_port is set (the operator sets it for the master pod)."""

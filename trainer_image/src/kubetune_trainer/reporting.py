@@ -13,7 +13,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from kubetune_api.contract import TrainerLog
+from kubetune_api.contract import TERMINATION_MESSAGE_PATH, TrainerLog, final_report
 
 log = logging.getLogger("kubetune.trainer")
 
@@ -164,6 +164,20 @@ class Reporter:
         """The run's final weights (files under root): uploaded to the MLflow run when it ends."""
         if self.tracker is not None:
             self.tracker.log_artifacts(files, root)
+
+    def write_final_report(self, path: Path = Path(TERMINATION_MESSAGE_PATH)) -> bool:
+        """Leave the final gauges in the pod's termination message (contract.final_report), which
+        Kubernetes keeps in the pod's status after the process exits: the operator reads them there
+        when its last poll came before the end. Only where the file exists (the kubelet makes it in
+        a pod); whether it was written."""
+        if self.metrics is None or not path.exists():
+            return False
+        try:
+            path.write_text(final_report(self.metrics.readings()))
+        except OSError as err:  # read-only or gone: the operator's poll is the other way
+            log.warning("the final report could not be written to %s: %s", path, err)
+            return False
+        return True
 
     def await_final_read(self, seconds: float | None) -> None:
         """Wait up to SECONDS for the operator to read the final metrics (kubetune_trainer.metrics_server);

@@ -420,7 +420,11 @@ class Run:
             if self.accelerator.device.type == "cuda":
                 log.info("peak GPU memory on rank 0: %.2f GiB allocated, %.2f GiB reserved",
                          torch.cuda.max_memory_allocated() / 2**30, torch.cuda.max_memory_reserved() / 2**30)
-            self.reporter.await_final_read(TrainerEnv.from_env(os.environ).final_read_seconds)
+            operator_reads = TrainerEnv.from_env(os.environ).final_read_seconds  # set in the operator's pods only
+            if operator_reads:
+                # Both ways to the operator: the termination message outlives the pod, the read comes sooner.
+                self.reporter.write_final_report()
+            self.reporter.await_final_read(operator_reads)
         self.reporter.close()
         self.store.close()
         self.accelerator.wait_for_everyone()
