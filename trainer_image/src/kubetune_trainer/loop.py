@@ -50,6 +50,16 @@ def step_micro_batches(steps: list[list[Key]], batching: Batching, rank: int) ->
             for step in steps]
 
 
+# A loader worker that gives no batch for this long is stuck (it inherited a lock held at its fork, a read
+# that never ends): the run fails naming the batch it waited for rather than hanging until the pod is
+# killed. Far above what a batch takes (seconds, for large images over a slow link or retried reads).
+LOADER_WAIT_SECONDS = 600
+
+
+class LoaderStalled(RuntimeError):
+    """The loader's workers gave no batch within LOADER_WAIT_SECONDS."""
+
+
 def iterate_steps(dataset, collate, num_workers: int, steps: list[list[list[Key]]],
                   loader_seed: int) -> Iterator[list[MicroBatch]]:
     """Load the micro-batches of the given steps in order (workers prefetch ahead); yield them a
@@ -59,13 +69,14 @@ def iterate_steps(dataset, collate, num_workers: int, steps: list[list[list[Key]
     if not flat:
         return
     loader = DataLoader(dataset, batch_sampler=flat, collate_fn=collate, num_workers=num_workers,
-                        generator=torch.Generator().manual_seed(loader_seed))
+                        generator=torch.Generator().manual_seed(loader_seed),
+                        timeout=LOADER_WAIT_SECONDS if num_workers else 0)
     batches = iter(loader)
     for step in steps:
-        yield [(keys, _next_batch(batches)) for keys in step]
+        yield [(keys, _next_batch(batches, keys, num_workers)) for keys in step]
 
 
-def _next_batch(batches: Iterator[dict]) -> dict:
+def _next_batch(batches: Iterator[dict], keys: list[Key], num_workers: int) -> dict:
     """The loader's next batch. A ConfigError (a sample broken under the run, named in one line) raised
     in a worker comes back as the same type whose message is the worker's whole traceback (torch's
     ExceptionWrapper): it is raised again with the worker's own one line."""
@@ -77,6 +88,13 @@ def _next_batch(batches: Iterator[dict]) -> dict:
             raise
         own = text.rstrip().rsplit("\n", 1)[-1]
         raise ConfigError(own.split(f"{ConfigError.__name__}: ", 1)[-1]) from None
+    except RuntimeError as err:
+        if not str(err).startswith("DataLoader timed out"):
+            raise
+        shown = ", ".join(map(str, keys[:4])) + (", ..." if len(keys) > 4 else "")
+        raise LoaderStalled(f"the data loader's {num_workers} worker(s) gave no batch in {LOADER_WAIT_SECONDS} s "
+                            f"(samples {shown}): a worker is stuck (a read of spec.data.uri that never returns, or a lock "
+                            "it inherited held at its fork)") from None
 
 
 class SampleLog:

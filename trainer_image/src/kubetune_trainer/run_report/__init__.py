@@ -6,6 +6,8 @@ it for any run, finished or not, local or in S3. Both go through `write_report`.
 """
 from __future__ import annotations
 
+import importlib
+import logging
 import os
 import tempfile
 import threading
@@ -18,22 +20,53 @@ from kubetune_trainer.run_report.page import render
 from kubetune_trainer.checkpoint.catalog import RunEntry
 from kubetune_trainer.storage.tree import LocalTree, open_tree
 
+log = logging.getLogger(__name__)
 
-def import_in_background() -> threading.Thread:
+
+# What the report imports, ahead of time (import_in_background).
+REPORT_MODULES = ("matplotlib.backends.backend_agg",  # the PNG canvas savefig uses
+                  "matplotlib.figure", "tensorboard.backend.event_processing.event_accumulator")
+# How long a fork (a DataLoader worker starting) waits for the background imports to finish: they take
+# about a second; past this something else is wrong, and the loader's own bound (loop.LOADER_WAIT_SECONDS)
+# names a worker that hangs.
+FORK_WAITS_FOR_IMPORTS_SECONDS = 120
+_importing: threading.Thread | None = None
+
+
+def import_in_background(modules: tuple[str, ...] = REPORT_MODULES) -> threading.Thread:
     """Import matplotlib and TensorBoard's event reader on a daemon thread while the run trains (the trainer
     calls this as training starts): about a second on a small machine that every run would otherwise spend
-    after its last step. A failure here is left to the report itself to meet and log."""
-    def load() -> None:
-        try:
-            import matplotlib.backends.backend_agg  # noqa: F401 - the PNG canvas savefig uses
-            import matplotlib.figure  # noqa: F401
-            import tensorboard.backend.event_processing.event_accumulator  # noqa: F401
-        except Exception:  # noqa: BLE001 - imported again, and reported, when the report is written
-            pass
+    after its last step. A failure here is left to the report itself to meet and log.
 
-    thread = threading.Thread(target=load, name="report-imports", daemon=True)
-    thread.start()
-    return thread
+    A process forked while this thread is inside an import (DataLoader workers are forked as the first step
+    loads) inherits that module's import lock held by a thread it does not have: its first import of the
+    module, or of one the module is importing (PIL's image plugins, which Image.open imports), then waits
+    for ever. So every fork of this process first waits for these imports to finish (_before_fork)."""
+    global _importing
+
+    def load() -> None:
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - imported again, and reported, when the report is written
+                pass
+
+    _importing = threading.Thread(target=load, name="report-imports", daemon=True)
+    _importing.start()
+    return _importing
+
+
+def _before_fork() -> None:
+    thread = _importing
+    if thread is None or thread is threading.current_thread():
+        return
+    thread.join(FORK_WAITS_FOR_IMPORTS_SECONDS)
+    if thread.is_alive():
+        log.warning("thread %s still imports after %d s: forking anyway (a child importing the same modules "
+                    "may hang)", thread.name, FORK_WAITS_FOR_IMPORTS_SECONDS)
+
+
+os.register_at_fork(before=_before_fork)
 
 
 def report_inputs(files: dict[str, int]) -> list[str]:
