@@ -66,6 +66,33 @@ def test_a_restart_with_its_status_lost_adopts_the_trial_jobs_and_creates_nothin
     assert [r["parameters"] for r in decided.status["trials"]] == [r["parameters"] for r in status["trials"]]
 
 
+def test_a_restart_with_its_status_lost_keeps_which_trial_a_pbt_copy_continues():
+    # Found by reading the restart path: trials are created before the sweep's status is written, so
+    # an operator stopped in between adopts the trials from their TrainingJobs, and a PBT copy's
+    # exploitedFrom was lost then (it was in status only). It travels on the trial's TrainingJob now.
+    spec = sweep(algorithm="pbt", parameters={"training.learningRate": {"logUniform": [1e-5, 1e-3]}},
+                 maxTrials=4, parallelTrials=2, pbt={"stepsPerGeneration": 10, "quantile": 0.5,
+                                                      "resampleProbability": 0})
+    status = plan("lr", "ns", spec, {}, {}).status
+    first = {0: job(0, status, "Succeeded", step=10, loss=0.2, output_uri="s3://out/runs/ns/lr-0/v0"),
+             1: job(1, status, "Succeeded", step=10, loss=0.9, output_uri="s3://out/runs/ns/lr-1/v0")}
+    decided = plan("lr", "ns", spec, status, first)
+    [copy] = [t for t in decided.create if t.exploited_from is not None]
+    assert copy.exploited_from == 0 and decided.status["trials"][copy.number]["exploitedFrom"] == 0
+
+    class Body(dict):
+        metadata = {"name": "lr", "namespace": "ns", "uid": "u-1"}
+
+    created = {t.number: observe(trial_job(Body(), spec, t)) for t in decided.create}
+    adopted = plan("lr", "ns", spec, status, {**first, **created})  # the status with the new trials never written
+    assert adopted.create == []
+    def kept(trials):
+        return [(t["number"], t["parameters"], t["state"], t.get("exploitedFrom")) for t in trials]
+
+    assert kept(adopted.status["trials"]) == kept(decided.status["trials"])
+    assert adopted.status["trials"][copy.number]["exploitedFrom"] == 0
+
+
 def test_a_recorded_trial_whose_job_is_missing_is_created_again_with_the_same_parameters():
     spec = sweep()
     status = plan("lr", "ns", spec, {}, {}).status

@@ -40,11 +40,13 @@ SHORT_NAMES = ("tj",)
 SWEEP_KIND = "TrainingSweep"
 SWEEP_PLURAL = "trainingsweeps"
 SWEEP_SHORT_NAMES = ("tsw",)
-# On each trial's TrainingJob: the sweep it belongs to, its number, and its parameter values
-# (JSON), so that the sweep's record can be rebuilt from the trials themselves.
+# On each trial's TrainingJob: the sweep it belongs to, its number, its parameter values (JSON) and,
+# for a PBT trial that copied a stronger one, that trial's number, so that the sweep's record can be
+# rebuilt from the trials themselves.
 SWEEP_LABEL = "kubetune.dev/sweep"
 TRIAL_LABEL = "kubetune.dev/trial"
 TRIAL_PARAMETERS_ANNOTATION = "kubetune.dev/trial-parameters"
+TRIAL_EXPLOITED_FROM_ANNOTATION = "kubetune.dev/trial-exploited-from"
 
 # ---- the trainer config and the commands that read it -------------------------------------------
 

@@ -2,10 +2,11 @@
 and what its child TrainingJobs say now, to what to do (trials to create, trials to stop) and the
 status to write.
 
-Level-based and restart-safe: a trial is recorded in status with its parameters before its
-TrainingJob exists, so a restart creates what is missing; a TrainingJob whose record was lost (the
-operator stopped between creating it and writing status) is adopted back from its labels and
-parameter annotation. The search itself (kubetune_api.search) is a function of the records.
+Level-based and restart-safe: a recorded trial whose TrainingJob is missing is created again with
+its recorded parameters; a TrainingJob whose record was lost (the operator stopped between creating
+it and writing status: trials are created first) is adopted back from its labels and annotations
+(parameters, and for a PBT copy the trial it continues). The search itself (kubetune_api.search) is
+a function of the records.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ class TrialJob:
     validation_step: int | None = None     # status.validation
     validation: dict[str, float] = field(default_factory=dict)
     output_uri: str | None = None
+    exploited_from: int | None = None      # PBT: the trial whose checkpoint it continues (from its annotation)
 
 
 @dataclass
@@ -108,7 +110,10 @@ def plan(sweep: str, namespace: str, spec: TrainingSweepSpec, status: dict, jobs
     result = Plan()
     records = {r["number"]: r for r in status.get("trials") or []}
     for number, job in jobs.items():  # a TrainingJob whose record was lost: adopt it
-        records.setdefault(number, {"number": number, "parameters": job.parameters, "state": "running"})
+        adopted = {"number": number, "parameters": job.parameters, "state": "running"}
+        if job.exploited_from is not None:
+            adopted["exploitedFrom"] = job.exploited_from
+        records.setdefault(number, adopted)
     trials = records_to_trials([records[n] for n in sorted(records)])
     metric, minimize = spec.objective.metric, spec.objective.minimize
 

@@ -16,7 +16,7 @@ from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from kubetune_api.contract import (API_GROUP, API_VERSION, KIND, PLURAL, SWEEP_KIND, SWEEP_LABEL, SWEEP_PLURAL,
-                                   TRIAL_LABEL, TRIAL_PARAMETERS_ANNOTATION)
+                                   TRIAL_EXPLOITED_FROM_ANNOTATION, TRIAL_LABEL, TRIAL_PARAMETERS_ANNOTATION)
 from kubetune_api.manifest import describe_errors
 from kubetune_api.mlflow_sweeps import MlflowUnavailable, end_sweep_run, start_sweep_run, sweep_run_params
 from kubetune_api.search import Trial
@@ -56,13 +56,16 @@ def trial_job(sweep: kopf.Body, spec: TrainingSweepSpec, trial: Trial, parent_ru
     job_spec = trial_spec(spec, trial.parameters)
     if parent_run and (job_spec.get("tracking") or {}).get("mlflow"):
         job_spec = with_value(job_spec, "tracking.mlflow.parentRunId", parent_run)
+    annotations = {TRIAL_PARAMETERS_ANNOTATION: json.dumps(trial.parameters, sort_keys=True)}
+    if trial.exploited_from is not None:
+        annotations[TRIAL_EXPLOITED_FROM_ANNOTATION] = str(trial.exploited_from)
     return {
         "apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND,
         "metadata": {
             "name": trial_job_name(name, trial.number),
             "namespace": sweep.metadata["namespace"],
             "labels": {SWEEP_LABEL: name, TRIAL_LABEL: str(trial.number)},
-            "annotations": {TRIAL_PARAMETERS_ANNOTATION: json.dumps(trial.parameters, sort_keys=True)},
+            "annotations": annotations,
             "ownerReferences": [{"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": SWEEP_KIND, "name": name,
                                  "uid": sweep.metadata["uid"], "controller": True}],
         },
@@ -75,11 +78,14 @@ def observe(job: dict) -> TrialJob:
     status = job.get("status") or {}
     progress, validation = status.get("progress") or {}, status.get("validation") or {}
     phase = status.get("phase")
+    annotations = job["metadata"].get("annotations") or {}
+    exploited_from = annotations.get(TRIAL_EXPLOITED_FROM_ANNOTATION)
     message = next((c.get("message", "") for c in status.get("conditions") or []
                     if c.get("type") == phase and c.get("status") == "True"), "")
     return TrialJob(
         number=int(job["metadata"]["labels"][TRIAL_LABEL]),
-        parameters=json.loads(job["metadata"].get("annotations", {}).get(TRIAL_PARAMETERS_ANNOTATION, "{}")),
+        parameters=json.loads(annotations.get(TRIAL_PARAMETERS_ANNOTATION, "{}")),
+        exploited_from=None if exploited_from is None else int(exploited_from),
         phase=phase, message=message, step=progress.get("step"), loss=progress.get("loss"),
         validation_step=validation.get("step"), validation=validation.get("metrics") or {},
         output_uri=status.get("outputUri"))
