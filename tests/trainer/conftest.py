@@ -85,6 +85,16 @@ def sd15_run(tiny_sd15, captions_data, tmp_path_factory) -> tuple[dict, Path]:
     return manifest, root / "out"
 
 
+@pytest.fixture(scope="session")
+def sdxl_run(tiny_model, tiny_dataset, tmp_path_factory) -> Path:
+    """One finished two-step SDXL LoRA run (random flips, no center crop, half the captions dropped), trained
+    once per session for the SDXL family test and `kubetune export`'s: its checkpoints.uri. Read-only."""
+    root = tmp_path_factory.mktemp("sdxl-run")
+    run_trainer(family_job("sdxl", "captions", tiny_model("sdxl"), tiny_dataset("captions"), root / "out",
+                           data={"randomFlip": True, "centerCrop": False, "captionDropout": 0.5}), root)
+    return root / "out"
+
+
 def copy_of_run(sd15_run: tuple[dict, Path], directory: Path) -> tuple[dict, Path]:
     """sd15_run copied to directory/out, with a manifest of its own that writes there."""
     import copy

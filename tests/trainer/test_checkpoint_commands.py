@@ -1,6 +1,8 @@
 """`kubetune checkpoints ls|pull` on a job directory (the s3:// and cluster paths: tests/storage, tests/e2e)."""
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from click.testing import CliRunner
 from safetensors.torch import load_file
@@ -17,8 +19,9 @@ def job_dir(tmp_path_factory, tiny_sd15, captions_data):
     tmp = tmp_path_factory.mktemp("runs")
     manifest = tiny_manifest(tiny_sd15, captions_data, tmp / "out", maxSteps=4)
     run_trainer(manifest, tmp)
-    run_trainer(manifest, tmp)
+    # A second run of the same manifest writes what the first wrote, under v1: copied, not trained again.
     unfinished = run_dir(tmp / "out", 1)
+    shutil.copytree(run_dir(tmp / "out", 0), unfinished)
     (unfinished / "pytorch_lora_weights.safetensors").unlink()
     (unfinished / "run.json").write_text('{"runId": null, "steps": 3, "finished": false}')
     return tmp / "out" / "default" / "tiny"

@@ -29,10 +29,10 @@ KOHYA_FAMILIES = ["sd15", "sdxl", "qwen-image", "z-image", "wan"]
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_model, tiny_dataset, sd15_run):
+def runs(tmp_path_factory, tiny_model, tiny_dataset, sd15_run, sdxl_run):
     """runs(family): the job directory of a finished two-step run (checkpoint-2 and final weights); SD1.5's
-    is the session's shared run."""
-    made: dict[str, Path] = {"sd15": run_dir(sd15_run[1]).parent}
+    and SDXL's are the session's shared runs."""
+    made: dict[str, Path] = {"sd15": run_dir(sd15_run[1]).parent, "sdxl": run_dir(sdxl_run).parent}
 
     def make(family: str) -> Path:
         if family not in made:

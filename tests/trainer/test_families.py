@@ -22,15 +22,12 @@ def sdxl_unet_output(pipeline) -> torch.Tensor:
         return pipeline.unet(sample, torch.tensor([500]), context, added_cond_kwargs=added).sample
 
 
-def test_sdxl_lora_loads_in_the_sdxl_pipeline_and_changes_the_unet(tiny_model, tiny_dataset, tmp_path):
+def test_sdxl_lora_loads_in_the_sdxl_pipeline_and_changes_the_unet(tiny_model, sdxl_run):
     from diffusers import StableDiffusionXLPipeline
 
-    model = tiny_model("sdxl")
-    run_trainer(family_job("sdxl", "captions", model, tiny_dataset("captions"), tmp_path / "out",
-                           data={"randomFlip": True, "centerCrop": False, "captionDropout": 0.5}), tmp_path)
-    pipeline = StableDiffusionXLPipeline.from_pretrained(model)
+    pipeline = StableDiffusionXLPipeline.from_pretrained(tiny_model("sdxl"))
     before = sdxl_unet_output(pipeline)
-    pipeline.load_lora_weights(run_dir(tmp_path / "out"))
+    pipeline.load_lora_weights(run_dir(sdxl_run))  # the session's run: flips, no center crop, caption dropout
     assert (sdxl_unet_output(pipeline) - before).abs().max() > 1e-4
 
 

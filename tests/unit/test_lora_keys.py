@@ -32,6 +32,11 @@ def pair(name: str, spelling: tuple[str, str] = (".lora.down.weight", ".lora.up.
     (FLUX_KOHYA, "transformer", "single_transformer_blocks.37.proj_out", "lora_unet_single_blocks_37_linear2"),
     (FLUX2_KOHYA, "transformer", "single_transformer_blocks.2.attn.to_qkv_mlp_proj", "lora_unet_single_blocks_2_linear1"),
     (FLUX2_KOHYA, "transformer", "transformer_blocks.0.ff_context.linear_out", "lora_unet_double_blocks_0_txt_mlp_2"),
+    # What the two FLUX conventions share is written once, with each one's own MLP and embedder names.
+    (FLUX_KOHYA, "transformer", "transformer_blocks.4.ff_context.net.0.proj", "lora_unet_double_blocks_4_txt_mlp_0"),
+    (FLUX_KOHYA, "transformer", "time_text_embed.guidance_embedder.linear_2", "lora_unet_guidance_in_out_layer"),
+    (FLUX2_KOHYA, "transformer", "time_guidance_embed.timestep_embedder.linear_1", "lora_unet_time_in_in_layer"),
+    (FLUX2_KOHYA, "transformer", "proj_out", "lora_unet_final_layer_linear"),
 ])
 def test_each_pair_gets_the_tools_name_with_its_alpha(convention, component, module, key):
     converted = to_convention(pair(f"{component}.{module}"), metadata(component, 8.0), convention, torch.bfloat16)

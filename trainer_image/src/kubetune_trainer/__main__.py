@@ -10,10 +10,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from kubetune_api.failures import answer, disk_full
+from kubetune_trainer.exit_answer import exit_answer
 from kubetune_trainer.parent_watch import watch_launcher
-from kubetune_trainer.preemption import (CONFIG_ERROR_EXIT_CODE, DIVERGED_EXIT_CODE, RETRYABLE_EXIT_CODE, Preempted,
-                                         StopRequest, is_lost_peer)
+from kubetune_trainer.preemption import CONFIG_ERROR_EXIT_CODE, StopRequest
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,36 +40,11 @@ def main(argv: list[str] | None = None) -> int:
         except ManifestError as err:
             print(f"{args.config}: invalid\n{err}", file=sys.stderr)
             return CONFIG_ERROR_EXIT_CODE
-        from kubetune_trainer.errors import ConfigError, InputsInFlux, TrainingDiverged
         from kubetune_trainer.run import Run
 
-        try:
-            Run(job, stop).execute(cache_only=args.cache_only)
-        except (ConfigError, FileNotFoundError) as err:
-            print(f"kubetune trainer: {err}", file=sys.stderr)
-            return CONFIG_ERROR_EXIT_CODE
-        except TrainingDiverged as err:
-            print(f"kubetune trainer: {err}", file=sys.stderr)
-            return DIVERGED_EXIT_CODE
-        except InputsInFlux as err:
-            print(f"kubetune trainer: {err}", file=sys.stderr)
-            return RETRYABLE_EXIT_CODE
-    except Preempted as stopped:
-        print(f"kubetune trainer: {stopped}", file=sys.stderr)
-        return RETRYABLE_EXIT_CODE
+        Run(job, stop).execute(cache_only=args.cache_only)
     except Exception as err:
-        if stop.requested():
-            # The handler's Preempted came back wrapped: a library that catches everything while it
-            # imports or loads (diffusers' lazy modules re-raise it as RuntimeError) still stopped for it.
-            wrapped = _preempted_within(err)
-            said = str(wrapped) if wrapped else f"stopped by {stop.signal_name} ({type(err).__name__} on the way out)"
-            print(f"kubetune trainer: {said}", file=sys.stderr)
-            return RETRYABLE_EXIT_CODE
-        if is_lost_peer(err) and not disk_full(err):
-            print(f"kubetune trainer: another process of the job is gone ({err}); stopping so that the job can "
-                  "restart from its last checkpoint", file=sys.stderr)
-            return RETRYABLE_EXIT_CODE
-        found = answer(err)  # the one table the CLI answers from too (S3, files, memory, ...)
+        found = exit_answer(err, stop)  # the one place that decides (the models stage asks it too)
         if found is None:
             raise  # a bug: its traceback is what a report needs
         print(f"kubetune trainer: {found.message}", file=sys.stderr)
@@ -78,17 +52,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop.uninstall()
     return 0
-
-
-def _preempted_within(error: BaseException) -> Preempted | None:
-    """The Preempted an exception was raised from or while handling, if any."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, Preempted):
-            return error
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return None
 
 
 if __name__ == "__main__":

@@ -24,8 +24,7 @@ from kubetune_api import layout
 from kubetune_api.contract import HUB_TOKEN_ENV, MODELS_MIRROR_ENV, TrainerEnv
 from kubetune_api.hub import HubInput, hub_inputs
 from kubetune_trainer.checkpoint.resume import run_id_from_env
-from kubetune_trainer.errors import ConfigError, InputsInFlux
-from kubetune_trainer.preemption import CONFIG_ERROR_EXIT_CODE, RETRYABLE_EXIT_CODE
+from kubetune_trainer.exit_answer import exit_answer
 from kubetune_trainer.storage import hub, s3
 from kubetune_trainer.storage.inputs import cache_root
 from kubetune_trainer.storage.uri import is_s3, parse_s3
@@ -135,12 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     job = load_manifest(args.config)
     try:
         placed = place_hub_models(job, token=os.environ.get(HUB_TOKEN_ENV) or None, token_hint=hub.JOB_TOKEN_HINT)
-    except ConfigError as err:
-        print(f"kubetune models: {err}", file=sys.stderr)
-        return CONFIG_ERROR_EXIT_CODE
-    except InputsInFlux as err:
-        print(f"kubetune models: {err}", file=sys.stderr)
-        return RETRYABLE_EXIT_CODE
+    except Exception as err:
+        found = exit_answer(err)  # the trainer's answer to the same error (2 the spec, 143 retry, 1 the store)
+        if found is None:
+            raise  # a bug: its traceback is what a report needs
+        print(f"kubetune models: {found.message}", file=sys.stderr)
+        return found.code
     placements = placements_file(run_id_from_env())
     if placements is not None:
         placements.parent.mkdir(parents=True, exist_ok=True)

@@ -155,10 +155,9 @@ WAN_ORIGINAL = LoraKeyConvention(
 
 
 # BFL's FLUX checkpoint names under kohya's `lora_unet_` (what kohya sd-scripts' FLUX LoRA, ComfyUI and
-# diffusers' _convert_kohya_flux_lora_to_diffusers read): a double-stream block's img_/txt_ attention
-# (q, k and v fused in one qkv), projection, MLP and modulation; a single-stream block's linear1 (q, k,
-# v and the MLP's input fused), linear2 and modulation; the embedders. The final layer is not named:
-# diffusers 0.42.1 reads its kohya pair without the alpha.
+# diffusers' _convert_kohya_flux_lora_to_diffusers / _convert_kohya_flux2_lora_to_diffusers read). FLUX.1
+# and FLUX.2 share a double-stream block's img_/txt_ attention (q, k and v fused in one qkv per stream),
+# its projections and MLPs, the image and text inputs and the timestep embedder; the rest is each one's.
 _DOUBLE, _SINGLE = r"^transformer_blocks\.(\d+)\.", r"^single_transformer_blocks\.(\d+)\."
 
 
@@ -166,67 +165,69 @@ def _fused(block: str, names: tuple[str, ...], fused: str, widths: tuple[int, ..
     return Stack(tuple(block + name + "$" for name in names), fused, widths)
 
 
-_FLUX_EMBEDDERS = (
-    (r"^x_embedder$", "img_in"), (r"^context_embedder$", "txt_in"),
-    (r"^time_text_embed\.timestep_embedder\.linear_1$", "time_in_in_layer"),
-    (r"^time_text_embed\.timestep_embedder\.linear_2$", "time_in_out_layer"),
-    (r"^time_text_embed\.guidance_embedder\.linear_1$", "guidance_in_in_layer"),
-    (r"^time_text_embed\.guidance_embedder\.linear_2$", "guidance_in_out_layer"),
-    (r"^time_text_embed\.text_embedder\.linear_1$", "vector_in_in_layer"),
-    (r"^time_text_embed\.text_embedder\.linear_2$", "vector_in_out_layer"),
-)
-FLUX_KOHYA = LoraKeyConvention(
-    name="kohya FLUX (lora_unet_ with BFL's module names)",
-    read_by="ComfyUI, kohya sd-scripts, diffusers load_lora_weights",
-    prefixes={"transformer": "lora_unet_"},
-    flat=True,
+def _bfl_kohya(name: str, read_by: str, *, mlp: tuple[str, str], embedders: tuple[str, Mapping[str, str]],
+               renames: tuple[tuple[str, str], ...], stacks: tuple[Stack, ...] = ()) -> LoraKeyConvention:
+    """kohya's names for a FLUX-style transformer. mlp: diffusers' names of a double-stream MLP's input and
+    output layers (under ff. and ff_context.); embedders: (diffusers' module holding the embedders, diffusers'
+    embedder -> BFL's), each embedder's linear_1 / linear_2 being BFL's <name>_in_in_layer / <name>_in_out_layer;
+    renames and stacks: the model's own modules beyond what FLUX.1 and FLUX.2 share."""
+    holder, bfl_embedders = embedders
+    return LoraKeyConvention(
+        name=name,
+        read_by=read_by,
+        prefixes={"transformer": "lora_unet_"},
+        flat=True,
+        renames=(
+            (_DOUBLE + r"attn\.to_out\.0$", r"double_blocks_\1_img_attn_proj"),
+            (_DOUBLE + r"attn\.to_add_out$", r"double_blocks_\1_txt_attn_proj"),
+            *((_DOUBLE + re.escape(f"{ff}.{layer}") + "$", rf"double_blocks_\1_{stream}_mlp_{index}")
+              for ff, stream in (("ff", "img"), ("ff_context", "txt")) for layer, index in zip(mlp, (0, 2))),
+            (r"^x_embedder$", "img_in"), (r"^context_embedder$", "txt_in"),
+            *((f"^{re.escape(f'{holder}.{embedder}.linear_{n}')}$", f"{bfl}_in_{side}_layer")
+              for embedder, bfl in bfl_embedders.items() for n, side in ((1, "in"), (2, "out"))),
+            *renames,
+        ),
+        stacks=(
+            _fused(_DOUBLE, (r"attn\.to_q", r"attn\.to_k", r"attn\.to_v"), r"double_blocks_\1_img_attn_qkv"),
+            _fused(_DOUBLE, (r"attn\.add_q_proj", r"attn\.add_k_proj", r"attn\.add_v_proj"),
+                   r"double_blocks_\1_txt_attn_qkv"),
+            *stacks,
+        ),
+    )
+
+
+# FLUX.1: a double-stream block's modulation per stream; a single-stream block's linear1 (q, k, v and the
+# MLP's input, fused), linear2 and modulation; the guidance and pooled-text (vector) embedders. The final
+# layer is not named: diffusers 0.42.1 reads its kohya pair without the alpha.
+FLUX_KOHYA = _bfl_kohya(
+    "kohya FLUX (lora_unet_ with BFL's module names)",
+    "ComfyUI, kohya sd-scripts, diffusers load_lora_weights",
+    mlp=("net.0.proj", "net.2"),
+    embedders=("time_text_embed", {"timestep_embedder": "time", "guidance_embedder": "guidance",
+                                   "text_embedder": "vector"}),
     renames=(
-        (_DOUBLE + r"attn\.to_out\.0$", r"double_blocks_\1_img_attn_proj"),
-        (_DOUBLE + r"attn\.to_add_out$", r"double_blocks_\1_txt_attn_proj"),
-        (_DOUBLE + r"ff\.net\.0\.proj$", r"double_blocks_\1_img_mlp_0"),
-        (_DOUBLE + r"ff\.net\.2$", r"double_blocks_\1_img_mlp_2"),
         (_DOUBLE + r"norm1\.linear$", r"double_blocks_\1_img_mod_lin"),
-        (_DOUBLE + r"ff_context\.net\.0\.proj$", r"double_blocks_\1_txt_mlp_0"),
-        (_DOUBLE + r"ff_context\.net\.2$", r"double_blocks_\1_txt_mlp_2"),
         (_DOUBLE + r"norm1_context\.linear$", r"double_blocks_\1_txt_mod_lin"),
         (_SINGLE + r"proj_out$", r"single_blocks_\1_linear2"),
         (_SINGLE + r"norm\.linear$", r"single_blocks_\1_modulation_lin"),
-        *_FLUX_EMBEDDERS,
     ),
-    stacks=(
-        _fused(_DOUBLE, (r"attn\.to_q", r"attn\.to_k", r"attn\.to_v"), r"double_blocks_\1_img_attn_qkv"),
-        _fused(_DOUBLE, (r"attn\.add_q_proj", r"attn\.add_k_proj", r"attn\.add_v_proj"), r"double_blocks_\1_txt_attn_qkv"),
-        # FLUX.1's MLP is 4x the width: diffusers splits linear1 at [3072, 3072, 3072, 12288] (FLUX.1's sizes).
-        _fused(_SINGLE, (r"attn\.to_q", r"attn\.to_k", r"attn\.to_v", r"proj_mlp"), r"single_blocks_\1_linear1",
-             (1, 1, 1, 4)),
-    ),
+    # FLUX.1's MLP is 4x the width: diffusers splits linear1 at [3072, 3072, 3072, 12288] (FLUX.1's sizes).
+    stacks=(_fused(_SINGLE, (r"attn\.to_q", r"attn\.to_k", r"attn\.to_v", r"proj_mlp"), r"single_blocks_\1_linear1",
+                   (1, 1, 1, 4)),),
 )
 
-# FLUX.2 (and klein) under the same names, as diffusers' _convert_kohya_flux2_lora_to_diffusers reads
-# them: its MLPs are linear_in / linear_out, and a single-stream block already fuses q, k, v and the
-# MLP's input (to_qkv_mlp_proj = linear1) and both outputs (attn.to_out = linear2) as BFL's does.
-FLUX2_KOHYA = LoraKeyConvention(
-    name="kohya FLUX.2 (lora_unet_ with BFL's module names)",
-    read_by="ComfyUI, diffusers load_lora_weights",
-    prefixes={"transformer": "lora_unet_"},
-    flat=True,
+# FLUX.2 (and klein): its MLPs are linear_in / linear_out, and a single-stream block already fuses q, k, v
+# and the MLP's input (to_qkv_mlp_proj = linear1) and both outputs (attn.to_out = linear2) as BFL's does;
+# its modulation is shared by all blocks, and its final layer is named.
+FLUX2_KOHYA = _bfl_kohya(
+    "kohya FLUX.2 (lora_unet_ with BFL's module names)",
+    "ComfyUI, diffusers load_lora_weights",
+    mlp=("linear_in", "linear_out"),
+    embedders=("time_guidance_embed", {"timestep_embedder": "time"}),
     renames=(
-        (_DOUBLE + r"attn\.to_out\.0$", r"double_blocks_\1_img_attn_proj"),
-        (_DOUBLE + r"attn\.to_add_out$", r"double_blocks_\1_txt_attn_proj"),
-        (_DOUBLE + r"ff\.linear_in$", r"double_blocks_\1_img_mlp_0"),
-        (_DOUBLE + r"ff\.linear_out$", r"double_blocks_\1_img_mlp_2"),
-        (_DOUBLE + r"ff_context\.linear_in$", r"double_blocks_\1_txt_mlp_0"),
-        (_DOUBLE + r"ff_context\.linear_out$", r"double_blocks_\1_txt_mlp_2"),
         (_SINGLE + r"attn\.to_qkv_mlp_proj$", r"single_blocks_\1_linear1"),
         (_SINGLE + r"attn\.to_out$", r"single_blocks_\1_linear2"),
-        (r"^x_embedder$", "img_in"), (r"^context_embedder$", "txt_in"),
-        (r"^time_guidance_embed\.timestep_embedder\.linear_1$", "time_in_in_layer"),
-        (r"^time_guidance_embed\.timestep_embedder\.linear_2$", "time_in_out_layer"),
         (r"^proj_out$", "final_layer_linear"),
-    ),
-    stacks=(
-        _fused(_DOUBLE, (r"attn\.to_q", r"attn\.to_k", r"attn\.to_v"), r"double_blocks_\1_img_attn_qkv"),
-        _fused(_DOUBLE, (r"attn\.add_q_proj", r"attn\.add_k_proj", r"attn\.add_v_proj"), r"double_blocks_\1_txt_attn_qkv"),
     ),
 )
 
