@@ -220,9 +220,9 @@ class Run:
             self.prefetcher = Prefetcher(
                 int(parse_quantity(self.spec.data.streaming.cache_size, "spec.data.streaming.cacheSize")),
                 self.spec.data.streaming.prefetch_steps)
-        if not streaming or self.family.layout.screen_streamed:
-            # Every file is checked before the first step (streamed clips: from their headers); the
-            # processes share the work.
+        if not streaming or self.family.layout.screen_streamed(self.spec):
+            # Every file is checked before the first step (streamed clips where the sampler needs
+            # them: from their headers); the processes share the work.
             size = self.family.size
             samples = self.family.screen.images(samples, self.rank, self.world_size, self._gather_objects, size,
                                                 by_area=self.spec.data.bucketing)
