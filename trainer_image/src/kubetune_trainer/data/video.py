@@ -107,7 +107,7 @@ def remember(found: dict[Path, ClipInfo]) -> None:
             _probed.setdefault(key, info)
 
 
-def probe(path: Path) -> ClipInfo:
+def probe(path: Path, decoding: bool = False) -> ClipInfo:
     """What the clip holds; ClipError when it is not a usable video. Remembered per file version (a
     clip stored in a container: per path, containers do not change under a run): the screen probes
     every clip before the data set is built, which probes them again.
@@ -116,19 +116,23 @@ def probe(path: Path) -> ClipInfo:
     count is in its header (the sample table), so only the header and the first frame are read;
     its keyframes are not listed, but a constant-rate clip's timeline is kept (ClipInfo.first_pts,
     frame_ticks), so its samples still seek to the keyframe before them. Other
-    containers (.webm) keep no count in the header: their packets are read, the whole clip."""
+    containers (.webm) keep no count in the header: their packets are read, the whole clip.
+
+    `decoding`: the clip is about to be decoded whole anyway (a sample's, probed as training reaches
+    it): a streamed one is fetched whole first (the one GET its decoding needs) and its header read
+    from those bytes, rather than ranged reads and then the fetch."""
     local = in_place(path)
     memo = _memo_key(path)
     with _probed_lock:
         if memo in _probed:
             return _probed[memo]
-    fetched = not local and remote(path)
+    fetched = not local and remote(path) and not decoding
     source = str(path) if local else open_ranged(path) if fetched else io.BytesIO(read_bytes(path))
     if (memo[1] if local else source.seek(0, io.SEEK_END)) == 0:
         raise ClipError("is empty (0 bytes): a zero-length clip")
     if not local:
         source.seek(0)
-    info = _probe(source, header_only=fetched)
+    info = _probe(source, header_only=fetched or (decoding and not local))
     with _probed_lock:
         _probed[memo] = info
     return info

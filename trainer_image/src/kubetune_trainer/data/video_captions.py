@@ -119,7 +119,7 @@ class VideoCaptionsDataset(KeyedDataset):
         if info is None:
             path = self.samples[index].path
             try:
-                info = probe(path)
+                info = probe(path, decoding=True)
             except ClipError as err:
                 raise _failed(path, err) from None
             self._count(path, info, self.counts)
