@@ -89,7 +89,7 @@ def load(args) -> dict:
     stream = streamed(Path(spec.data.uri))
     prefetcher = None
     if stream is not None:
-        prefetcher = Prefetcher(4 << 30, spec.data.streaming.prefetch_steps)
+        prefetcher = Prefetcher(4 << 30, spec.data.streaming.prefetch_steps, first_step_alone=True)  # as run.py
         prefetcher.plan([[p for _, i in keys for p in image_paths(dataset.samples[i])] for keys in steps])
     mark("data set and prefetch plan")
     loader = DataLoader(dataset, batch_sampler=steps, collate_fn=layout.collate, num_workers=args.workers)
