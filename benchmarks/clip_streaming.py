@@ -9,7 +9,9 @@ clip's bitrate) is written once and uploaded --clips times under different names
 to a real S3 server (versitygw on loopback, as data_formats.py). Each case runs in a process of its
 own with a fresh cache and does what a trainer process does with the data before its first step,
 without the model: lay out (copy whole, or open the stream), read the samples, screen (probe) every
-clip, build the data set (probing each clip again, remembered), plan the prefetcher, then load the
+clip where run.Run.set_up does (copied whole; streamed only where the sampler needs the clips' facts
+before the first step: --bucketing, or spec.data.skipBad), build the data set, plan the prefetcher,
+then load the
 first --batches batches of one sample (--frames frames at --resolution px) through a DataLoader of
 --workers workers. Printed: each phase's end from the case's start (imports excluded), and the
 ratio of the first batch streamed to copied whole. A benchmark, not a test: nothing is asserted.
@@ -42,6 +44,8 @@ def parse_args(argv=None):
     parser.add_argument("--resolution", type=int, default=256)
     parser.add_argument("--batches", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--bucketing", action="store_true",
+                        help="spec.data.bucketing: streamed clips then probed before the first step too")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="added to every S3 request of the cases")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # internal: one case, in its own process
     parser.add_argument("--uri", help=argparse.SUPPRESS)
@@ -70,19 +74,22 @@ def load(args) -> dict:
     spec = TrainingJobSpec.model_validate({
         "model": {"family": "wan", "pretrained": "/models/none"},
         "data": {"layout": "video-captions", "uri": args.uri, "resolution": args.resolution, "frames": args.frames,
-                 "numWorkers": args.workers, "streaming": {"enabled": CASES[args.case]}},
+                 "numWorkers": args.workers, "streaming": {"enabled": CASES[args.case]},
+                 "bucketing": args.bucketing},
         "training": {"maxSteps": args.batches, "batchSize": 1}, "checkpoints": {"uri": "/runs"}})
     spec = with_local_inputs(spec)
     mark("lay out (copy whole, or open the stream)")
     screen = Screen(skip_bad=False, check=layout.check(spec))
-    samples = screen.images(layout.read_samples(spec, screen))  # every clip probed (the screen's clip check)
-    mark("read and screen (probe every clip)")
+    samples = layout.read_samples(spec, screen)
+    if not CASES[args.case] or layout.screen_streamed(spec):  # as run.Run.set_up decides
+        samples = screen.images(samples)  # every clip probed (the screen's clip check)
+    mark("read and screen (probe every clip where screened)")
     dataset = layout.dataset(samples, ImageTransform(args.resolution), spec, True)
     steps = epoch_steps(len(dataset), 1, seed=0, epoch=0)[:args.batches]
     stream = streamed(Path(spec.data.uri))
     prefetcher = None
     if stream is not None:
-        prefetcher = Prefetcher(4 << 30, spec.data.streaming.prefetch_steps)
+        prefetcher = Prefetcher(4 << 30, spec.data.streaming.prefetch_steps, first_step_alone=True)  # as run.py
         prefetcher.plan([[p for _, i in keys for p in image_paths(dataset.samples[i])] for keys in steps])
     mark("data set and prefetch plan")
     loader = DataLoader(dataset, batch_sampler=steps, collate_fn=layout.collate, num_workers=args.workers)
@@ -142,6 +149,7 @@ def main(argv=None) -> None:
             command = [sys.executable, __file__, "--case", name, "--uri", f"s3://{bucket}/clips"]
             for option in ("frames", "resolution", "batches", "workers"):
                 command += [f"--{option}", str(getattr(args, option))]
+            command += ["--bucketing"] if args.bucketing else []
             result = subprocess.run(command, env=env, capture_output=True, text=True)
             if result.returncode:
                 sys.exit(f"{name} failed:\n{result.stderr[-3000:]}")

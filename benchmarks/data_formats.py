@@ -58,6 +58,8 @@ def parse_args(argv=None):
     parser.add_argument("--cases", default=";".join(CASES),
                         help="which cases, separated by ; (default all; the ratios need the first two)")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="added to every S3 request of the cases")
+    parser.add_argument("--prefetch-steps", type=int, default=None,
+                        help="spec.data.streaming.prefetchSteps (default: the spec's)")
     parser.add_argument("--workdir", type=Path, help="keep data here (default: a temporary directory)")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # internal: one case, in its own process
     parser.add_argument("--uri", help=argparse.SUPPRESS)
@@ -83,7 +85,9 @@ def load(args) -> dict:
     spec = TrainingJobSpec.model_validate({
         "model": {"family": "sd15", "pretrained": "/models/none"},
         "data": {"layout": "captions", "uri": args.uri, "format": data_format, "resolution": args.resolution,
-                 "numWorkers": args.workers, "streaming": {"enabled": streaming}},
+                 "numWorkers": args.workers,
+                 "streaming": {"enabled": streaming, **({"prefetchSteps": args.prefetch_steps}
+                                                        if args.prefetch_steps else {})}},
         "training": {"maxSteps": args.steps, "batchSize": args.batch_size}, "checkpoints": {"uri": "/runs"}})
     phases = {}  # where the first batch's time goes: each phase's end, from the case's start
 
@@ -102,7 +106,7 @@ def load(args) -> dict:
     steps = epoch_steps(len(dataset), args.batch_size, seed=0, epoch=0)[:args.steps]
     prefetcher = None
     if stream is not None:
-        prefetcher = Prefetcher(4 << 30, spec.data.streaming.prefetch_steps)
+        prefetcher = Prefetcher(4 << 30, spec.data.streaming.prefetch_steps, first_step_alone=True)  # as run.py
         prefetcher.plan([[p for _, i in keys for p in image_paths(dataset.samples[i])] for keys in steps])
     mark("data set and prefetch plan")
     times = []
@@ -127,8 +131,9 @@ def run_case(args, name: str, uri: str, work: Path) -> dict:
     cache = work / "cache" / name.replace(" ", "-").replace(",", "")
     env = {**os.environ, "KUBETUNE_CACHE_DIR": str(cache)}
     command = [sys.executable, __file__, "--case", name, "--uri", uri]
-    for option in ("resolution", "batch_size", "steps", "warmup", "workers"):
-        command += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
+    for option in ("resolution", "batch_size", "steps", "warmup", "workers", "prefetch_steps"):
+        if getattr(args, option) is not None:
+            command += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     if result.returncode:
         sys.exit(f"{name} failed:\n{result.stderr[-3000:]}")

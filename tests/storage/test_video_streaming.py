@@ -1,7 +1,8 @@
 """Video clips streamed from s3:// (loose, and as WebDataset members) train exactly what the same clips on
-local disk train: probed before the first step from their headers by ranged reads (no clip fetched
-whole), screened there as local clips are (a file that is not a video named, spec.data.skipBad
-honoured), fetched ahead of their steps by the prefetcher and its loader workers, evicted after.
+local disk train: probed from their headers by ranged reads (no clip fetched whole) as training
+reaches them, or before the first step where the sampler needs them (spec.data.bucketing, several
+frame counts, spec.data.skipBad: screened there as local clips are), fetched ahead of their steps
+by the prefetcher and its loader workers, evicted after.
 
 Per-rank sharding and resume are the images' code path (run.images_of over any sample's Path fields,
 storage.stream.Prefetcher): tests/storage/test_data_streaming.py and test_data_formats_streaming.py
@@ -26,9 +27,10 @@ pytestmark = pytest.mark.slow
 CLIPS = 4  # two steps of two: every clip is trained once
 
 
-def wan_job(model: Path, uri: str, out: Path, data_format: str, workers: int = 0, **streaming) -> dict:
+def wan_job(model: Path, uri: str, out: Path, data_format: str, workers: int = 0, bucketing: bool = False,
+            **streaming) -> dict:
     return family_job("wan", "video-captions", model, uri, out,
-                      data={"format": data_format, "frames": 5, "numWorkers": workers,
+                      data={"format": data_format, "frames": 5, "numWorkers": workers, "bucketing": bucketing,
                             **({"streaming": streaming} if streaming else {})})
 
 
@@ -76,14 +78,16 @@ def test_clips_streamed_from_s3_loose_and_in_shards_train_the_weights_of_local_c
 
 def test_a_streamed_file_that_is_not_a_video_is_named_before_training_from_its_header(bucket, tiny_model,
                                                                                      tmp_path, monkeypatch):
-    """Streamed clips are screened before the first step as local ones are (their probe reads headers
-    only): refused in one line naming the clip, before anything is written."""
+    """Streamed clips the sampler buckets (spec.data.bucketing) are screened before the first step as
+    local ones are (their probe reads headers only): refused in one line naming the clip, before
+    anything is written. (Without buckets a clip is probed as training reaches it: the message is
+    tests/trainer/test_video_captions_layout.py's.)"""
     loose = write_tiny_data("video-captions", tmp_path / "loose", count=2, size=32, seed=0)
     broken = sorted(loose.glob("**/*.mp4"))[1]
     broken.write_bytes(b"<html>not a video</html>" * 20)
     upload(loose, f"s3://{bucket}/broken")
     monkeypatch.setenv("KUBETUNE_CACHE_DIR", str(tmp_path / "cache"))
-    manifest = wan_job(tiny_model("wan"), f"s3://{bucket}/broken", tmp_path / "out", "files")
+    manifest = wan_job(tiny_model("wan"), f"s3://{bucket}/broken", tmp_path / "out", "files", bucketing=True)
     stderr = run_trainer_expecting_failure(manifest, tmp_path)
     named = tmp_path / "cache" / "stream" / bucket / "broken" / broken.relative_to(loose)
     assert f"{named}: cannot be read as a video" in stderr, stderr[-3000:]

@@ -130,6 +130,36 @@ def test_a_lone_expert_trains_on_its_own_noise_levels_and_both_route_each_sample
     assert routes["transformer"].any() and routes["transformer_2"].any(), "64 draws reach both sides of 0.875"
 
 
+def test_noise_levels_are_shifted_by_the_folder_s_scheduler_config_and_validation_samples_with_it(
+        variant, tiny_dataset, tmp_path):
+    """Wan 2.2 TI2V-5B's published scheduler config shifts by 5.0, Wan 2.1's and 2.2 A14B's by 3.0: the
+    trainer draws by whatever the folder's config says (a changed one included), and the pipeline that
+    renders validation clips gets that very scheduler."""
+    import shutil
+
+    from kubetune_api.spec import TrainingJob
+    from kubetune_trainer.families import family_for
+    from kubetune_trainer.flow_matching import sample_sigmas, shifted
+    from kubetune_trainer.randomness import SampleRandom
+
+    def family(model):
+        manifest = family_job(FAMILY, LAYOUT, model, tiny_dataset(LAYOUT), "/unused")
+        return family_for(FAMILY)(TrainingJob.model_validate(manifest).spec, torch.device("cpu"), torch.float32)
+
+    def draws():
+        return SampleRandom.for_keys(3, [(0, index) for index in range(64)], 0)
+
+    unshifted = sample_sigmas(draws())
+    changed = shutil.copytree(variant("ti2v-5b"), tmp_path / "ti2v-5b-shift-8")
+    config_file = changed / "scheduler" / "scheduler_config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "flow_shift": 8.0}))
+    for model, shift in ((variant("ti2v-5b"), 5.0), (variant("a14b"), 3.0), (changed, 8.0)):
+        wan = family(model)
+        assert wan.scheduler.config.flow_shift == shift
+        torch.testing.assert_close(wan.draw_sigmas(draws()), shifted(unshifted, shift))  # both experts: all of [0, 1]
+        assert wan.pipeline({}).scheduler.config.flow_shift == shift, "validation samples on the same schedule"
+
+
 def test_the_experts_module_runs_each_expert_on_its_samples_and_an_idle_one_on_a_sample_times_zero(variant):
     """What keeps processes in step when their samples go to different experts: an expert without samples
     still runs (on one) and every trained weight gets a gradient, zero for the idle expert."""

@@ -159,6 +159,61 @@ def test_clips_bucket_by_frame_count_and_aspect_ratio_and_a_step_keeps_to_one(tm
         assert width > height if "wide" in names[step[0][1]] else width < height
 
 
+def counting_probes(monkeypatch) -> list:
+    """Every clip probed from now on in this process (its memory of earlier probes forgotten)."""
+    from kubetune_trainer.data import video
+
+    probed, real = [], video._probe
+    monkeypatch.setattr(video, "_probed", {})
+    monkeypatch.setattr(video, "_probe", lambda source, header_only=False: probed.append(source) or
+                        real(source, header_only))
+    return probed
+
+
+def test_with_one_frame_count_and_no_buckets_a_clip_is_probed_only_when_a_sample_takes_it(clips, tmp_path,
+                                                                                          monkeypatch):
+    """What a streamed data set gets before its first step (run.Run.set_up screens it only where the
+    sampler needs the clips' facts): no clip probed to build it, the same starts as clips probed before,
+    and a bad clip named when a sample reaches it."""
+    probed = counting_probes(monkeypatch)
+    spec = video_spec(clips)
+    assert not LAYOUT.screen_streamed(spec)
+    lazy = LAYOUT.dataset(LAYOUT.read(spec, Screen(False)), ImageTransform(32), spec, True)
+    assert probed == [] and lazy.groups is None
+    probed_before = dataset(video_spec(clips, bucketing=True))  # square clips: one bucket, the same crops
+    assert len(probed) == 4
+    for epoch in range(6):
+        assert torch.equal(lazy[(epoch, 1)]["pixel_values"], probed_before[(epoch, 1)]["pixel_values"])
+        assert lazy[(epoch, 1)]["frame_start"] == probed_before[(epoch, 1)]["frame_start"]
+    for needs in ({"bucketing": True}, {"frames": [5, 9]}, {"skipBad": True}):
+        assert LAYOUT.screen_streamed(video_spec(clips, **needs)), needs
+
+    grey_clip(tmp_path / "good.mp4", 9)
+    (tmp_path / "bad.mp4").write_text("a caption, not a clip\n" * 40)
+    spec = video_spec(captioned(tmp_path, {"good.mp4": "g", "bad.mp4": "b"}))
+    data = LAYOUT.dataset(LAYOUT.read(spec, Screen(False)), ImageTransform(32), spec, True)
+    assert data[(0, 0)]["pixel_values"].shape == (5, 3, 32, 32)
+    with pytest.raises(ConfigError) as refused:
+        data[(0, 1)]
+    message = str(refused.value)
+    assert message.startswith(f"{tmp_path / 'bad.mp4'}: cannot be read as a video") and "\n" not in message
+    assert "fix or remove it" in message and "as training reaches them" in message, message
+
+
+def test_each_process_probes_its_share_of_the_clips_and_takes_the_others_findings(clips, monkeypatch):
+    spec = video_spec(clips, bucketing=True)  # the sampler needs every clip's facts before the first step
+    samples = LAYOUT.read(spec, Screen(False))
+    theirs = []  # what the second of two processes found, then forgotten: its memory is not this one's
+    Screen(False, LAYOUT.check(spec)).images(samples, rank=1, world_size=2,
+                                             gather=lambda mine: theirs.append(mine) or [mine])
+    probed = counting_probes(monkeypatch)
+    kept = Screen(False, LAYOUT.check(spec)).images(samples, rank=0, world_size=2,
+                                                    gather=lambda mine: [mine, theirs[0]])
+    assert len(probed) == 2, "this process probed its two clips of four"
+    data = LAYOUT.dataset(kept, ImageTransform(32), spec, True)
+    assert len(probed) == 2 and len(data.groups) == 4 and None not in data.clips, "and none of the other's"
+
+
 def header_only(path: Path) -> None:
     """An .mp4 whose encoder was given no frames: a container header, no stream."""
     container = av.open(str(path), "w")

@@ -219,10 +219,10 @@ class Run:
         if streaming:  # images are checked as they arrive (data.keyed)
             self.prefetcher = Prefetcher(
                 int(parse_quantity(self.spec.data.streaming.cache_size, "spec.data.streaming.cacheSize")),
-                self.spec.data.streaming.prefetch_steps)
-        if not streaming or self.family.layout.screen_streamed:
-            # Every file is checked before the first step (streamed clips: from their headers); the
-            # processes share the work.
+                self.spec.data.streaming.prefetch_steps, first_step_alone=True)
+        if not streaming or self.family.layout.screen_streamed(self.spec):
+            # Every file is checked before the first step (streamed clips where the sampler needs
+            # them: from their headers); the processes share the work.
             size = self.family.size
             samples = self.family.screen.images(samples, self.rank, self.world_size, self._gather_objects, size,
                                                 by_area=self.spec.data.bucketing)

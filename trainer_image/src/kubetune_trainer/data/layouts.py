@@ -33,9 +33,9 @@ class Layout:
     check: Callable[[TrainingJobSpec], FileCheck | None] = lambda spec: None
     # Its samples from the records of spec.data.format parquet or webdataset (None: loose files only).
     from_stored: Callable[[list[stored.Stored], TrainingJobSpec, Screen], list] | None = None
-    # Whether a streamed data set is screened before training too: its check reads only a streamed
-    # file's header (a clip's probe, which the data set needs anyway), so spec.data.skipBad applies.
-    screen_streamed: bool = False
+    # Whether a streamed data set is screened before training too (else its files are checked as
+    # training reaches them): where the sampler needs what the check finds before the first step.
+    screen_streamed: Callable[[TrainingJobSpec], bool] = lambda spec: False
 
     def read_samples(self, spec: TrainingJobSpec, screen: Screen) -> list:
         """Every sample, from loose files or from the format spec.data.format names."""
@@ -106,7 +106,15 @@ def _video_captions_dataset(samples: list, transform: ImageTransform, spec: Trai
 
 def _clip_check(spec: TrainingJobSpec) -> FileCheck:
     """Every clip: a video, not empty, and holding the shortest of spec.data.frames at spec.data.fps."""
-    return video.clip_check(min(frame_counts(spec.data.frames)), spec.data.fps)
+    return video.ClipCheck(min(frame_counts(spec.data.frames)), spec.data.fps)
+
+
+def _screen_streamed_clips(spec: TrainingJobSpec) -> bool:
+    """Streamed clips are probed before the first step (from their headers, each process its share)
+    only where that step needs them: to batch by their frame counts or aspect ratios, or to skip the
+    bad ones (spec.data.skipBad: every process must leave out the same). Else each is probed as
+    training reaches it, in the loader worker that decodes it, as streamed images are checked."""
+    return spec.data.skip_bad or video_captions.needs_clip_facts(frame_counts(spec.data.frames), spec.data.bucketing)
 
 
 LAYOUTS: dict[str, Layout] = {
@@ -116,5 +124,6 @@ LAYOUTS: dict[str, Layout] = {
                            from_stored=stored.labelled),
     "pmg": Layout(_read_pmg, _pmg_dataset, pmg.collate, held_out=_pmg_held_out),
     "video-captions": Layout(_read_video_captions, _video_captions_dataset, video_captions.collate,
-                             check=_clip_check, from_stored=stored.captioned_clips, screen_streamed=True),
+                             check=_clip_check, from_stored=stored.captioned_clips,
+                             screen_streamed=_screen_streamed_clips),
 }

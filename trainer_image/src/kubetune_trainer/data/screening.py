@@ -5,8 +5,9 @@ Readers report record-level problems (a broken metadata line, a caption that is 
 name that leaves the data set) through `Screen.reject`; then every image is opened, verified and
 fully decoded once (`image_problem`): truncated files, files that are not images, and images over
 Pillow's decompression-bomb limit are caught here. A layout of other files gives the Screen its own
-check of one file (data.video.clip_check for video clips). Processes split the files between them and
-share what they found, so every process keeps the same samples.
+check of one file (data.video.ClipCheck for video clips). Processes split the files between them and
+share what they found, so every process keeps the same samples (and a check that takes the others'
+findings, `share`, gets them: a clip probed by one process is not probed again by the others).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from PIL import Image
 
@@ -23,8 +25,13 @@ from kubetune_trainer.image_input import ImageRefused, check_bounds, oriented_si
 from kubetune_trainer.storage.stream import NotARegularFile, describe, open_image
 
 CHECK_THREADS = 4  # decoding releases the GIL: a few threads keep the disk and the cores busy
-# One file's check: (why it cannot be trained on or None, its (width, height) when it can).
-FileCheck = Callable[[Path], tuple[str | None, tuple[int, int] | None]]
+# One file's check: (why it cannot be trained on or None, what it found when it can: the file's
+# (width, height), or an object with a `size` (a clip's ClipInfo)).
+FileCheck = Callable[[Path], tuple[str | None, Any]]
+
+
+def _size_of(found) -> tuple[int, int]:
+    return found if isinstance(found, tuple) else found.size
 
 
 def image_problem(path: Path) -> str | None:
@@ -102,9 +109,12 @@ class Screen:
             found = list(pool.map(lambda i: (i, *self._check(samples[i])), mine))
         shares = gather([(i, problem, sizes) for i, problem, sizes in found])
         bad = sorted((i, problem) for share in shares for i, problem, _ in share if problem)
+        everything = [entry for share in shares for _, _, sizes in share for entry in sizes]
+        share_found = getattr(self.check, "share", None)
+        if share_found is not None:
+            share_found(dict(everything))
         if size is not None:
-            self.small = _small_images([entry for share in shares for _, _, sizes in share for entry in sizes], size,
-                                       by_area)
+            self.small = _small_images([(path, _size_of(found)) for path, found in everything], size, by_area)
         for _, problem in bad:
             where, _, why = problem.partition("\0")
             self.reject(where, why)
@@ -114,14 +124,14 @@ class Screen:
             raise ConfigError("spec.data.uri: no usable sample is left after skipping bad ones")
         return kept
 
-    def _check(self, sample) -> tuple[str | None, list[tuple[Path, tuple[int, int]]]]:
-        """(the sample's first problem as "path\0why" or None, each readable file's size)."""
+    def _check(self, sample) -> tuple[str | None, list[tuple[Path, Any]]]:
+        """(the sample's first problem as "path\0why" or None, what the check found of each readable file)."""
         sizes = []
         for path in image_paths(sample):
-            problem, image_size = self.check(path)
+            problem, found = self.check(path)
             if problem:
                 return f"{describe(path)}\0{problem}", sizes
-            sizes.append((path, image_size))
+            sizes.append((path, found))
         return None, sizes
 
 

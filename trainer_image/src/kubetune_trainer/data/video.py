@@ -66,6 +66,11 @@ class ClipInfo:
             return position
         return min(self.frames - 1, math.floor(position * self.rate / fps + 0.5))
 
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height) of its frames."""
+        return self.width, self.height
+
     def describe(self, fps: float | None) -> str:
         held = f"{self.frames} frames at {self.rate:g} fps"
         return held if fps is None or fps == self.rate else f"{held}, {self.positions(fps)} at spec.data.fps {fps:g}"
@@ -81,7 +86,28 @@ def _source(path: Path):
     return str(path) if in_place(path) else io.BytesIO(read_bytes(path))
 
 
-def probe(path: Path) -> ClipInfo:
+def _memo_key(path: Path) -> tuple[str, int, int]:
+    """Which version of PATH a probe is of: a local file's size and mtime; a streamed object or a
+    container's member does not change under a run."""
+    if in_place(path):
+        stat = path.stat()
+        return str(path), stat.st_size, stat.st_mtime_ns
+    return str(path), 0, 0
+
+
+def remember(found: dict[Path, ClipInfo]) -> None:
+    """Take probes made elsewhere (another process's share of the screen) as this process's own, so
+    no clip is probed twice; a local file gone here is left out (probed here if ever read)."""
+    for path, info in found.items():
+        try:
+            key = _memo_key(path)
+        except OSError:
+            continue
+        with _probed_lock:
+            _probed.setdefault(key, info)
+
+
+def probe(path: Path, decoding: bool = False) -> ClipInfo:
     """What the clip holds; ClipError when it is not a usable video. Remembered per file version (a
     clip stored in a container: per path, containers do not change under a run): the screen probes
     every clip before the data set is built, which probes them again.
@@ -90,23 +116,23 @@ def probe(path: Path) -> ClipInfo:
     count is in its header (the sample table), so only the header and the first frame are read;
     its keyframes are not listed, but a constant-rate clip's timeline is kept (ClipInfo.first_pts,
     frame_ticks), so its samples still seek to the keyframe before them. Other
-    containers (.webm) keep no count in the header: their packets are read, the whole clip."""
+    containers (.webm) keep no count in the header: their packets are read, the whole clip.
+
+    `decoding`: the clip is about to be decoded whole anyway (a sample's, probed as training reaches
+    it): a streamed one is fetched whole first (the one GET its decoding needs) and its header read
+    from those bytes, rather than ranged reads and then the fetch."""
     local = in_place(path)
-    if local:
-        stat = path.stat()
-        memo = (str(path), stat.st_size, stat.st_mtime_ns)
-    else:
-        memo = (str(path), 0, 0)
+    memo = _memo_key(path)
     with _probed_lock:
         if memo in _probed:
             return _probed[memo]
-    fetched = not local and remote(path)
+    fetched = not local and remote(path) and not decoding
     source = str(path) if local else open_ranged(path) if fetched else io.BytesIO(read_bytes(path))
-    if (stat.st_size if local else source.seek(0, io.SEEK_END)) == 0:
+    if (memo[1] if local else source.seek(0, io.SEEK_END)) == 0:
         raise ClipError("is empty (0 bytes): a zero-length clip")
     if not local:
         source.seek(0)
-    info = _probe(source, header_only=fetched)
+    info = _probe(source, header_only=fetched or (decoding and not local))
     with _probed_lock:
         _probed[memo] = info
     return info
@@ -169,21 +195,30 @@ def _constant_ticks(stream, frames: int) -> int | None:
     return steps.pop() if len(stamps) == frames and len(steps) == 1 and min(steps, default=0) > 0 else None
 
 
-def clip_check(shortest: int, fps: float | None):
+@dataclass(frozen=True)
+class ClipCheck:
     """The screen's check of one clip (data.screening.FileCheck): usable, and long enough for the
-    shortest of spec.data.frames at `fps`."""
-    def check(path: Path) -> tuple[str | None, tuple[int, int] | None]:
+    `shortest` of spec.data.frames at `fps`. What it finds is the clip's ClipInfo, which the screen
+    hands to every process (`share`): each probes its share of the clips, none probes them all."""
+
+    shortest: int
+    fps: float | None
+
+    def __call__(self, path: Path) -> tuple[str | None, ClipInfo | None]:
         try:
             info = probe(path)
         except ClipError as err:
             return str(err), None
         except OSError as err:  # gone or unreadable since the reader listed it
             return f"cannot be read ({type(err).__name__}: {err})", None
-        if info.positions(fps) < shortest:
-            return (f"is {info.describe(fps)}: shorter than spec.data.frames {shortest}; use a longer clip, "
+        if info.positions(self.fps) < self.shortest:
+            return (f"is {info.describe(self.fps)}: shorter than spec.data.frames {self.shortest}; use a longer clip, "
                     "fewer spec.data.frames or a lower spec.data.fps"), None
-        return None, (info.width, info.height)
-    return check
+        return None, info
+
+    @staticmethod
+    def share(found: dict[Path, ClipInfo]) -> None:
+        remember(found)
 
 
 def read_frames(path: Path, indices: list[int], size: tuple[int, int], crop: tuple[int, int, int, int],

@@ -12,6 +12,12 @@ never depends on the number of processes; with the embedding cache on it is draw
 from (seed, sample), so its latents are reused every epoch (as a random crop is). Held-out clips
 start at their first frame.
 
+What a clip holds (frame count, rate, size: data.video.probe) is read before the first step only
+where the sampler needs it (`needs_clip_facts`: frame-count buckets, aspect-ratio buckets); else
+each clip is probed when a sample first takes it, in the loader worker that decodes it. Local clips
+are probed before training anyway, by the screen (shared between the processes); streamed ones are
+then found bad only when training reaches them, as streamed images are.
+
 Clips stored as parquet rows or WebDataset members (spec.data.format) are read from their containers
 into memory (data.video), and named by their container and row or member.
 """
@@ -45,7 +51,7 @@ class CaptionedClip:
 def read_video_captions(root: Path, screen: Screen, file_column: str = "file_name",
                         caption_column: str = "text") -> list[CaptionedClip]:
     """metadata.jsonl's clips and captions; a bad line goes to the screen (the clips themselves are
-    checked by the screen's clip check, data.video.clip_check)."""
+    checked by the screen's clip check, data.video.ClipCheck)."""
     return [CaptionedClip(sample.path, sample.caption) for sample in
             read_captions(root, screen, file_column, caption_column, VIDEOS_FOLDER, "video-captions")]
 
@@ -57,9 +63,17 @@ def _probe_or_error(path: Path):
         return err
 
 
+def needs_clip_facts(frames: list[int], bucketing: bool) -> bool:
+    """Whether the sampler's groups depend on what each clip holds: its frame count picks one of
+    several spec.data.frames, its size an aspect-ratio bucket. One count and no buckets: every clip
+    batches with every other, and a clip is probed only when a sample takes it."""
+    return bucketing or len(frames) > 1
+
+
 def _failed(path: Path, err: ClipError) -> ConfigError:
-    return ConfigError(f"{describe(path)}: {err}; fix or remove it (every clip is checked before training, and "
-                       "spec.data.skipBad applies there)")
+    return ConfigError(f"{describe(path)}: {err}; fix or remove it (local clips are checked before training, "
+                       "streamed ones as training reaches them unless spec.data.skipBad, spec.data.bucketing or "
+                       "several spec.data.frames have them checked before; spec.data.skipBad applies there)")
 
 
 class VideoCaptionsDataset(KeyedDataset):
@@ -69,18 +83,23 @@ class VideoCaptionsDataset(KeyedDataset):
     def __init__(self, samples: list[CaptionedClip], transform: ImageTransform, frames: list[int],
                  fps: float | None, caption_dropout: float, seed: int, bucketing: bool = False,
                  random_start: bool = True, start_per_sample: bool = False):
-        # Remembered from the screen for this process's share; the others' clips are probed again, in
-        # parallel: a streamed clip's probe is a ranged GET or two, a round trip each.
-        with ThreadPoolExecutor(CHECK_THREADS) as pool:
-            found = list(pool.map(_probe_or_error, [sample.path for sample in samples]))
-        for sample, info in zip(samples, found):
-            if isinstance(info, ClipError):
-                raise _failed(sample.path, info)
-        self.clips = found
         self.fps = fps
-        self.frames = [self._count(sample.path, info, frames) for sample, info in zip(samples, self.clips)]
+        self.counts = frames
+        if needs_clip_facts(frames, bucketing):
+            # Remembered from the screen (every process's findings); a clip it did not see (a data set
+            # built without it) is probed here, in parallel: a streamed clip's probe is a round trip or two.
+            with ThreadPoolExecutor(CHECK_THREADS) as pool:
+                found = list(pool.map(_probe_or_error, [sample.path for sample in samples]))
+            for sample, info in zip(samples, found):
+                if isinstance(info, ClipError):
+                    raise _failed(sample.path, info)
+            self.clips: list = found
+            self.frames = [self._count(sample.path, info, frames) for sample, info in zip(samples, found)]
+            sizes = [info.size for info in found]
+        else:  # probed as samples take them (self.clip): the one count is every clip's
+            self.clips, self.frames, sizes = [None] * len(samples), [frames[0]] * len(samples), None
         super().__init__(samples, [s.path for s in samples], transform, seed, bucketing, kinds=self.frames,
-                         sizes=[(info.width, info.height) for info in self.clips])
+                         sizes=sizes)
         self.caption_dropout = caption_dropout
         self.random_start = random_start
         self.start_per_sample = start_per_sample
@@ -93,10 +112,24 @@ class VideoCaptionsDataset(KeyedDataset):
                               "use a longer clip, fewer spec.data.frames or a lower spec.data.fps")
         return max(held)
 
+    def clip(self, index: int):
+        """What clip `index` holds: probed before training, or now (remembered per process); a clip
+        that cannot give its sample is refused naming it."""
+        info = self.clips[index]
+        if info is None:
+            path = self.samples[index].path
+            try:
+                info = probe(path, decoding=True)
+            except ClipError as err:
+                raise _failed(path, err) from None
+            self._count(path, info, self.counts)
+            self.clips[index] = info
+        return info
+
     def start(self, key: tuple[int, int], rng: random.Random) -> int:
         """The sample's first position in its clip (at fps): drawn per epoch, or once per clip."""
         index = key[1]
-        room = self.clips[index].positions(self.fps) - self.frames[index]
+        room = self.clip(index).positions(self.fps) - self.frames[index]
         if not self.random_start:
             return 0
         draw = random.Random(f"{self.seed}:start:{index}") if self.start_per_sample else rng
@@ -105,7 +138,7 @@ class VideoCaptionsDataset(KeyedDataset):
     def __getitem__(self, key: tuple[int, int]) -> dict:
         rng = self.rng(key)
         index = key[1]
-        sample, info, count = self.samples[index], self.clips[index], self.frames[index]
+        sample, info, count = self.samples[index], self.clip(index), self.frames[index]
         start = self.start(key, rng)
         flip = self.transform.random_flip and rng.random() < 0.5
         width, height = self.bucket_sizes[self.buckets[index]] if self.buckets is not None \

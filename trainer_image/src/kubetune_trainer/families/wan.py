@@ -8,7 +8,10 @@ As in diffusers' WanPipeline:
   latents_std. Wan 2.2 TI2V-5B's VAE has 48 channels, 16x spatial compression (2x2 pixel patches
   inside the VAE) and the transformer takes one timestep per token (model_index expand_timesteps).
 - The transformer predicts the flow velocity noise - x0 at timestep 1000 sigma; noise levels are
-  drawn logit-normal and shifted by the scheduler's flow shift, as sd35 draws them.
+  drawn logit-normal and shifted by the model's own scheduler config's flow shift (`flow_shift`), as
+  sd35 draws them; validation samples with that scheduler too. The published configs differ by model,
+  not by version (diffusers' scripts/convert_wan_to_diffusers.py writes 3.0 for Wan 2.1 T2V/I2V and
+  Wan 2.2 A14B T2V/I2V, 5.0 for Wan 2.2 TI2V-5B), so the folder says, never a table here.
 - Wan 2.2 A14B has two experts: `transformer` denoises the high noise levels (1000 sigma at or above
   boundary_ratio x 1000), `transformer_2` the low ones. spec.model.experts picks which train: one
   expert trains on its own range of noise levels only (the draw is mapped into it), "both" (the
@@ -375,10 +378,9 @@ class Wan(ModelFamily):
     def draw_sigmas(self, random) -> torch.Tensor:
         """Each sample's noise level: logit-normal, shifted by the scheduler's flow shift, then mapped
         into the trained experts' range (a lone expert trains on its own noise levels only)."""
-        config = self.scheduler.config
-        shift = config.get("flow_shift") or config.get("shift") or 1.0
         low, high = self.sigmas
-        return low + (high - low) * flow_matching.shifted(flow_matching.sample_sigmas(random), shift)
+        return low + (high - low) * flow_matching.shifted(flow_matching.sample_sigmas(random),
+                                                          flow_shift(self.scheduler.config))
 
     def routes(self, sigmas: torch.Tensor) -> dict[str, torch.Tensor]:
         """Which trained expert denoises each sample: WanPipeline's rule, 1000 sigma >= 1000 boundary -> transformer."""
@@ -592,8 +594,20 @@ ARCHITECTURE = {
 MODEL_INDEX = {"transformer_2": [None, None], "boundary_ratio": None, "expand_timesteps": False}
 
 
-def scheduler(flow_shift: float = 3.0):
-    """WanPipeline's scheduler: UniPC over flow sigmas, shift 3.0 at 480p (Wan recommends 5.0 at 720p)."""
+# The flow shifts of the published diffusers folders' scheduler configs (diffusers'
+# scripts/convert_wan_to_diffusers.py): what the tiny writer gives each layout; the trainer reads the folder's.
+FLOW_SHIFT = 3.0             # Wan 2.1 T2V / I2V, Wan 2.2 T2V-A14B / I2V-A14B
+FLOW_SHIFT_TI2V_5B = 5.0     # Wan 2.2 TI2V-5B
+
+
+def flow_shift(config) -> float:
+    """The shift a scheduler config applies to its noise levels: UniPC's `flow_shift` (WanPipeline's
+    scheduler), or FlowMatchEulerDiscreteScheduler's `shift` where a folder swapped it in; 1: none."""
+    return float(config.get("flow_shift") or config.get("shift") or 1.0)
+
+
+def scheduler(flow_shift: float = FLOW_SHIFT):
+    """WanPipeline's scheduler: UniPC over flow sigmas, shifted by `flow_shift`."""
     from diffusers import UniPCMultistepScheduler
 
     return UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
@@ -655,7 +669,8 @@ def write_tiny_wan(out_dir: Path, seed: int = 0, variant: str = "a14b") -> Path:
     elif i2v:
         image = dict(image_encoder=None, image_processor=None)
     pipeline = getattr(diffusers, I2V_PIPELINE if i2v else PIPELINE)(
-        tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler(), transformer=transformer(),
+        tokenizer=tokenizer, text_encoder=text_encoder, vae=vae,
+        scheduler=scheduler(FLOW_SHIFT_TI2V_5B if dense else FLOW_SHIFT), transformer=transformer(),
         transformer_2=transformer() if two else None, boundary_ratio=split, expand_timesteps=dense, **image)
     pipeline.save_pretrained(out_dir, safe_serialization=True)
     return out_dir

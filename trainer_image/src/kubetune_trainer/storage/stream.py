@@ -377,15 +377,21 @@ class Prefetcher:
 
     `plan(steps)`: the images of each step this rank will train, in order (an epoch from the
     current position). `advance()`: one step trained; its images become placeholders again.
+
+    `first_step_alone` (what a training run asks): until the first step is trained only that step
+    is fetched, since its images are what the first step waits for; fetching the next `ahead_steps`
+    alongside (parquet row groups: 8 steps of 8 x 6 MB) slowed the first batch down by half on 2
+    cores (benchmarks/data_formats.py --prefetch-steps).
     """
 
-    def __init__(self, budget: int, ahead_steps: int, threads: int = FETCH_THREADS):
+    def __init__(self, budget: int, ahead_steps: int, threads: int = FETCH_THREADS, first_step_alone: bool = False):
         self.budget, self.ahead_steps = budget, ahead_steps
         self.steps: list[list[Path]] = []
         self.trained = 0          # steps of the plan trained
         self.fetched = 0          # steps of the plan whose images are on disk
         self.on_disk = 0          # bytes of the images of steps trained..fetched
         self.peak = 0             # the most bytes of planned images on disk at once
+        self.started = not first_step_alone  # whether the window is open (from the first step trained)
         self._pool = ThreadPoolExecutor(threads)
         self._changed = threading.Condition()
         self._closed = False
@@ -401,6 +407,7 @@ class Prefetcher:
         with self._changed:
             done = self.steps[self.trained] if self.trained < len(self.steps) else []
             self.trained += 1
+            self.started = True
             self.fetched = max(self.fetched, self.trained)
         freed = sum(_empty(path) for path in done)  # here, not behind the pool's fetches: it is quick
         with self._changed:
@@ -416,7 +423,8 @@ class Prefetcher:
 
     def _next_step(self) -> list[Path] | None:
         """The images of the next step to fetch, when the window and the budget allow one."""
-        if self.fetched >= len(self.steps) or self.fetched >= self.trained + self.ahead_steps:
+        ahead = self.ahead_steps if self.started else 1
+        if self.fetched >= len(self.steps) or self.fetched >= self.trained + ahead:
             return None
         upcoming = self.steps[self.fetched]
         size = sum(_listed_size(p) for p in upcoming)
