@@ -4,6 +4,10 @@ Hub's file API (kubetune_dev.hub_standin: no hub is reachable here), mirrored on
 A 2-node job names the model by its hub id, its token by a Secret, and the chart names the mirror
 (models.mirrorUri) and the stand-in (models.hubEndpoint). Its rank-0 pod is deleted twice mid-run:
 three starts of two nodes, six models stages, and the stand-in serves each file exactly once.
+
+Each delete targets the pod (name and UID) whose own trainer log has reached the step, and lands
+well before the last step: a resumed pod trains a few steps a second here, and a delete that
+arrives after the run's end restarts nothing (CI once saw two starts of a Succeeded job).
 """
 from __future__ import annotations
 
@@ -12,18 +16,43 @@ import secrets
 
 import pytest
 import yaml
+from kubernetes import client
 
+from kubetune_api.contract import TrainerLog
 from kubetune_dev.hub_standin import HubStandIn
 from kubetune_trainer.tiny_models import write_tiny_model
 from tests.e2e.conftest import install_chart, uninstall_chart
-from tests.e2e.jobs import BUCKET, example_job, kubectl
-from tests.e2e.test_preemption import PodHistory, trainer_logs, wait_for_step, wait_until_finished
+from tests.e2e.jobs import BUCKET, example_job, kubectl, phase
+from tests.e2e.test_preemption import PodHistory, trainer_logs, wait_until_finished
+from tests.e2e.waiting import eventually
 
 pytestmark = pytest.mark.e2e
 
 MODEL = "standin-org/tiny-sd15"
 TOKEN = "hf_" + secrets.token_hex(8)
-MAX_STEPS, EVERY = 24, 4
+# Two restarts, each past a checkpoint, the second 26 steps before the end: the trainer runs on a
+# few steps after the step is seen (log poll, delete, SIGTERM at the next step boundary).
+MAX_STEPS, EVERY = 40, 4
+RESTART_AT = (EVERY + 2, 3 * EVERY + 2)
+
+
+def wait_for_pod_step(control_plane, api_client, pods: PodHistory, namespace: str, name: str, step: int,
+                      done: set[str]) -> tuple[str, str]:
+    """(name, uid) of the newest rank-0 pod, not one of DONE (UIDs already deleted), once its own
+    trainer log reports STEP or later. Its log, not status.progress: the status lags by a progress
+    poll and, after a restart, still holds the previous pod's step until the new pod is read."""
+    def reached():
+        if phase(api_client, namespace, name) in ("Succeeded", "Failed"):
+            pytest.fail(f"finished before step {step} was seen; rank-0 pods: {pods.pods(name, 0)}")
+        current = [(pod, uid) for pod, uid in pods.pods(name, 0) if uid not in done][-1:]
+        if not current:
+            return None
+        pod, uid = current[0]
+        log = control_plane.kubelet_state / "pods" / f"{namespace}_{pod}_{uid}" / "logs" / f"{pods.container}.log"
+        steps = TrainerLog.parse_steps(log.read_text()) if log.is_file() else []
+        return (pod, uid) if steps and steps[-1][0] >= step else None
+
+    return eventually(reached, timeout=400, interval=0.25, message=f"a new rank-0 pod of {name} at step {step}")
 
 
 @pytest.fixture(scope="module")
@@ -55,15 +84,27 @@ def test_a_2_node_job_restarted_twice_downloads_each_file_from_the_hub_stand_in_
     pods = PodHistory(core, job_namespace, backend)
     try:
         kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(manifest))
-        for step in (EVERY + 2, 3 * EVERY + 2):  # two restarts, each past a checkpoint
-            wait_for_step(api_client, core, control_plane, job_namespace, name, step)
-            core.delete_namespaced_pod(pods.pods(name, 0)[-1][0], job_namespace)
+        deleted: set[str] = set()
+        for step in RESTART_AT:
+            pod, uid = wait_for_pod_step(control_plane, api_client, pods, job_namespace, name, step, deleted)
+            core.delete_namespaced_pod(pod, job_namespace,
+                                       body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)))
+            deleted.add(uid)
         final = wait_until_finished(api_client, job_namespace, name)
         logs = trainer_logs(control_plane, job_namespace, name, 0, pods)
+        # Each node's trainer started three times, as three pods (the controller re-creates a lost
+        # pod, it restarts no container in place): the first two stopped mid-run with 143, the last
+        # finished the run. The kubelet reports a deleted pod's exit too, a moment after the job ends.
+        for node in (0, 1):
+            eventually(lambda: len(pods.exit_codes(name, node)) == 3 and all(pods.exit_codes(name, node)),
+                       timeout=30, message=lambda: f"node {node}'s three pods ended: {pods.exit_codes(name, node)} "
+                       f"(job {final['status']['phase']})")
     finally:
         pods.stop()
     assert final["status"]["phase"] == "Succeeded", (final["status"], logs[-1][-3000:])
-    assert len(pods.pods(name, 0)) == 3 and len(pods.pods(name, 1)) == 3, "each node started three times"
+    for node in (0, 1):
+        assert pods.exit_codes(name, node) == [{143}, {143}, {0}], (node, pods.pods(name, node))
+        assert pods.max_restarts(name, node) == 0, node
 
     commit = hub.models[MODEL].refs["main"]
     served = hub.downloads_of(MODEL)

@@ -55,14 +55,16 @@ class PodHistory:
         self.backend, self.container = backend, backend_of(backend).container
         self._watch = watch.Watch()
         self._stopping = False
+        self.failure: Exception | None = None  # the watch ended early: what it saw is incomplete
         self._thread = threading.Thread(target=self._follow, args=(core, namespace), daemon=True)
         self._thread.start()
 
     def _follow(self, core, namespace) -> None:
         try:
             self._record(core, namespace)
-        except Exception:
+        except Exception as err:
             if not self._stopping:  # else: the connection closed as the test ended, as expected
+                self.failure = err  # a daemon thread's exception reaches no test: pods() reports it
                 raise
 
     def _record(self, core, namespace) -> None:
@@ -82,6 +84,8 @@ class PodHistory:
 
     def pods(self, job: str, node: int) -> list[tuple[str, str]]:
         """(name, uid) of the pods that ran node NODE of JOB, in order of creation."""
+        if self.failure is not None:
+            raise AssertionError(f"the pod watch ended early, pods after it are missing: {self.failure!r}")
         return list(dict.fromkeys((e["name"], e["uid"]) for e in self.events if e["job"] == job and e["node"] == node))
 
     def exit_codes(self, job: str, node: int) -> list[set[int]]:

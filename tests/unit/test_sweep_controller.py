@@ -131,6 +131,20 @@ def test_the_median_rule_stops_a_clearly_worse_trial_and_keeps_it_suspended():
     assert plan("lr", "ns", spec, status, jobs).stop == []
 
 
+def test_the_median_rule_does_not_judge_a_trial_against_its_twin_alone_while_a_third_has_not_reported():
+    # The e2e's sweep: two trials of the same good model and a clearly worse one whose pods started
+    # later. Trial 1's noisy reading a hair above trial 0's does not stop it; once trial 2
+    # reports, the median lies between the twins and it, and only trial 2 is stopped.
+    spec = sweep(earlyStopping={"rule": "median", "minSteps": 3}, parallelTrials=3, maxTrials=3)
+    status = plan("lr", "ns", spec, {}, {}).status
+    early = {0: job(0, status, step=4, loss=0.30), 1: job(1, status, step=4, loss=0.31), 2: job(2, status)}
+    decided = plan("lr", "ns", spec, status, early)
+    assert decided.stop == [] and [t["state"] for t in decided.status["trials"]] == ["running"] * 3
+    status = decided.status
+    later = {**early, 2: job(2, status, step=4, loss=0.9)}
+    assert plan("lr", "ns", spec, status, later).stop == [2]
+
+
 def test_the_sweep_succeeds_when_every_trial_finished_and_names_the_best():
     spec = sweep(maxTrials=2)
     status = plan("lr", "ns", spec, {}, {}).status

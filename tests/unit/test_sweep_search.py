@@ -89,7 +89,21 @@ def test_the_median_rule_stops_a_clearly_worse_trial_only():
     assert not should_stop(trial(3, {10: 0.95, 20: 0.75}), others, minimize=True, min_steps=10)
     assert not should_stop(trial(3, {10: 1.5}), others, minimize=True, min_steps=15), "not before minSteps"
     assert not should_stop(trial(3, {10: 1.5}), [], minimize=True, min_steps=1), "nothing to compare with"
-    assert should_stop(trial(3, {20: 0.1}), [trial(0, {20: 0.9}, "succeeded")], minimize=False, min_steps=1)
+    assert should_stop(trial(3, {20: 0.1}), [trial(0, {20: 0.9}, "succeeded"), trial(1, {20: 0.8}, "succeeded")],
+                       minimize=False, min_steps=1)
+
+
+def test_the_median_rule_waits_for_two_other_trials_with_a_value_at_the_step():
+    # Two equal trials and a clearly worse one that has not reported yet (or only later): the
+    # second good trial is not judged against its twin alone, where a noisy reading loses it.
+    twin, slightly_worse_twin = trial(0, {10: 0.50}), trial(1, {10: 0.51})
+    assert not should_stop(slightly_worse_twin, [twin], minimize=True, min_steps=1)
+    assert not should_stop(slightly_worse_twin, [twin, trial(2, {})], minimize=True, min_steps=1)
+    assert not should_stop(slightly_worse_twin, [twin, trial(2, {12: 1.5})], minimize=True, min_steps=1), \
+        "a value after the step does not count"
+    assert not should_stop(slightly_worse_twin, [twin, trial(2, {8: 1.5})], minimize=True, min_steps=1), \
+        "once the worse one reported, the median lies between the twin and it"
+    assert should_stop(trial(2, {10: 1.5}), [twin, slightly_worse_twin], minimize=True, min_steps=1)
 
 
 @pytest.mark.parametrize("change, expected", [

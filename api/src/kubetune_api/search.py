@@ -200,10 +200,19 @@ def _finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
 
 
+# The fewest other trials with a value at a trial's step before the median rule may stop it. The
+# median of one value is that one trial: a trial as good as it would lose the comparison about half
+# the time, by the noise of a single reading. With two or more the median lies between them, so a
+# trial as good as the best of them is stopped only when it is worse than the middle of a group.
+MEDIAN_RULE_MIN_OTHERS = 2
+
+
 def should_stop(trial: Trial, others: list[Trial], minimize: bool, min_steps: int) -> bool:
     """The median rule: stop TRIAL when its best value so far is worse than the median of the
-    other trials' values at its latest step (their last value at or before it). Needs a value
-    from at least one other trial at that point; never before min_steps."""
+    other trials' values at its latest step (their last value at or before it). Needs values from
+    at least MEDIAN_RULE_MIN_OTHERS (2) other trials at that point, so a trial is never judged
+    against one twin alone (e.g. while the third trial of a sweep has not reported yet); never
+    before min_steps."""
     if not trial.intermediate:
         return False
     step = max(trial.intermediate)
@@ -212,7 +221,7 @@ def should_stop(trial: Trial, others: list[Trial], minimize: bool, min_steps: in
     values = list(trial.intermediate.values())
     best = min(values) if minimize else max(values)
     theirs = [value for value in (_value_at(other, step) for other in others) if value is not None]
-    if not theirs:
+    if len(theirs) < MEDIAN_RULE_MIN_OTHERS:
         return False
     median = statistics.median(theirs)
     return best > median if minimize else best < median

@@ -138,7 +138,7 @@ class Objective(_Model):
 class EarlyStopping(_Model):
     rule: Literal["median"] = Field(
         default="median", description="median: stop a trial whose best value so far is worse than the median of "
-        "the other trials' values at the same step.")
+        "the other trials' values at the same step, once at least 2 other trials have a value there.")
     min_steps: int = Field(default=1, ge=1, le=10_000_000, description="Never stop a trial before this step.")
 
 
