@@ -35,6 +35,7 @@ class Reporter:
         # When each staged checkpoint's state was taken (time.time()), until it is complete: from then
         # on only the steps after it are unsaved.
         self._staged_at: dict[int, float] = {}
+        self._pusher = None  # kubetune_trainer.progress_push, where the operator runs an inbox
         if not enabled:
             return
         from tqdm.auto import tqdm
@@ -50,6 +51,11 @@ class Reporter:
         self.metrics.planned_steps.set(total_steps)
         self.metrics.step.set(start_step)
         self.metrics.unsaved_since.set(time.time())  # work is unsaved from here on
+        from kubetune_trainer.progress_push import ProgressPusher
+
+        self._pusher = ProgressPusher.from_env(namespace, job_name, self.metrics.readings)
+        if self._pusher is not None:
+            self._pusher.start()
 
     def step(self, step: int, loss: float, lr: float, epoch: int, ended: float | None = None) -> None:
         """Step `step` is done; `ended`: when the host finished queuing it (time.time()), where its
@@ -201,6 +207,9 @@ class Reporter:
         the last values (final step, checkpoint) can still be scraped. The MLflow run ends with
         STATUS (FINISHED, FAILED, KILLED) once its last values and weights are sent: WAIT waits
         for that (at most TIMEOUT); without it the sending goes on behind the caller."""
+        if self._pusher is not None:
+            self._pusher.stop()  # one last push of the final gauges, behind the caller
+            self._pusher = None
         if self._bar is not None:
             self._bar.close()
             self._bar = None

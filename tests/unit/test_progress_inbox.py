@@ -1,0 +1,120 @@
+"""The operator's progress inbox: rank 0 pushes its gauges, nobody else may, stale pushes fall back to the poll."""
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from kubetune_api.contract import TrainerEnv, final_report, progress_path
+from kubetune_operator.pod_template import static_env
+from kubetune_operator.progress_inbox import ProgressInbox
+from kubetune_operator.settings import Settings
+
+INTERVAL = 10.0
+GAUGES = {"step": 7.0, "planned_steps": 20.0, "loss": 0.25}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def push(inbox: ProgressInbox, body: str, namespace: str = "team", job: str = "sd15") -> int:
+    """POST BODY to the inbox from 127.0.0.1 (the test client's address); the HTTP status."""
+    async def post() -> int:
+        async with TestClient(TestServer(inbox.app())) as client:
+            response = await client.post(progress_path(namespace, job), data=body)
+            return response.status
+    return asyncio.run(post())
+
+
+def test_a_push_from_the_jobs_rank0_pod_is_kept_and_looked_up_once():
+    lookups = []
+    inbox = ProgressInbox(lambda ns, job: lookups.append((ns, job)) or {"127.0.0.1"}, INTERVAL, clock=Clock())
+    assert push(inbox, final_report(GAUGES)) == 204
+    assert inbox.fresh("team", "sd15") == GAUGES
+    assert push(inbox, final_report({**GAUGES, "step": 8.0})) == 204
+    assert inbox.fresh("team", "sd15")["step"] == 8.0
+    assert lookups == [("team", "sd15")]  # the pod's address is remembered, not listed per push
+    assert inbox.fresh("team", "other") is None
+
+
+def test_a_push_from_another_address_is_refused_with_403():
+    lookups = []
+    inbox = ProgressInbox(lambda ns, job: lookups.append(job) or {"127.0.0.2"}, INTERVAL, clock=Clock())
+    assert push(inbox, final_report(GAUGES)) == 403
+    assert push(inbox, final_report(GAUGES)) == 403
+    assert inbox.fresh("team", "sd15") is None
+    assert lookups == ["sd15"]  # a stranger's pushes cost one lookup per interval, not one each
+
+
+def test_a_push_older_than_two_intervals_falls_back_to_the_poll():
+    clock = Clock()
+    inbox = ProgressInbox(lambda ns, job: {"127.0.0.1"}, INTERVAL, clock=clock)
+    assert push(inbox, final_report(GAUGES)) == 204
+    clock.now += 2 * INTERVAL
+    assert inbox.fresh("team", "sd15") == GAUGES
+    clock.now += 1
+    assert inbox.fresh("team", "sd15") is None
+
+
+def test_a_body_that_is_not_a_report_is_refused_with_400():
+    inbox = ProgressInbox(lambda ns, job: {"127.0.0.1"}, INTERVAL, clock=Clock())
+    assert push(inbox, "step 7") == 400
+    assert inbox.fresh("team", "sd15") is None
+
+
+def test_trainers_are_told_where_to_push_only_where_an_inbox_runs():
+    def pushed(settings: Settings) -> TrainerEnv:
+        return TrainerEnv.from_env({e["name"]: e["value"] for e in static_env(settings) if "value" in e})
+
+    url = "http://kubetune-operator.kubetune.svc:9401"
+    on = pushed(Settings(progress_url=url, progress_inbox_address="0.0.0.0", progress_interval_seconds=5))
+    assert (on.progress_url, on.progress_interval_seconds) == (url, 5.0)
+    off = pushed(Settings(progress_url=url))
+    assert (off.progress_url, off.progress_interval_seconds) == (None, None)
+
+
+def test_the_trainers_pusher_reaches_the_inbox_and_a_failing_push_is_logged_once(caplog):
+    import socket
+    import threading
+
+    from kubetune_trainer.progress_push import ProgressPusher
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    inbox = ProgressInbox(lambda ns, job: {"127.0.0.1"}, INTERVAL)
+    loop = asyncio.new_event_loop()
+    runner = loop.run_until_complete(inbox.serve("127.0.0.1", port))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        pusher = ProgressPusher(f"http://127.0.0.1:{port}{progress_path('team', 'sd15')}", INTERVAL, lambda: GAUGES)
+        assert pusher.push()
+        assert inbox.fresh("team", "sd15") == GAUGES
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+    assert not pusher.push() and not pusher.push()  # the inbox is gone: the operator polls instead
+    assert sum("progress push" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_reconcile_reads_a_fresh_push_and_polls_when_it_is_stale(monkeypatch):
+    from kubetune_operator import progress_inbox, reconcile
+
+    clock = Clock()
+    inbox = ProgressInbox(lambda ns, job: {"127.0.0.1"}, INTERVAL, clock=clock)
+    monkeypatch.setattr(progress_inbox, "INBOX", inbox)
+    polled = []
+    monkeypatch.setattr(reconcile, "_gauges", lambda ns, job, backend, settings: polled.append(job) or {"step": 3.0})
+    assert push(inbox, final_report(GAUGES)) == 204
+    assert reconcile.progress("team", "sd15", None, Settings()) == GAUGES
+    assert polled == []
+    clock.now += 2 * INTERVAL + 1
+    assert reconcile.progress("team", "sd15", None, Settings()) == {"step": 3.0}
+    assert polled == ["sd15"]

@@ -1,0 +1,65 @@
+"""Rank 0 pushes its progress to the operator's inbox (kubetune_operator.progress_inbox).
+
+Once per interval, a daemon thread POSTs the gauges the operator would otherwise read from
+/metrics (contract.final_report's JSON) to TrainerEnv.progress_url; the operator then needs no GET
+per running job per interval. Never in the way of training: the thread only reads the Prometheus
+registry (thread-safe), a failed push is logged once (the operator falls back to its poll) and the
+next interval tries again.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import urllib.request
+from typing import Callable
+
+from kubetune_api.contract import TrainerEnv, final_report, progress_path
+
+log = logging.getLogger("kubetune.trainer")
+TIMEOUT_SECONDS = 3.0
+
+
+class ProgressPusher:
+    def __init__(self, url: str, interval: float, readings: Callable[[], dict[str, float]]) -> None:
+        self.url, self.interval, self._readings = url, interval, readings
+        self._stopped = threading.Event()
+        self._failing = False
+        self._thread = threading.Thread(target=self._run, name="progress-push", daemon=True)
+
+    @classmethod
+    def from_env(cls, namespace: str, job: str, readings: Callable[[], dict[str, float]]) -> "ProgressPusher | None":
+        """A pusher where the operator gave an inbox (and this job's name), else None."""
+        env = TrainerEnv.from_env(os.environ)
+        if not (env.progress_url and env.progress_interval_seconds and namespace and job):
+            return None
+        return cls(env.progress_url.rstrip("/") + progress_path(namespace, job), env.progress_interval_seconds, readings)
+
+    def start(self) -> "ProgressPusher":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Push once more (the newest gauges) and end the thread."""
+        self._stopped.set()
+
+    def push(self) -> bool:
+        request = urllib.request.Request(self.url, data=final_report(self._readings()).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS):
+                pass
+        except OSError as err:  # refused, unreachable, an HTTP error: the operator polls instead
+            if not self._failing:
+                log.warning("progress push to %s failed (the operator reads /metrics instead): %s", self.url, err)
+            self._failing = True
+            return False
+        if self._failing:
+            log.info("progress push to %s works again", self.url)
+        self._failing = False
+        return True
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.interval):
+            self.push()
+        self.push()
