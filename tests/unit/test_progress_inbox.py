@@ -87,13 +87,15 @@ def test_the_trainers_pusher_reaches_the_inbox_and_a_failing_push_is_logged_once
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    inbox = ProgressInbox(lambda ns, job: {"127.0.0.1"}, INTERVAL)
+    inbox = ProgressInbox(lambda ns, job: {"127.0.0.7"}, INTERVAL)  # the pod's own address, as in a pod
     loop = asyncio.new_event_loop()
     runner = loop.run_until_complete(inbox.serve("127.0.0.1", port))
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:
-        pusher = ProgressPusher(f"http://127.0.0.1:{port}{progress_path('team', 'sd15')}", INTERVAL, lambda: GAUGES)
+        url = f"http://127.0.0.1:{port}{progress_path('team', 'sd15')}"
+        assert not ProgressPusher(url, INTERVAL, lambda: GAUGES).push(), "from 127.0.0.1: refused (403)"
+        pusher = ProgressPusher(url, INTERVAL, lambda: GAUGES, source_address="127.0.0.7")
         assert pusher.push()
         assert inbox.fresh("team", "sd15") == GAUGES
     finally:
@@ -101,7 +103,7 @@ def test_the_trainers_pusher_reaches_the_inbox_and_a_failing_push_is_logged_once
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
     assert not pusher.push() and not pusher.push()  # the inbox is gone: the operator polls instead
-    assert sum("progress push" in r.getMessage() for r in caplog.records) == 1
+    assert sum("progress push" in r.getMessage() and "failed" in r.getMessage() for r in caplog.records) == 2
 
 
 def test_the_reconcile_reads_a_fresh_push_and_polls_when_it_is_stale(monkeypatch):

@@ -5,14 +5,20 @@ Once per interval, a daemon thread POSTs the gauges the operator would otherwise
 per running job per interval. Never in the way of training: the thread only reads the Prometheus
 registry (thread-safe), a failed push is logged once (the operator falls back to its poll) and the
 next interval tries again.
+
+Each push leaves from the pod's own address (TrainerEnv.metrics_addr, the downward API's podIP):
+the inbox accepts a job's pushes only from its rank-0 pod's address. In a cluster that is the
+source address anyway; where pods share one network (the local control plane's 127.x.y.z pods) the
+kernel would otherwise pick 127.0.0.1.
 """
 from __future__ import annotations
 
+import http.client
 import logging
 import os
 import threading
-import urllib.request
 from typing import Callable
+from urllib.parse import urlsplit
 
 from kubetune_api.contract import TrainerEnv, final_report, progress_path
 
@@ -21,8 +27,10 @@ TIMEOUT_SECONDS = 3.0
 
 
 class ProgressPusher:
-    def __init__(self, url: str, interval: float, readings: Callable[[], dict[str, float]]) -> None:
+    def __init__(self, url: str, interval: float, readings: Callable[[], dict[str, float]],
+                 source_address: str | None = None) -> None:
         self.url, self.interval, self._readings = url, interval, readings
+        self._source = (source_address, 0) if source_address and source_address != "0.0.0.0" else None
         self._stopped = threading.Event()
         self._failing = False
         self._thread = threading.Thread(target=self._run, name="progress-push", daemon=True)
@@ -33,7 +41,8 @@ class ProgressPusher:
         env = TrainerEnv.from_env(os.environ)
         if not (env.progress_url and env.progress_interval_seconds and namespace and job):
             return None
-        return cls(env.progress_url.rstrip("/") + progress_path(namespace, job), env.progress_interval_seconds, readings)
+        return cls(env.progress_url.rstrip("/") + progress_path(namespace, job), env.progress_interval_seconds, readings,
+                   source_address=env.metrics_addr)
 
     def start(self) -> "ProgressPusher":
         self._thread.start()
@@ -44,12 +53,19 @@ class ProgressPusher:
         self._stopped.set()
 
     def push(self) -> bool:
-        request = urllib.request.Request(self.url, data=final_report(self._readings()).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
+        url = urlsplit(self.url)
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS):
-                pass
-        except OSError as err:  # refused, unreachable, an HTTP error: the operator polls instead
+            connection = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=TIMEOUT_SECONDS,
+                                                    source_address=self._source)
+            try:
+                connection.request("POST", url.path, body=final_report(self._readings()).encode(),
+                                   headers={"Content-Type": "application/json"})
+                status = connection.getresponse().status
+            finally:
+                connection.close()
+            if status >= 300:
+                raise OSError(f"HTTP {status}")
+        except (OSError, http.client.HTTPException) as err:  # refused, unreachable, not accepted: the operator polls
             if not self._failing:
                 log.warning("progress push to %s failed (the operator reads /metrics instead): %s", self.url, err)
             self._failing = True
