@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
+import time
+from contextlib import contextmanager
 
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -78,30 +82,34 @@ def test_trainers_are_told_where_to_push_only_where_an_inbox_runs():
     assert (off.progress_url, off.progress_interval_seconds) == (None, None)
 
 
-def test_the_trainers_pusher_reaches_the_inbox_and_a_failing_push_is_logged_once(caplog):
-    import socket
-    import threading
-
-    from kubetune_trainer.progress_push import ProgressPusher
-
+@contextmanager
+def serving(inbox: ProgressInbox):
+    """INBOX served on 127.0.0.1 from a thread of its own (as on kopf's loop); yields its port."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    inbox = ProgressInbox(lambda ns, job: {"127.0.0.7"}, INTERVAL)  # the pod's own address, as in a pod
     loop = asyncio.new_event_loop()
     runner = loop.run_until_complete(inbox.serve("127.0.0.1", port))
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:
+        yield port
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+
+
+def test_the_trainers_pusher_reaches_the_inbox_and_a_failing_push_is_logged_once(caplog):
+    from kubetune_trainer.progress_push import ProgressPusher
+
+    inbox = ProgressInbox(lambda ns, job: {"127.0.0.7"}, INTERVAL)  # the pod's own address, as in a pod
+    with serving(inbox) as port:
         url = f"http://127.0.0.1:{port}{progress_path('team', 'sd15')}"
         assert not ProgressPusher(url, INTERVAL, lambda: GAUGES).push(), "from 127.0.0.1: refused (403)"
         pusher = ProgressPusher(url, INTERVAL, lambda: GAUGES, source_address="127.0.0.7")
         assert pusher.push()
         assert inbox.fresh("team", "sd15") == GAUGES
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(5)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
     assert not pusher.push() and not pusher.push()  # the inbox is gone: the operator polls instead
     assert sum("progress push" in r.getMessage() and "failed" in r.getMessage() for r in caplog.records) == 2
 
@@ -120,3 +128,25 @@ def test_the_reconcile_reads_a_fresh_push_and_polls_when_it_is_stale(monkeypatch
     clock.now += 2 * INTERVAL + 1
     assert reconcile.progress("team", "sd15", None, Settings()) == {"step": 3.0}
     assert polled == ["sd15"]
+
+
+def test_a_finishing_trainer_pushes_its_final_gauges_instead_of_waiting_for_a_read(monkeypatch):
+    from kubetune_trainer.reporting import Reporter
+
+    inbox = ProgressInbox(lambda ns, job: {"127.0.0.7"}, INTERVAL)
+    with serving(inbox) as port:
+        for field, value in (("progress_url", f"http://127.0.0.1:{port}"), ("progress_interval_seconds", "3600"),
+                             ("metrics_addr", "127.0.0.7"), ("metrics_port", "0")):
+            monkeypatch.setenv(TrainerEnv.NAMES[field], value)
+        reporter = Reporter(True, total_steps=10, start_step=0, log_dir=None, log_every=1, samples_per_step=4,
+                            namespace="team", job_name="sd15")
+        try:
+            reporter.step(10, loss=0.25, lr=1e-4, epoch=0)
+            started = time.perf_counter()
+            reporter.await_final_read(30.0)
+            assert time.perf_counter() - started < 5, "no wait for a read the operator will not make"
+            pushed = inbox.fresh("team", "sd15")
+            assert (pushed["step"], pushed["planned_steps"], pushed["loss"]) == (10, 10, 0.25)
+        finally:
+            reporter.close()
+            reporter.metrics.server.close()

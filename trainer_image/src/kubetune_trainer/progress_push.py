@@ -33,6 +33,7 @@ class ProgressPusher:
         self._source = (source_address, 0) if source_address and source_address != "0.0.0.0" else None
         self._stopped = threading.Event()
         self._failing = False
+        self._pushed = False
         self._thread = threading.Thread(target=self._run, name="progress-push", daemon=True)
 
     @classmethod
@@ -49,8 +50,13 @@ class ProgressPusher:
         return self
 
     def stop(self) -> None:
-        """Push once more (the newest gauges) and end the thread."""
+        """End the thread (a push under way finishes behind the caller)."""
         self._stopped.set()
+
+    def push_final(self) -> bool:
+        """End the thread and push the final gauges now; whether the operator took them."""
+        self.stop()
+        return self.push()
 
     def push(self) -> bool:
         url = urlsplit(self.url)
@@ -70,12 +76,11 @@ class ProgressPusher:
                 log.warning("progress push to %s failed (the operator reads /metrics instead): %s", self.url, err)
             self._failing = True
             return False
-        if self._failing:
-            log.info("progress push to %s works again", self.url)
-        self._failing = False
+        if self._failing or not self._pushed:
+            log.info("progress pushed to %s", self.url)
+        self._failing, self._pushed = False, True
         return True
 
     def _run(self) -> None:
         while not self._stopped.wait(self.interval):
             self.push()
-        self.push()

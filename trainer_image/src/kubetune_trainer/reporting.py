@@ -186,8 +186,12 @@ class Reporter:
         return True
 
     def await_final_read(self, seconds: float | None) -> None:
-        """Wait up to SECONDS for the operator to read the final metrics (kubetune_trainer.metrics_server);
+        """Push the final metrics to the operator's progress inbox, where it runs one; else (or when
+        that fails) wait up to SECONDS for the operator to read them (kubetune_trainer.metrics_server);
         nothing to wait for without a metrics server or a time (a run outside the operator)."""
+        if self._pusher is not None and seconds and self._pusher.push_final():
+            log.info("the operator has the final metrics (pushed to its progress inbox)")
+            return
         server = self.metrics.server if self.metrics is not None else None
         if server is None or not seconds:
             return
@@ -207,9 +211,6 @@ class Reporter:
         the last values (final step, checkpoint) can still be scraped. The MLflow run ends with
         STATUS (FINISHED, FAILED, KILLED) once its last values and weights are sent: WAIT waits
         for that (at most TIMEOUT); without it the sending goes on behind the caller."""
-        if self._pusher is not None:
-            self._pusher.stop()  # one last push of the final gauges, behind the caller
-            self._pusher = None
         if self._bar is not None:
             self._bar.close()
             self._bar = None
@@ -220,3 +221,6 @@ class Reporter:
             self.tracker.close(status, wait=wait, timeout=timeout)
             if wait:
                 self.tracker = None
+        if wait and self._pusher is not None:  # the last close: no more pushes
+            self._pusher.stop()
+            self._pusher = None
