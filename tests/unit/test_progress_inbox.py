@@ -44,6 +44,8 @@ def test_a_push_from_the_jobs_rank0_pod_is_kept_and_looked_up_once():
     assert inbox.fresh("team", "sd15")["step"] == 8.0
     assert lookups == [("team", "sd15")]  # the pod's address is remembered, not listed per push
     assert inbox.fresh("team", "other") is None
+    inbox.forget("team", "sd15")  # the job deleted
+    assert inbox.fresh("team", "sd15") is None
 
 
 def test_a_push_from_another_address_is_refused_with_403():

@@ -99,10 +99,14 @@ def validate_new_job(body: kopf.Body, warnings: list[str], **_) -> None:
 
 
 @kopf.on.event(API_GROUP, API_VERSION, PLURAL)
-def count_by_phase(type: str | None, body: kopf.Body, uid: str, **_) -> None:
-    """Keep kubetune_operator_trainingjobs{phase} up to date (see metrics.PhaseCounts for why so)."""
+def count_by_phase(type: str | None, body: kopf.Body, uid: str, namespace: str | None = None, name: str | None = None,
+                   **_) -> None:
+    """Keep kubetune_operator_trainingjobs{phase} up to date (see metrics.PhaseCounts for why so); a
+    deleted job's pushed progress is forgotten with it."""
     if type == "DELETED":
         metrics.TRAININGJOBS.forget(uid)
+        if progress_inbox.INBOX is not None and name:
+            progress_inbox.INBOX.forget(namespace, name)
     else:
         metrics.TRAININGJOBS.observe(uid, (body.get("status") or {}).get("phase"),
                                      deleting=bool(body.metadata.get("deletionTimestamp")))

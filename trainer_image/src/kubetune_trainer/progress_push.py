@@ -42,8 +42,8 @@ class ProgressPusher:
         env = TrainerEnv.from_env(os.environ)
         if not (env.progress_url and env.progress_interval_seconds and namespace and job):
             return None
-        return cls(env.progress_url.rstrip("/") + progress_path(namespace, job), env.progress_interval_seconds, readings,
-                   source_address=env.metrics_addr)
+        url = env.progress_url.rstrip("/") + progress_path(namespace, job)
+        return cls(url, env.progress_interval_seconds, readings, source_address=env.metrics_addr)
 
     def start(self) -> "ProgressPusher":
         self._thread.start()
