@@ -14,9 +14,10 @@ The operator's side runs in this process, with what the operator runs:
     HTTP GET of /metrics and the Prometheus text parsed), then status.status_from_metrics, on a pool
     of 16 threads (kopf's executor in handlers.configure), the N reads spread over the interval as
     kopf's per-job timers are;
-  * push: each stand-in trainer POSTs its gauges (contract.final_report's JSON) once per interval to
-    one endpoint of the operator (aiohttp, the server kopf already runs for its webhook); the
-    operator keeps the newest per job and builds the same status fields from it.
+  * push: each stand-in trainer POSTs its gauges (contract.final_report's JSON) once per interval,
+    from its own address, to the operator's progress inbox (kubetune_operator.progress_inbox on
+    aiohttp, accepting a job's pushes from its rank-0 pod's address only); the operator keeps the
+    newest per job and builds the same status fields from it.
 Measured: the operator process's CPU seconds per running job per interval (process CPU time over
 the measured intervals, all threads), and the age of each job's shown progress just before it is
 next replaced (p50/p99, in intervals; target p99 ≤ 2). Then, for the poll only, the CPU of
@@ -108,14 +109,20 @@ async def serve(jobs: int, started: float, way: str, interval: float) -> None:
                 gauges = {"step": current_step(started), "planned_steps": 10_000, "loss": 0.1234, "eta_seconds": 3600,
                           "run_version": 0, "last_checkpoint_step": 500, "validation_step": 500, "validation_loss": 0.2}
                 try:
-                    await session.post(f"http://127.0.0.1:{OPERATOR_PUSH_PORT}/progress/team-a/job-{index}",
-                                       data=final_report(gauges), headers={"Content-Type": "application/json"})
+                    async with session.post(f"http://127.0.0.1:{OPERATOR_PUSH_PORT}/progress/team-a/job-{index}",
+                                            data=final_report(gauges), headers={"Content-Type": "application/json"}):
+                        pass
                 except aiohttp.ClientError:
                     pass
                 await asyncio.sleep(interval)
 
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
-            await asyncio.gather(*(push(i, session) for i in range(jobs)))
+        # Each trainer pushes from its own pod address, as a pod does (the inbox checks the sender).
+        sessions = [aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1, local_addr=(address(i), 0)))
+                    for i in range(jobs)]
+        try:
+            await asyncio.gather(*(push(i, session) for i, session in enumerate(sessions)))
+        finally:
+            await asyncio.gather(*(session.close() for session in sessions))
     else:
         await asyncio.gather(*(s.serve_forever() for s in servers))
 
@@ -152,28 +159,33 @@ def poll(jobs: int, interval: float, intervals: int, started: float) -> tuple[fl
 
 
 def push(jobs: int, interval: float, intervals: int, started: float) -> tuple[float, list[float], int]:
-    """The alternative: each trainer POSTs its gauges once per interval to one operator endpoint."""
+    """The push: each trainer POSTs its gauges once per interval to the operator's progress inbox
+    (kubetune_operator.progress_inbox: the sender checked against the job's rank-0 pod address, the
+    newest gauges kept), then status.status_from_metrics of what it kept."""
     from aiohttp import web
 
-    from kubetune_api.contract import read_final_report
     from kubetune_operator import status
+    from kubetune_operator.progress_inbox import ProgressInbox
 
     shown: dict[str, list[tuple[float, float]]] = {}
     failures = [0]
+    # The rank-0 pod's address, looked up once per job (the operator's is a LIST of its pods).
+    inbox = ProgressInbox(lambda namespace, name: {address(int(name.removeprefix("job-")))}, interval)
 
     async def progress(request: web.Request) -> web.Response:
-        gauges = read_final_report(await request.text())
+        answer = await inbox.handle(request)
+        namespace, name = request.match_info["namespace"], request.match_info["job"]
+        gauges = inbox.fresh(namespace, name) if answer.status == 204 else None
         if gauges is None:
             failures[0] += 1
-            return web.Response(status=400)
-        name = request.match_info["name"]
-        status.status_from_metrics(gauges, "s3://bucket/runs", request.match_info["namespace"], name)
+            return answer
+        status.status_from_metrics(gauges, "s3://bucket/runs", namespace, name)
         shown.setdefault(name, []).append((time.time(), started + gauges["step"] * STEP_SECONDS))
-        return web.Response(status=204)
+        return answer
 
     async def run() -> float:
         app = web.Application()
-        app.router.add_post("/progress/{namespace}/{name}", progress)
+        app.router.add_post("/progress/{namespace}/{job}", progress)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", OPERATOR_PUSH_PORT).start()

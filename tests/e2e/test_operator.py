@@ -74,9 +74,12 @@ def test_an_applied_example_trains_to_succeeded_and_its_lora_lands_in_s3(
     assert final["status"]["phase"] == "Succeeded", logs[-1][-3000:] if logs else "no trainer log"
     # This release requests one CPU per process; the pod reads it through the downward API.
     assert "(1 process(es), 1 CPU thread(s) each)" in logs[-1], logs[-1][-3000:]
-    # The trainer waited for the operator's read of its final metrics: the status holds the last
-    # step's loss, not the reading of a poll some steps before the end.
-    assert "the operator read the final metrics" in logs[-1], logs[-1][-3000:]
+    # Progress came by push (the chart's default): rank 0 POSTed its gauges to the operator's
+    # progress Service, which accepts them only from the job's rank-0 pod, and its final gauges
+    # too, so the status holds the last step's loss, not the reading of some steps before the end.
+    assert "progress pushed to http://kubetune-progress.kubetune-system.svc:9401/progress/" in logs[-1], \
+        logs[-1][-3000:]
+    assert "the operator has the final metrics (pushed to its progress inbox)" in logs[-1], logs[-1][-3000:]
     last_loss = float(re.findall(r"step 30/30 loss ([\d.]+)", logs[-1])[-1])
     assert final["status"]["progress"]["loss"] == pytest.approx(last_loss, abs=1e-5)
     # The same last reading outlives the pod: rank 0's termination message, kept in its status.

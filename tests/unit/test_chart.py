@@ -433,6 +433,29 @@ def test_network_policies_are_optional_and_the_operator_gets_what_it_needs_to_cr
     assert settings.egress == [{"ports": [{"port": 443, "protocol": "TCP"}, {"port": 80, "protocol": "TCP"}]}]
 
 
+
+def test_trainers_push_progress_to_the_operators_progress_service_and_policies_let_them(helm):
+    from kubetune_operator.network_policy import NetworkPolicySettings
+    from kubetune_operator.settings import Settings
+
+    documents = documents_of(render(helm, "--set", "networkPolicy.enabled=true"))
+    service = one(documents, "Service", "kubetune-progress")
+    assert service["spec"]["ports"] == [{"name": "progress", "port": 9401, "targetPort": "progress", "protocol": "TCP"}]
+    container = one(documents, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "progress", "containerPort": 9401, "protocol": "TCP"} in container["ports"]
+    settings = Settings.from_env({k: v for k, v in operator_env(documents).items() if v is not None})
+    assert settings.progress_url == "http://kubetune-progress.kubetune-system.svc:9401"
+    assert (settings.progress_inbox_address, settings.progress_inbox_port) == ("$(POD_IP)", 9401)
+    assert NetworkPolicySettings.from_json(operator_env(documents)["KUBETUNE_NETWORK_POLICY"]).progress_port == 9401
+    ingress = one(documents, "NetworkPolicy", "kubetune")["spec"]["ingress"]
+    assert any(rule["ports"] == [{"port": 9401, "protocol": "TCP"}] and "from" in rule for rule in ingress)
+
+    off = documents_of(render(helm, "--set", "networkPolicy.enabled=true", "--set", "operator.progressPush.enabled=false"))
+    assert not {"KUBETUNE_PROGRESS_URL", "KUBETUNE_PROGRESS_INBOX_ADDRESS"} & operator_env(off).keys()
+    assert NetworkPolicySettings.from_json(operator_env(off)["KUBETUNE_NETWORK_POLICY"]).progress_port is None
+    assert not [d for d in off if d["metadata"]["name"] == "kubetune-progress"]
+
+
 # Every right the operator may hold, with every option on: a rule outside this list fails the test,
 # so a new right is a decision written down here (templates/rbac.yaml says why for each).
 RBAC_ALLOW_LIST = {

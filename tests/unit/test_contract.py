@@ -41,7 +41,8 @@ def test_the_trainer_reads_its_environment_through_the_contract(environ, expecte
 
 def test_every_kubetune_variable_of_a_pod_is_a_contract_name_and_the_trainer_reads_each(example_manifest):
     job = parse_manifest({**example_manifest, "metadata": {"name": "x", "namespace": "team-a"}})
-    set_by_operator = {e["name"] for e in trainer_env(job, "uid", Settings(s3_path_style=True))
+    set_by_operator = {e["name"] for e in trainer_env(job, "uid", Settings(s3_path_style=True, progress_url="http://operator:9401",
+                                                                   progress_inbox_address="0.0.0.0"))
                        if e["name"].startswith("KUBETUNE_")}
     # The CPU request and limit come from the downward API (per container), not from a TrainerEnv value.
     downward = {contract.CPU_REQUEST_MILLICORES: "CPU_REQUEST_MILLICORES",

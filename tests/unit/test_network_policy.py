@@ -45,6 +45,17 @@ def test_metrics_sources_narrow_who_may_scrape(job):
     assert narrowed["spec"]["ingress"][2]["from"] == monitoring
 
 
+def test_trainers_may_push_progress_to_the_operators_pods_on_the_inbox_port_only(job):
+    pushing = NetworkPolicySettings("kubetune-system", OPERATOR, egress=S3_ONLY, progress_port=9401)
+    egress = trainer_network_policy(job, pushing, 9400)["spec"]["egress"]
+    operator = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kubetune-system"}},
+                "podSelector": {"matchLabels": OPERATOR}}
+    assert egress[2] == {"to": [operator], "ports": [{"port": 9401, "protocol": "TCP"}]}
+    assert egress[3:] == S3_ONLY
+    assert NetworkPolicySettings.from_json('{"operatorNamespace": "o", "operatorLabels": {}, "progressPort": 9401}'
+                                           ).progress_port == 9401
+
+
 def test_settings_come_from_the_charts_json_and_a_malformed_one_names_the_helm_values():
     settings = Settings.from_env({"KUBETUNE_NETWORK_POLICY": '{"operatorNamespace": "ops", "operatorLabels": {"a": "b"}}'})
     assert settings.network_policy == NetworkPolicySettings("ops", {"a": "b"})

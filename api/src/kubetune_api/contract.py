@@ -126,6 +126,11 @@ class TrainerEnv:
     # Seconds rank 0 waits, after its last step, for the operator to read its final metrics (a run
     # ending between two progress polls would otherwise take its last step, loss and validation with it).
     final_read_seconds: float | None = None
+    # Where rank 0 pushes its progress (the operator's progress inbox: POST <progress_url>
+    # PROGRESS_PATH/<namespace>/<job>, the final_report JSON), and how often; None = no push (the
+    # operator reads /metrics instead).
+    progress_url: str | None = None
+    progress_interval_seconds: float | None = None
 
     # Field -> variable; the names are the contract, so they never change lightly.
     NAMES = {
@@ -139,6 +144,8 @@ class TrainerEnv:
         "s3_path_style": "KUBETUNE_S3_PATH_STYLE",
         "pod_name": "KUBETUNE_POD_NAME",
         "final_read_seconds": "KUBETUNE_FINAL_READ_SECONDS",
+        "progress_url": "KUBETUNE_PROGRESS_URL",
+        "progress_interval_seconds": "KUBETUNE_PROGRESS_INTERVAL_SECONDS",
     }
     # Set for people and log collectors looking at a pod; the trainer itself does not need them.
     INFORMATIONAL = ("job_name",)
@@ -158,10 +165,11 @@ class TrainerEnv:
     def from_env(cls, env: Mapping[str, str]) -> "TrainerEnv":
         """The object back from a process environment; empty variables count as unset."""
         raw = {field: env.get(name) or None for field, name in cls.NAMES.items()}
-        port, final_read = raw["metrics_port"], raw["final_read_seconds"]
+        port, final_read, interval = raw["metrics_port"], raw["final_read_seconds"], raw["progress_interval_seconds"]
         path_style = {"true": True, "1": True, "false": False, "0": False}.get((raw["s3_path_style"] or "").lower())
         return cls(**{**raw, "metrics_port": int(port) if port else None, "s3_path_style": path_style,
-                      "final_read_seconds": float(final_read) if final_read else None})
+                      "final_read_seconds": float(final_read) if final_read else None,
+                      "progress_interval_seconds": float(interval) if interval else None})
 
 
 # ---- the environment the Kubeflow controller sets ----------------------------------------------
@@ -229,6 +237,17 @@ def final_report(gauges: Mapping[str, float]) -> str:
     cannot carry (NaN, infinite) is left out."""
     finite = {name: float(value) for name, value in sorted(gauges.items()) if math.isfinite(value)}
     return json.dumps({FINAL_REPORT_KEY: finite}, separators=(",", ":"))
+
+
+# The operator's progress inbox (kubetune_operator.progress_inbox): rank 0 POSTs final_report's JSON
+# to <TrainerEnv.progress_url>/progress/<namespace>/<job> once per interval, so that the operator
+# needs no GET per running job per interval (benchmarks/RESULTS.md, "Progress at 1,000 running jobs").
+PROGRESS_PATH = "/progress"
+
+
+def progress_path(namespace: str, job: str) -> str:
+    """The inbox's path for one TrainingJob's pushes."""
+    return f"{PROGRESS_PATH}/{namespace}/{job}"
 
 
 def read_final_report(message: str | None) -> dict[str, float] | None:

@@ -20,9 +20,9 @@ from kubetune_api.contract import API_GROUP, API_VERSION, GENERATE_ANNOTATION, K
 from kubetune_api.manifest import describe_errors
 from kubetune_api.spec import TrainingJob
 from kubetune_operator import (backend_check, decision, fit_check, generation_jobs, image_policy, kube, metrics,
-                               naming, status)
+                               naming, progress_inbox, status)
 from kubetune_operator.backends import BACKENDS, backend_name
-from kubetune_operator.reconcile import reconcile
+from kubetune_operator.reconcile import rank0_addresses, reconcile
 from kubetune_operator.webhook import configure_server as configure_webhook
 
 log = logging.getLogger("kubetune.operator")
@@ -46,6 +46,10 @@ async def configure(settings: kopf.OperatorSettings, **_) -> None:
         # a task on kopf's own event loop: the one whose server uses it.
         keeper = configure_webhook(settings, kube.settings())
         _BACKGROUND_TASKS.add(asyncio.get_running_loop().create_task(keeper.run(), name="webhook-certificate"))
+    if kube.settings().progress_inbox_address:
+        # Trainers push their progress here (progress_inbox.py); served on kopf's loop like the webhook.
+        progress_inbox.INBOX = progress_inbox.ProgressInbox(rank0_addresses, kube.settings().progress_interval_seconds)
+        await progress_inbox.INBOX.serve(kube.settings().progress_inbox_address, kube.settings().progress_inbox_port)
 
 
 def typed_job(body: kopf.Body) -> TrainingJob:
@@ -95,10 +99,14 @@ def validate_new_job(body: kopf.Body, warnings: list[str], **_) -> None:
 
 
 @kopf.on.event(API_GROUP, API_VERSION, PLURAL)
-def count_by_phase(type: str | None, body: kopf.Body, uid: str, **_) -> None:
-    """Keep kubetune_operator_trainingjobs{phase} up to date (see metrics.PhaseCounts for why so)."""
+def count_by_phase(type: str | None, body: kopf.Body, uid: str, namespace: str | None = None, name: str | None = None,
+                   **_) -> None:
+    """Keep kubetune_operator_trainingjobs{phase} up to date (see metrics.PhaseCounts for why so); a
+    deleted job's pushed progress is forgotten with it."""
     if type == "DELETED":
         metrics.TRAININGJOBS.forget(uid)
+        if progress_inbox.INBOX is not None and name:
+            progress_inbox.INBOX.forget(namespace, name)
     else:
         metrics.TRAININGJOBS.observe(uid, (body.get("status") or {}).get("phase"),
                                      deleting=bool(body.metadata.get("deletionTimestamp")))

@@ -59,6 +59,13 @@ def final_read_seconds(progress_interval: float) -> float:
     return 2 * progress_interval + 5
 
 
+def push_env(settings: Settings) -> dict:
+    """Where rank 0 pushes its progress and how often, where the operator runs its inbox (else none)."""
+    if not (settings.progress_url and settings.progress_inbox_address):
+        return {}
+    return {"progress_url": settings.progress_url, "progress_interval_seconds": settings.progress_interval_seconds}
+
+
 def static_env(settings: Settings) -> list[dict]:
     """The part of the trainer's environment that is the same for every job of this operator."""
     return [
@@ -71,7 +78,8 @@ def static_env(settings: Settings) -> list[dict]:
         *TrainerEnv(metrics_port=settings.trainer_metrics_port, metrics_addr=f"$({contract.POD_IP})",
                     cache_dir=f"{CACHE_DIR}/inputs", staging_dir=f"{CACHE_DIR}/staging",
                     pod_name=f"$({contract.POD_NAME})",
-                    final_read_seconds=final_read_seconds(settings.progress_interval_seconds)).to_env(),
+                    final_read_seconds=final_read_seconds(settings.progress_interval_seconds),
+                    **push_env(settings)).to_env(),
         {"name": "HOME", "value": f"{CACHE_DIR}/home"},
         {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},

@@ -16,7 +16,7 @@ import kopf
 
 from kubetune_api.contract import GENERATE_ANNOTATION, read_final_report
 from kubetune_api.generation_request import BadGenerationRequest, GenerationRequest
-from kubetune_operator import credentials, decision, generation_jobs, kube, metrics, naming
+from kubetune_operator import credentials, decision, generation_jobs, kube, metrics, naming, progress_inbox
 from kubetune_operator.backends import BACKENDS, backend_name
 from kubetune_operator.backends.base import observed_state
 from kubetune_operator.decision import Observed
@@ -52,7 +52,7 @@ def observe(job: dict, settings: Settings) -> Observed:
         if queue and not spec.get("suspend"):
             found["workload"] = kube.read_workload(namespace, child["metadata"]["uid"], settings.kueue_workloads)
         if status.get("phase") == "Running":
-            found["gauges"] = _gauges(namespace, name, backend, settings)
+            found["gauges"] = progress(namespace, name, backend, settings)
         if observed_state(backend, child).phase in FINISHED:  # once: a finished job is not observed again
             found["final_report"] = _final_report(namespace, name, backend)
         # No reading from the trainer (e.g. a TrainJob counts a pod waiting for its Secret as active):
@@ -61,6 +61,12 @@ def observe(job: dict, settings: Settings) -> Observed:
             pods = kube.job_pods(namespace, naming.child_name(name))
             found["credentials_problem"] = credentials.missing_secret_message(pods, spec, namespace)
     return Observed(**base, **found)
+
+
+def progress(namespace: str, name: str, backend, settings: Settings) -> dict | None:
+    """The running trainer's gauges: pushed to the inbox within two intervals, else read from its
+    /metrics (an older trainer, no inbox, or the first interval after an operator restart)."""
+    return progress_inbox.fresh(namespace, name) or _gauges(namespace, name, backend, settings)
 
 
 def _gauges(namespace: str, name: str, backend, settings: Settings) -> dict | None:
@@ -73,6 +79,15 @@ def _gauges(namespace: str, name: str, backend, settings: Settings) -> dict | No
     except OSError as err:  # not listening yet, or restarting: the next look gets it
         log.debug("no progress from %s yet: %s", name, err)
         return None
+
+
+def rank0_addresses(namespace: str, name: str) -> set[str]:
+    """The addresses of the job's running rank-0 pods, whichever enabled backend runs it: who may push
+    its progress (progress_inbox)."""
+    settings = kube.settings()
+    return {pod.status.pod_ip for backend in BACKENDS.values() if settings.backend_enabled(backend.name)
+            for pod in kube.trainer_pods(namespace, name, backend)
+            if pod.status.phase == "Running" and pod.status.pod_ip}
 
 
 def _final_report(namespace: str, name: str, backend) -> dict | None:

@@ -27,6 +27,12 @@ class Settings:
     sweep_interval_seconds: float = 2.0
     # Port of the trainer's metrics and progress endpoint (rank 0).
     trainer_metrics_port: int = 9400
+    # The progress inbox (progress_inbox.py): rank 0 pushes its progress to progress_url (the operator
+    # Service's address, given to the trainers), served on progress_inbox_address:progress_inbox_port;
+    # without an address no inbox runs and progress is read from each trainer's /metrics (the poll).
+    progress_url: str | None = None
+    progress_inbox_address: str | None = None
+    progress_inbox_port: int = 9401
     # The admission webhook: served on this address (the pod's IP); None = no webhook.
     webhook_address: str | None = None
     webhook_port: int = 9443
@@ -78,9 +84,13 @@ class Settings:
             s3_endpoint_url=env.get("KUBETUNE_S3_ENDPOINT_URL") or None,
             s3_region=env.get("KUBETUNE_S3_REGION") or None,
             s3_path_style={"true": True, "false": False}.get(path_style),
-            progress_interval_seconds=float(env.get("KUBETUNE_PROGRESS_INTERVAL_SECONDS", cls.progress_interval_seconds)),
+            progress_interval_seconds=float(env.get(TrainerEnv.NAMES["progress_interval_seconds"],
+                                                    cls.progress_interval_seconds)),
             sweep_interval_seconds=float(env.get("KUBETUNE_SWEEP_INTERVAL_SECONDS", cls.sweep_interval_seconds)),
             trainer_metrics_port=int(env.get("KUBETUNE_TRAINER_METRICS_PORT", cls.trainer_metrics_port)),
+            progress_url=env.get(TrainerEnv.NAMES["progress_url"]) or None,
+            progress_inbox_address=env.get("KUBETUNE_PROGRESS_INBOX_ADDRESS") or None,
+            progress_inbox_port=int(env.get("KUBETUNE_PROGRESS_INBOX_PORT") or cls.progress_inbox_port),
             webhook_address=env.get("KUBETUNE_WEBHOOK_ADDRESS") or None,
             webhook_port=int(env.get("KUBETUNE_WEBHOOK_PORT", cls.webhook_port)),
             webhook_certificates=_one_of(env.get("KUBETUNE_WEBHOOK_CERTIFICATES") or cls.webhook_certificates,

@@ -35,6 +35,7 @@ class Reporter:
         # When each staged checkpoint's state was taken (time.time()), until it is complete: from then
         # on only the steps after it are unsaved.
         self._staged_at: dict[int, float] = {}
+        self._pusher = None  # kubetune_trainer.progress_push, where the operator runs an inbox
         if not enabled:
             return
         from tqdm.auto import tqdm
@@ -50,6 +51,11 @@ class Reporter:
         self.metrics.planned_steps.set(total_steps)
         self.metrics.step.set(start_step)
         self.metrics.unsaved_since.set(time.time())  # work is unsaved from here on
+        from kubetune_trainer.progress_push import ProgressPusher
+
+        self._pusher = ProgressPusher.from_env(namespace, job_name, self.metrics.readings)
+        if self._pusher is not None:
+            self._pusher.start()
 
     def step(self, step: int, loss: float, lr: float, epoch: int, ended: float | None = None) -> None:
         """Step `step` is done; `ended`: when the host finished queuing it (time.time()), where its
@@ -180,8 +186,12 @@ class Reporter:
         return True
 
     def await_final_read(self, seconds: float | None) -> None:
-        """Wait up to SECONDS for the operator to read the final metrics (kubetune_trainer.metrics_server);
+        """Push the final metrics to the operator's progress inbox, where it runs one; else (or when
+        that fails) wait up to SECONDS for the operator to read them (kubetune_trainer.metrics_server);
         nothing to wait for without a metrics server or a time (a run outside the operator)."""
+        if self._pusher is not None and seconds and self._pusher.push_final():
+            log.info("the operator has the final metrics (pushed to its progress inbox)")
+            return
         server = self.metrics.server if self.metrics is not None else None
         if server is None or not seconds:
             return
@@ -211,3 +221,6 @@ class Reporter:
             self.tracker.close(status, wait=wait, timeout=timeout)
             if wait:
                 self.tracker = None
+        if wait and self._pusher is not None:  # the last close: no more pushes
+            self._pusher.stop()
+            self._pusher = None
