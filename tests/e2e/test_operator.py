@@ -193,10 +193,12 @@ def test_a_two_node_job_succeeds(control_plane, api_client, core, backend, opera
                        message="two-node TrainingJob finished")
     pods = job_pods(core, job_namespace, "two-nodes")
     logs = {p.metadata.name: control_plane.pod_log(p.metadata.name, job_namespace, backend_of(backend).container)
-            .read_text()[-2000:] for p in pods}
-    assert final["status"]["phase"] == "Succeeded", logs
+            .read_text() for p in pods}
+    tails = {name: log[-2000:] for name, log in logs.items()}  # what a failure shows
+    assert final["status"]["phase"] == "Succeeded", tails
     assert len(pods) == 2, f"one pod per node: {sorted(logs)}"
-    assert sum("node 0 of 2" in log for log in logs.values()) == 1, logs
+    # The node line is near the start of each log, not in its tail (rank 0 goes on to log its pushes).
+    assert sum("node 0 of 2" in log for log in logs.values()) == 1, tails
 
 
 # One backend: the CRD schema, its CEL rules and the webhook's typed model refuse these before any

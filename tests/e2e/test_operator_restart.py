@@ -35,8 +35,8 @@ pytestmark = pytest.mark.e2e
 
 OPERATOR_SELECTOR = "app.kubernetes.io/name=kubetune-operator"
 JOB, SWEEP = "steady", "restarts"
-JOB_STEPS, JOB_EVERY = 16, 4
-TRIAL_STEPS = 6
+JOB_STEPS, JOB_EVERY = 200, 4  # still running while two trials train and report, whatever their load time
+TRIAL_STEPS = 24  # a window of several readings in which both first trials run
 TRIALS = [f"{SWEEP}-{n}" for n in range(3)]
 
 
