@@ -70,8 +70,8 @@ def test_the_final_report_holds_what_the_operators_read_would_have(metrics):
     assert read_final_report(final_report(metrics.readings())) == read_trainer_gauges("127.0.0.1", metrics.server.port)
 
 
-def test_a_finished_trainer_leaves_its_final_report_where_the_kubelet_keeps_it(tmp_path):
-    from kubetune_api.contract import read_final_report
+def test_a_finished_trainer_leaves_its_final_report_where_the_kubelet_keeps_it(tmp_path, monkeypatch):
+    from kubetune_api.contract import TrainerEnv, read_final_report
     from kubetune_trainer.reporting import Reporter
 
     reporter = Reporter(True, total_steps=10, start_step=0, log_dir=None, log_every=1, samples_per_step=4,
@@ -81,6 +81,10 @@ def test_a_finished_trainer_leaves_its_final_report_where_the_kubelet_keeps_it(t
     assert reporter.write_final_report(termination_log) is False, "outside a pod (no file made for it): nothing"
     assert not termination_log.exists()
     termination_log.touch()  # what the kubelet makes for a container
+    monkeypatch.delenv(TrainerEnv.NAMES["pod_name"], raising=False)
+    assert reporter.write_final_report(termination_log) is False, "a file there, but not the operator's pod"
+    assert termination_log.read_text() == ""
+    monkeypatch.setenv(TrainerEnv.NAMES["pod_name"], "demo-master-0")  # the downward API, in its pods
     assert reporter.write_final_report(termination_log) is True
     report = read_final_report(termination_log.read_text())
     assert report["step"] == 10 and report["planned_steps"] == 10 and report["loss"] == 0.25

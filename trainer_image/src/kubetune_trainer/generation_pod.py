@@ -20,9 +20,7 @@ from pathlib import Path
 import yaml
 
 from kubetune_api import layout
-from kubetune_api.contract import TERMINATION_MESSAGE_PATH
-
-TERMINATION_LOG = Path(TERMINATION_MESSAGE_PATH)
+from kubetune_trainer.termination import write_termination_message
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -137,9 +135,5 @@ def main(argv: list[str] | None = None) -> int:
     except (GenerationError, ConfigError, PullFailed) as err:
         line = f"kubetune generate: {err}".splitlines()[0]
         print(line, file=sys.stderr, flush=True)
-        if TERMINATION_LOG.exists():  # in a pod: the kubelet made it, and the Job's status shows it
-            try:
-                TERMINATION_LOG.write_text(line)
-            except OSError:
-                pass  # not in a pod (or no termination log): stderr has it
+        write_termination_message(line)  # in the operator's pod: the Job's status shows it
         return 1

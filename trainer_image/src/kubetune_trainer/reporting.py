@@ -174,16 +174,11 @@ class Reporter:
     def write_final_report(self, path: Path = Path(TERMINATION_MESSAGE_PATH)) -> bool:
         """Leave the final gauges in the pod's termination message (contract.final_report), which
         Kubernetes keeps in the pod's status after the process exits: the operator reads them there
-        when its last poll came before the end. Only where the file exists (the kubelet makes it in
-        a pod); whether it was written."""
-        if self.metrics is None or not path.exists():
-            return False
-        try:
-            path.write_text(final_report(self.metrics.readings()))
-        except OSError as err:  # read-only or gone: the operator's poll is the other way
-            log.warning("the final report could not be written to %s: %s", path, err)
-            return False
-        return True
+        when its last poll came before the end. Whether it was written (kubetune_trainer.termination
+        says where it is)."""
+        from kubetune_trainer.termination import write_termination_message
+
+        return self.metrics is not None and write_termination_message(final_report(self.metrics.readings()), path)
 
     def await_final_read(self, seconds: float | None) -> None:
         """Push the final metrics to the operator's progress inbox, where it runs one; else (or when
