@@ -69,13 +69,18 @@ def progress(namespace: str, name: str, backend, settings: Settings) -> dict | N
     return progress_inbox.fresh(namespace, name) or _gauges(namespace, name, backend, settings)
 
 
+def _running_rank0_addresses(namespace: str, name: str, backend) -> list[str]:
+    """The addresses of the job's rank-0 pods that run now (one, but for a restart's moment)."""
+    return [pod.status.pod_ip for pod in kube.trainer_pods(namespace, name, backend)
+            if pod.status.phase == "Running" and pod.status.pod_ip]
+
+
 def _gauges(namespace: str, name: str, backend, settings: Settings) -> dict | None:
-    running = [p for p in kube.trainer_pods(namespace, name, backend) if p.status.phase == "Running"
-               and p.status.pod_ip]
+    running = _running_rank0_addresses(namespace, name, backend)
     if not running:
         return None
     try:
-        return kube.read_trainer_gauges(running[0].status.pod_ip, settings.trainer_metrics_port)
+        return kube.read_trainer_gauges(running[0], settings.trainer_metrics_port)
     except OSError as err:  # not listening yet, or restarting: the next look gets it
         log.debug("no progress from %s yet: %s", name, err)
         return None
@@ -85,9 +90,8 @@ def rank0_addresses(namespace: str, name: str) -> set[str]:
     """The addresses of the job's running rank-0 pods, whichever enabled backend runs it: who may push
     its progress (progress_inbox)."""
     settings = kube.settings()
-    return {pod.status.pod_ip for backend in BACKENDS.values() if settings.backend_enabled(backend.name)
-            for pod in kube.trainer_pods(namespace, name, backend)
-            if pod.status.phase == "Running" and pod.status.pod_ip}
+    return {address for backend in BACKENDS.values() if settings.backend_enabled(backend.name)
+            for address in _running_rank0_addresses(namespace, name, backend)}
 
 
 def _final_report(namespace: str, name: str, backend) -> dict | None:
