@@ -6,7 +6,6 @@ create_owned. Nothing here decides anything: each function is one request or one
 """
 from __future__ import annotations
 
-import datetime
 import functools
 import logging
 import time
@@ -21,6 +20,7 @@ from kubetune_api.contract import API_GROUP, API_VERSION, OPERATOR_READ_QUERY, P
 from kubetune_operator import backend_check, naming, queueing
 from kubetune_operator.backends import Backend
 from kubetune_operator.settings import Settings
+from kubetune_operator.timestamps import rfc3339
 
 log = logging.getLogger("kubetune.operator")
 
@@ -32,7 +32,7 @@ def settings() -> Settings:
 
 
 def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(time.time())
 
 
 def load_kubernetes_config() -> None:
