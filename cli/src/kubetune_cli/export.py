@@ -83,7 +83,7 @@ def weight_files(folder: Path, step: int | str) -> list[Path]:
     return chosen
 
 
-def move_into(staging: Path, out: Path) -> list[Path]:
+def move_into(staging: Path, out: Path, force: bool) -> list[Path]:
     """Every file of `staging` to the same place under `out`, once none of the places is a link or
     a folder (checked first, so a refusal leaves `out` untouched)."""
     from kubetune_trainer.storage.confine import UnsafePath, confined
@@ -101,8 +101,9 @@ def move_into(staging: Path, out: Path) -> list[Path]:
                           "remove it or give another --out")
     from kubetune_trainer.checkpoint.catalog import move_into as move_checked
 
-    # --force was asked for a non-empty --out already (check_out_folder): replacing is what it allows.
-    return move_checked(staging, out, force=True)
+    # check_out_folder let a non-empty --out through only with --force; a file that appeared since
+    # is still the user's: replaced only with --force.
+    return move_checked(staging, out, force)
 
 
 def local_models(spec):
@@ -161,7 +162,7 @@ def export(job: str, format_: str, dtype: str | None, out_path: str | None, step
         staging.mkdir()
         pull_weights(run, chosen, pulled)
         write(format_, definition, spec, trained.metadata.name, run, chosen, pulled, staging, dtype)
-        written = move_into(staging, out)
+        written = move_into(staging, out, force)
     size = sum(p.stat().st_size for p in written)
     click.echo(f"exported {step_label(chosen)} of {run.uri} as {format_} ({dtype}; {len(written)} files, "
                f"{human_size(size)}) into {out}")
