@@ -379,9 +379,10 @@ class Prefetcher:
     current position). `advance()`: one step trained; its images become placeholders again.
 
     `first_step_alone` (what a training run asks): until the first step is trained only that step
-    is fetched, since its images are what the first step waits for; fetching the next `ahead_steps`
-    alongside (parquet row groups: 8 steps of 8 x 6 MB) slowed the first batch down by half on 2
-    cores (benchmarks/data_formats.py --prefetch-steps).
+    is fetched, since its images are what the first step waits for, not the next `ahead_steps`
+    alongside (parquet row groups: 8 steps of 8 x 6 MB). Measured on a loaded 2-core machine
+    (benchmarks/data_formats.py, RESULTS.md): index end to first batch 4.1 s with the window open,
+    2.7-4.4 s with this, 2.2 s with --prefetch-steps 1 -- within that machine's noise so far.
     """
 
     def __init__(self, budget: int, ahead_steps: int, threads: int = FETCH_THREADS, first_step_alone: bool = False):
