@@ -12,9 +12,9 @@ without the model: lay out (copy whole, or open the stream), read the samples, s
 clip where run.Run.set_up does (copied whole; streamed only where the sampler needs the clips' facts
 before the first step: --bucketing, or spec.data.skipBad), build the data set, plan the prefetcher,
 then load the
-first --batches batches of one sample (--frames frames at --resolution px) through a DataLoader of
---workers workers. Printed: each phase's end from the case's start (imports excluded), and the
-ratio of the first batch streamed to copied whole. A benchmark, not a test: nothing is asserted.
+first --batches batches of one sample (--frames frames at --resolution px) as run.py loads them
+(loop.iterate_steps: the first step in the case's process, then --workers loader workers). Printed:
+each phase's end from the case's start (imports excluded), and the ratio of the first batch streamed to copied whole. A benchmark, not a test: nothing is asserted.
 """
 from __future__ import annotations
 
@@ -54,13 +54,12 @@ def parse_args(argv=None):
 
 def load(args) -> dict:
     """One case: what a trainer process does with its clips up to its first --batches batches."""
-    from torch.utils.data import DataLoader
-
     from kubetune_api.spec import TrainingJobSpec
     from kubetune_trainer.data.images import ImageTransform
     from kubetune_trainer.data.layouts import LAYOUTS
     from kubetune_trainer.data.sampler import epoch_steps
     from kubetune_trainer.data.screening import Screen, image_paths
+    from kubetune_trainer.loop import iterate_steps
     from kubetune_trainer.run import with_local_inputs
     from kubetune_trainer.storage.stream import Prefetcher, streamed
 
@@ -92,8 +91,9 @@ def load(args) -> dict:
         prefetcher = Prefetcher(4 << 30, spec.data.streaming.prefetch_steps, first_step_alone=True)  # as run.py
         prefetcher.plan([[p for _, i in keys for p in image_paths(dataset.samples[i])] for keys in steps])
     mark("data set and prefetch plan")
-    loader = DataLoader(dataset, batch_sampler=steps, collate_fn=layout.collate, num_workers=args.workers)
-    for number, _ in enumerate(loader):
+    # As run.py loads an epoch (one micro-batch a step): its first step in this process, then workers.
+    for number, _ in enumerate(iterate_steps(dataset, layout.collate, args.workers, [[keys] for keys in steps],
+                                             loader_seed=0)):
         if number == 0:
             mark("first batch")
         if prefetcher is not None:

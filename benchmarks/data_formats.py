@@ -12,8 +12,8 @@ metadata.jsonl, parquet as Hugging Face datasets writes it (--rows-per-file rows
 uploaded. Each case runs in a process of its own with a fresh cache directory and does what a
 trainer process does before and during training, without the model: lay out (or copy) the data, read
 its samples, screen them where they are not streamed, plan the prefetcher, then load --steps batches
-of --batch-size through a DataLoader of --workers workers (decoded and transformed to
---resolution px). Time to the first batch runs from the case's start; steady samples/s is over
+of --batch-size as run.py loads them (loop.iterate_steps: the first step in the case's process, then
+--workers loader workers; decoded and transformed to --resolution px). Time to the first batch runs from the case's start; steady samples/s is over
 the batches after --warmup. With --delay-ms the cases reach the server through a proxy on loopback
 that holds every request that long (benchmarks/delay_proxy.py), as an object store across a network
 answers. A benchmark, not a test: nothing is asserted.
@@ -68,14 +68,13 @@ def parse_args(argv=None):
 
 def load(args) -> dict:
     """One case: what a trainer process does with its data, up to --steps batches."""
-    from torch.utils.data import DataLoader
-
     from kubetune_api.spec import TrainingJobSpec
     from kubetune_trainer.data.captions import CaptionsDataset, collate
     from kubetune_trainer.data.images import ImageTransform
     from kubetune_trainer.data.layouts import LAYOUTS
     from kubetune_trainer.data.sampler import epoch_steps
     from kubetune_trainer.data.screening import Screen, image_paths
+    from kubetune_trainer.loop import iterate_steps
     from kubetune_trainer.run import with_local_inputs
     from kubetune_trainer.storage.members import MEMBERS
     from kubetune_trainer.storage.stream import Prefetcher, streamed
@@ -110,8 +109,8 @@ def load(args) -> dict:
         prefetcher.plan([[p for _, i in keys for p in image_paths(dataset.samples[i])] for keys in steps])
     mark("data set and prefetch plan")
     times = []
-    loader = DataLoader(dataset, batch_sampler=steps, collate_fn=collate, num_workers=args.workers)
-    for _ in loader:
+    # As run.py loads an epoch (one micro-batch a step): its first step in this process, then workers.
+    for _ in iterate_steps(dataset, collate, args.workers, [[keys] for keys in steps], loader_seed=0):
         times.append(time.time())
         if len(times) == 1:
             mark("first batch")

@@ -7,6 +7,7 @@ position is two integers a checkpoint stores.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Iterator
@@ -64,16 +65,30 @@ def iterate_steps(dataset, collate, num_workers: int, steps: list[list[list[Key]
                   loader_seed: int) -> Iterator[list[MicroBatch]]:
     """Load the micro-batches of the given steps in order (workers prefetch ahead); yield them a
     step at a time. The loader gets its own generator: creating an iterator otherwise draws from
-    the global torch RNG, and a resumed run (which creates one mid-epoch) would drift."""
+    the global torch RNG, and a resumed run (which creates one mid-epoch) would drift.
+
+    With workers, the first step is loaded in this process before they start: its samples are what
+    this process's prefetcher is fetching (the first step alone, storage.stream.Prefetcher), and a
+    read here waits for that fetch and takes its copy (storage.members, storage.stream), where a
+    worker just forked cannot see the fetch and would read the same row groups or objects a second
+    time, on the same cores, after its own start. The workers then start on the second step while
+    the first one trains. The same samples in the same order either way."""
     flat = [keys for step in steps for keys in step]
     if not flat:
         return
-    loader = DataLoader(dataset, batch_sampler=flat, collate_fn=collate, num_workers=num_workers,
-                        generator=torch.Generator().manual_seed(loader_seed),
-                        timeout=LOADER_WAIT_SECONDS if num_workers else 0)
-    batches = iter(loader)
+    here = len(steps[0]) if num_workers else len(flat)  # micro-batches loaded in this process
+    batches = iter(_loader(dataset, collate, flat[:here], 0, loader_seed))
+    if here < len(flat):
+        first = [_next_batch(batches, keys, 0) for keys in flat[:here]]
+        batches = itertools.chain(first, iter(_loader(dataset, collate, flat[here:], num_workers, loader_seed)))
     for step in steps:
         yield [(keys, _next_batch(batches, keys, num_workers)) for keys in step]
+
+
+def _loader(dataset, collate, batches: list[list[Key]], num_workers: int, loader_seed: int) -> DataLoader:
+    return DataLoader(dataset, batch_sampler=batches, collate_fn=collate, num_workers=num_workers,
+                      generator=torch.Generator().manual_seed(loader_seed),
+                      timeout=LOADER_WAIT_SECONDS if num_workers else 0)
 
 
 def _next_batch(batches: Iterator[dict], keys: list[Key], num_workers: int) -> dict:

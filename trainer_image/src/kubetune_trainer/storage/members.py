@@ -80,6 +80,7 @@ class MemberSet:
         self.fetched_bytes = 0
         self.ranged_bytes = 0  # read out of streamed containers by this process (a parquet row: its row group)
         self._lock = threading.Lock()
+        self._fetching: dict[str, threading.Lock] = {}  # members being filled in this process: their fill's lock
 
     def add(self, member: Member, name: str) -> Path:
         """Register MEMBER under NAME (unique in its container); its path."""
@@ -101,9 +102,19 @@ class MemberSet:
         member = self.members[key]
         if stream.streamed_object(member.container) is None or _has_copy(path):
             return 0
-        data = member.locator.read(member)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        stream._replace(path, data)
+        with self._lock:
+            filling = self._fetching.setdefault(key, threading.Lock())
+        with filling:  # one fill of a member at a time; a reader meanwhile waits for its copy (read)
+            try:
+                if _has_copy(path):  # filled while this thread waited
+                    return 0
+                data = member.locator.read(member)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                stream._replace(path, data)
+            finally:
+                with self._lock:
+                    if self._fetching.get(key) is filling:
+                        del self._fetching[key]
         with self._lock:
             self.fetched_images += 1
             self.fetched_bytes += len(data)
@@ -116,11 +127,19 @@ class MemberSet:
         return size
 
     def read(self, path: Path, key: str) -> bytes:
+        """The member's bytes: its copy, else from its container. A streamed member the prefetcher is
+        fetching in this process is waited for (the first step, loaded here while the prefetcher
+        fetches it, reads each row group or range once), then read from the copy it wrote."""
+        member = self.members[key]
+        with self._lock:
+            filling = self._fetching.get(key)
+        if filling is not None:
+            with filling:
+                pass  # the fill in flight has finished: its copy is there (or, if it failed, none)
         if _has_copy(path):
             data = path.read_bytes()
             if data:  # copies are written whole (a rename): empty means evicted meanwhile
                 return data
-        member = self.members[key]
         return member.locator.read(member)
 
     def listed_size(self, key: str) -> int:
@@ -166,26 +185,39 @@ class SmallCache:
 
     def __init__(self, entries: int):
         self.entries, self._values, self._lock = entries, OrderedDict(), threading.Lock()
+        self._computing: dict = {}  # per key being computed: its lock (two threads asking compute it once)
         os.register_at_fork(after_in_child=self._fresh_lock)
 
     def _fresh_lock(self) -> None:
-        self._lock = threading.Lock()  # one a thread held at the fork would stay held in the child
+        self._lock, self._computing = threading.Lock(), {}  # one a thread held at the fork would stay held
 
     def get(self, key, compute):
         with self._lock:
             if key in self._values:
                 self._values.move_to_end(key)
                 return self._values[key]
-        value = compute()
-        with self._lock:
-            self._values[key] = value
-            while len(self._values) > self.entries:
-                self._values.popitem(last=False)
+            computing = self._computing.setdefault(key, threading.Lock())
+        with computing:  # the prefetcher's threads (two rows of one row group) and the loader alike
+            with self._lock:
+                if key in self._values:  # computed while this thread waited
+                    self._values.move_to_end(key)
+                    return self._values[key]
+            try:
+                value = compute()
+            except BaseException:
+                with self._lock:
+                    self._computing.pop(key, None)
+                raise
+            with self._lock:
+                self._values[key] = value
+                while len(self._values) > self.entries:
+                    self._values.popitem(last=False)
+                self._computing.pop(key, None)
         return value
 
 
 def _fresh_lock_in_child() -> None:
-    MEMBERS._lock = threading.Lock()
+    MEMBERS._lock, MEMBERS._fetching = threading.Lock(), {}
 
 
 os.register_at_fork(after_in_child=_fresh_lock_in_child)

@@ -382,7 +382,9 @@ class Prefetcher:
     is fetched, since its images are what the first step waits for, not the next `ahead_steps`
     alongside (parquet row groups: 8 steps of 8 x 6 MB). Measured on a loaded 2-core machine
     (benchmarks/data_formats.py, RESULTS.md): index end to first batch 4.1 s with the window open,
-    2.7-4.4 s with this, 2.2 s with --prefetch-steps 1 -- within that machine's noise so far.
+    2.7-4.4 s with this, 2.2 s with --prefetch-steps 1 -- within that machine's noise so far. The
+    first step is now loaded in the training process (loop.iterate_steps), whose reads wait for
+    these fetches and take their copies: 0.6 s from the index to the first batch (RESULTS.md).
     """
 
     def __init__(self, budget: int, ahead_steps: int, threads: int = FETCH_THREADS, first_step_alone: bool = False):
