@@ -172,7 +172,7 @@ def contract_values() -> dict[str, str]:
     values = {name: f"TrainerEnv.NAMES[{field!r}]" for field, name in TrainerEnv.NAMES.items()}
     values |= {getattr(contract, name): f"contract.{name}" for name in (
         "CPU_REQUEST_MILLICORES", "CPU_LIMIT_MILLICORES", "SWEEP_LABEL", "TRIAL_LABEL",
-        "TRIAL_PARAMETERS_ANNOTATION", "TRIAL_EXPLOITED_FROM_ANNOTATION",
+        "TRIAL_PARAMETERS_ANNOTATION", "TRIAL_EXPLOITED_FROM_ANNOTATION", "TRIAL_REPORTED_ANNOTATION",
         "CONFIG_PATH", "OPERATOR_READ_QUERY")}
     gauges = list(TrainerGauge.ALL) + [TrainerGauge.validation(metric) for metric in contract.VALIDATION_METRICS]
     values |= {TrainerGauge.full_name(gauge): "TrainerGauge" for gauge in gauges}

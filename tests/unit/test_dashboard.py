@@ -111,7 +111,7 @@ def test_the_panels_cover_the_run_and_the_operator(dashboard):
                          for q in dashboards.queries(dashboard)))
     promised = {
         "kubetune_operator_trainingjobs", "kubetune_operator_admission_rejections_total",
-        "kubetune_operator_reconciles_total", "kubetune_trainer_loss", "kubetune_trainer_learning_rate",
+        "kubetune_operator_reconciles_total", "kubetune_operator_progress_pushes_total", "kubetune_trainer_loss", "kubetune_trainer_learning_rate",
         "kubetune_trainer_samples_per_second", "kubetune_trainer_step_phase_seconds_total",
         "kubetune_trainer_checkpoint_save_duration_seconds_sum", "kubetune_trainer_checkpoint_upload_duration_seconds_sum",
         "kubetune_trainer_checkpoint_uploaded_bytes_total", "kubetune_trainer_checkpoint_size_bytes",

@@ -2,16 +2,19 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import threading
 import time
 from contextlib import contextmanager
 
 from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import generate_latest
 
 from kubetune_api.contract import TrainerEnv, final_report, progress_path
 from kubetune_operator.pod_template import static_env
-from kubetune_operator.progress_inbox import ProgressInbox
+from kubetune_operator import metrics
+from kubetune_operator.progress_inbox import MAX_BODY_BYTES, ProgressInbox
 from kubetune_operator.settings import Settings
 
 INTERVAL = 10.0
@@ -26,7 +29,7 @@ class Clock:
         return self.now
 
 
-def push(inbox: ProgressInbox, body: str, namespace: str = "team", job: str = "sd15") -> int:
+def push(inbox: ProgressInbox, body, namespace: str = "team", job: str = "sd15") -> int:
     """POST BODY to the inbox from 127.0.0.1 (the test client's address); the HTTP status."""
     async def post() -> int:
         async with TestClient(TestServer(inbox.app())) as client:
@@ -71,6 +74,42 @@ def test_a_body_that_is_not_a_report_is_refused_with_400():
     inbox = ProgressInbox(lambda ns, job: {"127.0.0.1"}, INTERVAL, clock=Clock())
     assert push(inbox, "step 7") == 400
     assert inbox.fresh("team", "sd15") is None
+
+
+def pushes_counted() -> dict[str, float]:
+    from prometheus_client import REGISTRY
+
+    return {outcome: REGISTRY.get_sample_value("kubetune_operator_progress_pushes_total", {"outcome": outcome})
+            for outcome in metrics.PROGRESS_PUSH_OUTCOMES}
+
+
+def test_every_answer_is_counted_by_its_outcome_and_only_those_labels_exist():
+    before = pushes_counted()
+    assert None not in before.values(), "each outcome is exported from the start"
+    rank0 = ProgressInbox(lambda ns, job: {"127.0.0.1"}, INTERVAL, clock=Clock())
+    stranger = ProgressInbox(lambda ns, job: {"127.0.0.2"}, INTERVAL, clock=Clock())
+    assert push(rank0, final_report(GAUGES)) == 204
+    assert push(rank0, final_report(GAUGES), job="other") == 204
+    assert push(stranger, final_report(GAUGES)) == 403
+    assert push(rank0, "step 7") == 400
+    assert push(rank0, "x" * (MAX_BODY_BYTES + 1)) == 413
+    assert push(rank0, chunked("x" * (MAX_BODY_BYTES + 1))) == 413  # no Content-Length: found while read
+    after = pushes_counted()
+    assert {o: after[o] - before[o] for o in after} == {"accepted": 2, "not_rank0": 1, "bad_report": 1,
+                                                        "too_large": 2}
+    exposition = generate_latest().decode()
+    labels = set(re.findall(r'kubetune_operator_progress_pushes_total\{outcome="([^"]+)"\}', exposition))
+    assert labels == set(metrics.PROGRESS_PUSH_OUTCOMES), "never a job's name or an address"
+
+
+async def _chunks(text: str):
+    for start in range(0, len(text), 4096):
+        yield text[start:start + 4096].encode()
+
+
+def chunked(text: str):
+    """TEXT as a body sent in chunks, without a Content-Length."""
+    return _chunks(text)
 
 
 def test_trainers_are_told_where_to_push_only_where_an_inbox_runs():

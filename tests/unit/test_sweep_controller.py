@@ -3,9 +3,11 @@ creates, follows, stops and records, and that a restart (lost status, or lost tr
 nothing. Pure: the TrainingJobs are described as the operator would read them."""
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
+from kubernetes.client.rest import ApiException
 
 from kubetune_api.search import suggest
 from kubetune_api.sweep import TrainingSweep
@@ -37,7 +39,7 @@ def test_a_new_sweep_records_and_creates_parallel_trials_with_the_searchs_parame
     status = decided.status
     assert status["phase"] == "Running" and status["trialsDone"] == "0/6" and status["running"] == 2
     assert [(r["job"], r["state"]) for r in status["trials"]] == [("lr-0", "running"), ("lr-1", "running")]
-    assert [e[1] for e in decided.events] == ["TrialCreated", "TrialCreated"]
+    assert decided.events == []  # TrialCreated is the act's, sent once it created the TrainingJob
 
 
 def test_readings_become_intermediate_values_and_a_finished_trial_makes_room_for_the_next():
@@ -131,6 +133,18 @@ def test_the_median_rule_stops_a_clearly_worse_trial_and_keeps_it_suspended():
     assert plan("lr", "ns", spec, status, jobs).stop == []
 
 
+def test_a_stop_already_announced_on_the_trial_is_asked_again_but_not_announced_again():
+    spec = sweep(earlyStopping={"rule": "median", "minSteps": 10}, parallelTrials=3)
+    status = plan("lr", "ns", spec, {}, {}).status
+    readings = {0: 0.2, 1: 0.25, 2: 0.9}
+    jobs = {n: job(n, status, step=10, loss=v) for n, v in readings.items()}
+    first = plan("lr", "ns", spec, status, jobs)
+    assert first.reported == {2: "stopped"} and [e[1] for e in first.events] == ["TrialStopped"]
+    jobs[2] = job(2, status, step=10, loss=0.9, reported="stopped")  # marked; the new status was lost
+    again = plan("lr", "ns", spec, status, jobs)
+    assert again.stop == [2] and again.events == [] and again.reported == {}
+
+
 def test_the_median_rule_does_not_judge_a_trial_against_its_twin_alone_while_a_third_has_not_reported():
     # The e2e's sweep: two trials of the same good model and a clearly worse one whose pods started
     # later. Trial 1's noisy reading a hair above trial 0's does not stop it; once trial 2
@@ -201,3 +215,80 @@ def test_a_thousand_trial_sweep_stays_far_below_the_api_servers_object_size_limi
                for n in range(1000)]
     assert all(len(r["intermediate"]) == 20 and "1000" in r["intermediate"] for r in records)
     assert len(json.dumps({"trials": records})) < 1024 * 1024  # the limit is 1.5 MiB
+
+
+# ---- the act (sweeps.run_sweep): events follow what happened -------------------------------------
+
+class FakeTrainingJobs:
+    """The API server's TrainingJobs, as run_sweep reads, creates and patches them."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, dict] = {}
+        self.hidden: set[str] = set()  # left out of a LIST: created by someone else since
+
+    def list_namespaced_custom_object(self, group, version, namespace, plural, label_selector):
+        return {"items": [copy.deepcopy(j) for name, j in self.jobs.items() if name not in self.hidden]}
+
+    def create_namespaced_custom_object(self, group, version, namespace, plural, body):
+        if body["metadata"]["name"] in self.jobs:
+            raise ApiException(status=409)
+        self.jobs[body["metadata"]["name"]] = copy.deepcopy(body)
+
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+        return copy.deepcopy(self.jobs[name])
+
+    def patch_namespaced_custom_object(self, group, version, namespace, plural, name, body):
+        job = self.jobs[name]
+        job["metadata"].setdefault("annotations", {}).update((body.get("metadata") or {}).get("annotations") or {})
+        job["spec"].update(body.get("spec") or {})
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    """A sweep of 2 parallel trials, its TrainingJobs in FakeTrainingJobs, its events recorded;
+    yields tick(status) -> the status that tick would write."""
+    import kopf
+
+    from kubetune_operator import sweeps
+
+    api, sent = FakeTrainingJobs(), []
+    monkeypatch.setattr(sweeps, "custom_api", lambda: api)
+    monkeypatch.setattr(kopf, "event", lambda body, type, reason, message: sent.append((reason, message)))
+    body = kopf.Body({"apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingSweep",
+                      "metadata": {"name": "lr", "namespace": "ns", "uid": "u-1"},
+                      "spec": {"template": {"spec": TEMPLATE}, "parameters": PARAMETERS, "objective": {"metric": "loss"},
+                               "maxTrials": 6, "parallelTrials": 2}})
+
+    def tick(status: dict) -> dict:
+        patch = kopf.Patch()
+        sweeps.run_sweep(name="lr", namespace="ns", uid="u-1", body=body, status=status, patch=patch)
+        return {**status, **patch.get("status", {})}
+
+    tick.api, tick.events = api, sent
+    return tick
+
+
+def test_a_restart_before_the_status_is_written_repeats_no_trial_event(cluster):
+    status = cluster({})
+    assert [m for r, m in cluster.events if r == "TrialCreated"] and len(cluster.events) == 2
+    cluster.api.jobs["lr-0"]["status"] = {"phase": "Succeeded", "progress": {"step": 10, "loss": 0.25}}
+    cluster(status)  # trial 0's end and trial 2's creation; the operator stops before this status is written
+    assert [(r, m.split(":")[0]) for r, m in cluster.events[2:]] == [
+        ("TrialFinished", "trial 0 (lr-0) succeeded"), ("TrialCreated", "trial 2")]
+
+    restarted = cluster(status)  # the trial exists, the status does not list it; trial 0 still "running" there
+    assert len(cluster.events) == 4, cluster.events[4:]
+    assert cluster.api.jobs["lr-0"]["metadata"]["annotations"]["kubetune.dev/trial-reported"] == "succeeded"
+    assert [(t["number"], t["state"]) for t in restarted["trials"]] == [(0, "succeeded"), (1, "running"),
+                                                                        (2, "running")]
+    assert restarted["trials"][0]["value"] == 0.25
+
+
+def test_a_trial_found_already_there_at_creation_gets_no_trial_created_event(cluster):
+    status = cluster({})
+    cluster.api.jobs["lr-0"]["status"] = {"phase": "Failed"}
+    cluster.api.hidden.add("lr-2")
+    cluster.api.jobs["lr-2"] = {"metadata": {"name": "lr-2", "ownerReferences": [{"uid": "u-1"}]}, "spec": {}}
+    cluster(status)  # trial 2 is due; another operator (an old replica) created it since this one listed
+    assert [(r, m.split(":")[0]) for r, m in cluster.events[2:]] == [
+        ("TrialFinished", "trial 0 (lr-0) failed")]

@@ -47,6 +47,10 @@ SWEEP_LABEL = "kubetune.dev/sweep"
 TRIAL_LABEL = "kubetune.dev/trial"
 TRIAL_PARAMETERS_ANNOTATION = "kubetune.dev/trial-parameters"
 TRIAL_EXPLOITED_FROM_ANNOTATION = "kubetune.dev/trial-exploited-from"
+# Set by the operator on a trial's TrainingJob once the sweep announced its end in an event
+# (succeeded, failed, stopped): the sweep's status may be written after that, or lost with a restart,
+# and the event is then not announced twice.
+TRIAL_REPORTED_ANNOTATION = "kubetune.dev/trial-reported"
 
 # ---- the trainer config and the commands that read it -------------------------------------------
 

@@ -19,6 +19,9 @@ RECONCILE_RESULTS = ("ok", "retry", "error")
 # credentials Secret it names is not there, or its backend cannot honour a field it sets.
 # invalid_sweep: a TrainingSweep the typed model refused (a parameter, the objective, the template).
 ADMISSION_REASONS = ("invalid_spec", "queue", "backend", "image_not_allowed", "invalid_sweep")
+# What the progress inbox (progress_inbox.py) answered a trainer's push: kept (204), refused because
+# it did not come from the job's running rank-0 pod address (403), not a report (400), too large (413).
+PROGRESS_PUSH_OUTCOMES = ("accepted", "not_rank0", "bad_report", "too_large")
 
 RECONCILES = Counter("kubetune_operator_reconciles_total",
                      "TrainingJob reconciliations, by result (ok, retry, error).", ["result"])
@@ -31,6 +34,12 @@ CHILD_JOBS_CREATED = Counter("kubetune_operator_child_jobs_created_total",
 ADMISSION_REJECTIONS = Counter("kubetune_operator_admission_rejections_total",
                                "TrainingJobs and TrainingSweeps the admission webhook refused, by reason "
                                f"({', '.join(ADMISSION_REASONS)}).", ["reason"])
+# Refused pushes cost nothing but the push (the operator polls that job instead); a not_rank0 rate
+# that matches the accepted one of a healthy cluster means a service mesh or NAT rewrites the
+# trainers' source addresses (README, "Metrics and dashboards").
+PROGRESS_PUSHES = Counter("kubetune_operator_progress_pushes_total",
+                          "Progress reports trainers pushed to the operator's inbox, by outcome "
+                          f"({', '.join(PROGRESS_PUSH_OUTCOMES)}).", ["outcome"])
 # When the certificate the webhook serves expires (webhook.py keeps it fresh; an alert on
 # `kubetune_operator_webhook_certificate_expiry_timestamp_seconds - time() < 86400` catches a keeper that stopped).
 WEBHOOK_CERTIFICATE_EXPIRY = Gauge("kubetune_operator_webhook_certificate_expiry_timestamp_seconds",
@@ -39,6 +48,8 @@ for _result in RECONCILE_RESULTS:
     RECONCILES.labels(_result)
 for _reason in ADMISSION_REASONS:
     ADMISSION_REJECTIONS.labels(_reason)
+for _outcome in PROGRESS_PUSH_OUTCOMES:
+    PROGRESS_PUSHES.labels(_outcome)
 
 
 class PhaseCounts(Collector):

@@ -10,7 +10,9 @@ operator CPU per job per interval, the poll 3.41 ms (its GET 2.76 ms and its pod
 A push is accepted only from the address of that job's rank-0 pod: any pod could otherwise write
 any job's progress. The address is looked up once (the rank-0 pods' LIST the poll does per
 interval) and kept until a push comes from another address, which is looked up again, at most once
-per interval per job, so a stranger's pushes cannot make the operator LIST pods in a loop.
+per interval per job, so a stranger's pushes cannot make the operator LIST pods in a loop. Each
+answer is counted by outcome (kubetune_operator_progress_pushes_total): refusals are how an admin
+sees that pushes never arrive, e.g. behind a service mesh that rewrites the pods' source addresses.
 
 The server runs on kopf's event loop (handlers.configure starts it); the reconcile, in kopf's
 threads, reads with `fresh()`: a dict read under the GIL, no lock needed for one assignment.
@@ -26,6 +28,7 @@ from typing import Callable
 from aiohttp import web
 
 from kubetune_api.contract import PROGRESS_PATH, read_final_report
+from kubetune_operator import metrics
 
 log = logging.getLogger("kubetune.operator")
 
@@ -80,17 +83,30 @@ class ProgressInbox:
         return address in self._allowed[key]
 
     async def handle(self, request: web.Request) -> web.Response:
+        outcome, response = await self._answer(request)
+        metrics.PROGRESS_PUSHES.labels(outcome).inc()
+        return response
+
+    async def _answer(self, request: web.Request) -> tuple[str, web.Response]:
+        """(the outcome counted in metrics.PROGRESS_PUSHES, the response) of one push."""
         key = (request.match_info["namespace"], request.match_info["job"])
         if not await self._may_push(key, request.remote):
             log.debug("progress push for %s/%s refused from %s", *key, request.remote)
-            return web.Response(status=403, text=f"{request.remote} is not the rank-0 pod of {key[0]}/{key[1]}\n")
+            return "not_rank0", web.Response(status=403,
+                                             text=f"{request.remote} is not the rank-0 pod of {key[0]}/{key[1]}\n")
+        too_large = web.Response(status=413, text="a progress report is at most 16 KiB\n")
         if (request.content_length or 0) > MAX_BODY_BYTES:
-            return web.Response(status=413, text="a progress report is at most 16 KiB\n")
-        gauges = read_final_report(await request.text())
+            return "too_large", too_large
+        try:
+            body = await request.text()
+        except web.HTTPRequestEntityTooLarge:  # a body sent without its length, found larger while read
+            return "too_large", too_large
+        gauges = read_final_report(body)
         if gauges is None:
-            return web.Response(status=400, text="the body is not a progress report (contract.final_report)\n")
+            return "bad_report", web.Response(status=400,
+                                              text="the body is not a progress report (contract.final_report)\n")
         self._received[key] = Received(gauges, self._clock())
-        return web.Response(status=204)
+        return "accepted", web.Response(status=204)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES)

@@ -7,6 +7,12 @@ its recorded parameters; a TrainingJob whose record was lost (the operator stopp
 it and writing status: trials are created first) is adopted back from its labels and annotations
 (parameters, and for a PBT copy the trial it continues). The search itself (kubetune_api.search) is
 a function of the records.
+
+Events follow what happened, not what the status says: a trial's TrialCreated is sent by the act
+only when its TrainingJob was created then (sweeps.run_sweep), and a trial's end (TrialFinished,
+TrialStopped) only while its TrainingJob does not yet carry the annotation saying it was announced
+(Plan.reported, written before the event). A status that lags (lost with a restart, or not yet seen
+by kopf's watch) then repeats no event.
 """
 from __future__ import annotations
 
@@ -41,6 +47,7 @@ class TrialJob:
     validation: dict[str, float] = field(default_factory=dict)
     output_uri: str | None = None
     exploited_from: int | None = None      # PBT: the trial whose checkpoint it continues (from its annotation)
+    reported: str | None = None            # the end (state) whose event was sent, from its annotation
 
 
 @dataclass
@@ -49,10 +56,18 @@ class Plan:
     stop: list[int] = field(default_factory=list)        # trials whose TrainingJob to suspend
     status: dict[str, Any] = field(default_factory=dict)  # the sweep's whole new status
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+    # Trial -> the end its events announce: written on its TrainingJob before the events are sent.
+    reported: dict[int, str] = field(default_factory=dict)
 
 
 def trial_job_name(sweep: str, number: int) -> str:
     return f"{sweep}-{number}"
+
+
+def created_event(trial: Trial) -> tuple[str, str, str]:
+    """The event the act sends once it created TRIAL's TrainingJob (not when it found it there)."""
+    copied = f" (copies trial {trial.exploited_from})" if trial.exploited_from is not None else ""
+    return "Normal", "TrialCreated", f"trial {trial.number}{copied}: {format_parameters(trial.parameters)}"
 
 
 def reading(job: TrialJob, metric: str) -> tuple[int, float] | None:
@@ -141,9 +156,9 @@ def plan(sweep: str, namespace: str, spec: TrainingSweepSpec, status: dict, jobs
                 trial.state, trial.reason = "stopped", "stopped by the median rule"
                 trial.value = _best_so_far(trial, minimize)
                 result.stop.append(trial.number)
-                result.events.append(("Normal", "TrialStopped",
-                                      f"trial {trial.number} stopped: {metric} {trial.value:.5g} at step "
-                                      f"{max(trial.intermediate)} is worse than the other trials' median"))
+                _announce(result, trial, jobs[trial.number], ("Normal", "TrialStopped", (
+                    f"trial {trial.number} stopped: {metric} {trial.value:.5g} at step "
+                    f"{max(trial.intermediate)} is worse than the other trials' median")))
 
     # Stopped trials stay suspended: asked again until their TrainingJob says so (level-based).
     result.stop += [t.number for t in trials if t.state == "stopped" and t.number in jobs
@@ -165,10 +180,7 @@ def plan(sweep: str, namespace: str, spec: TrainingSweepSpec, status: dict, jobs
             if trial is None:
                 break
             trials.append(trial)
-            result.create.append(trial)
-            copied = f" (copies trial {trial.exploited_from})" if trial.exploited_from is not None else ""
-            result.events.append(("Normal", "TrialCreated",
-                                  f"trial {trial.number}{copied}: {format_parameters(trial.parameters)}"))
+            result.create.append(trial)  # its TrialCreated: the act's, once created (created_event)
 
     running = sum(t.state == "running" for t in trials)
     finished = len(trials) - running
@@ -210,8 +222,15 @@ def _follow(trial: Trial, job: TrialJob, metric: str, result: Plan, sweep: str) 
         return
     kind = "Normal" if trial.state == "succeeded" else "Warning"
     detail = f"{metric} {trial.value:.6g}" if trial.state == "succeeded" else trial.reason
-    result.events.append((kind, "TrialFinished", f"trial {trial.number} ({trial_job_name(sweep, trial.number)}) "
-                                                 f"{trial.state}: {detail}"))
+    message = f"trial {trial.number} ({trial_job_name(sweep, trial.number)}) {trial.state}: {detail}"
+    _announce(result, trial, job, (kind, "TrialFinished", message))
+
+
+def _announce(result: Plan, trial: Trial, job: TrialJob, event: tuple[str, str, str]) -> None:
+    """EVENT for TRIAL's new state, unless its TrainingJob says it was announced already."""
+    if job.reported != trial.state:
+        result.reported[trial.number] = trial.state
+        result.events.append(event)
 
 
 def _best_so_far(trial: Trial, minimize: bool) -> float:

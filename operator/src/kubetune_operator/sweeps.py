@@ -2,7 +2,8 @@
 
 Each tick reads the sweep's trial TrainingJobs (children it owns, labelled with the sweep and the
 trial number), asks sweep_state.plan what to do, creates and suspends TrainingJobs accordingly and
-writes the sweep's status when it changed. A trial is a TrainingJob like any other: the operator's
+writes the sweep's status when it changed. Its events say what this tick did: TrialCreated for a
+TrainingJob created now, a trial's end once (marked on the trial before the event is sent). A trial is a TrainingJob like any other: the operator's
 TrainingJob handlers run it, and its status (progress, validation) is what the sweep reads.
 """
 from __future__ import annotations
@@ -16,7 +17,8 @@ from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from kubetune_api.contract import (API_GROUP, API_VERSION, KIND, PLURAL, SWEEP_KIND, SWEEP_LABEL, SWEEP_PLURAL,
-                                   TRIAL_EXPLOITED_FROM_ANNOTATION, TRIAL_LABEL, TRIAL_PARAMETERS_ANNOTATION)
+                                   TRIAL_EXPLOITED_FROM_ANNOTATION, TRIAL_LABEL, TRIAL_PARAMETERS_ANNOTATION,
+                                   TRIAL_REPORTED_ANNOTATION)
 from kubetune_api.manifest import describe_errors
 from kubetune_api.mlflow_sweeps import MlflowUnavailable, end_sweep_run, start_sweep_run, sweep_run_params
 from kubetune_api.search import Trial
@@ -24,7 +26,7 @@ from kubetune_api.sweep import TrainingSweep, TrainingSweepSpec, trial_spec, wit
 from kubetune_operator import metrics
 from kubetune_operator.kube import create_owned, custom_api
 from kubetune_operator.kube import settings as operator_settings
-from kubetune_operator.sweep_state import TrialJob, plan, trial_job_name
+from kubetune_operator.sweep_state import TrialJob, created_event, plan, trial_job_name
 
 log = logging.getLogger("kubetune.operator.sweeps")
 FINISHED = ("Succeeded", "Failed")
@@ -88,7 +90,7 @@ def observe(job: dict) -> TrialJob:
         exploited_from=None if exploited_from is None else int(exploited_from),
         phase=phase, message=message, step=progress.get("step"), loss=progress.get("loss"),
         validation_step=validation.get("step"), validation=validation.get("metrics") or {},
-        output_uri=status.get("outputUri"))
+        output_uri=status.get("outputUri"), reported=annotations.get(TRIAL_REPORTED_ANNOTATION))
 
 
 def read_trials(namespace: str, sweep: str, uid: str) -> dict[int, TrialJob]:
@@ -104,7 +106,8 @@ def read_trials(namespace: str, sweep: str, uid: str) -> dict[int, TrialJob]:
     return trials
 
 
-def create_trial(sweep: kopf.Body, spec: TrainingSweepSpec, trial: Trial, parent_run: str | None) -> None:
+def create_trial(sweep: kopf.Body, spec: TrainingSweepSpec, trial: Trial, parent_run: str | None) -> bool:
+    """Create the trial's TrainingJob; whether it was created now (False: it was there, ours)."""
     job = trial_job(sweep, spec, trial, parent_run)
     namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
     api = custom_api()
@@ -113,19 +116,30 @@ def create_trial(sweep: kopf.Body, spec: TrainingSweepSpec, trial: Trial, parent
         existing = api.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name)
         return {ref.get("uid") for ref in existing["metadata"].get("ownerReferences") or []}
 
-    create_owned(job, sweep.metadata["uid"],
-                 lambda obj: api.create_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, obj),
-                 owners)
+    return create_owned(job, sweep.metadata["uid"],
+                        lambda obj: api.create_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL,
+                                                                        obj),
+                        owners)
+
+
+def patch_trial(namespace: str, sweep: str, number: int, body: dict) -> None:
+    try:
+        custom_api().patch_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL,
+                                                    trial_job_name(sweep, number), body)
+    except ApiException as err:
+        if err.status != 404:  # deleted meanwhile: nothing left to stop or mark
+            raise
 
 
 def stop_trial(namespace: str, sweep: str, number: int) -> None:
     """Suspend a trial's TrainingJob: its trainer checkpoints and exits, as on preemption."""
-    try:
-        custom_api().patch_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL,
-                                                    trial_job_name(sweep, number), {"spec": {"suspend": True}})
-    except ApiException as err:
-        if err.status != 404:  # deleted meanwhile: nothing left to stop
-            raise
+    patch_trial(namespace, sweep, number, {"spec": {"suspend": True}})
+
+
+def mark_reported(namespace: str, sweep: str, number: int, state: str) -> None:
+    """Note on the trial's TrainingJob that its end STATE is announced (before the event is sent: a
+    restart in between loses that one event rather than sending it twice)."""
+    patch_trial(namespace, sweep, number, {"metadata": {"annotations": {TRIAL_REPORTED_ANNOTATION: state}}})
 
 
 @kopf.timer(API_GROUP, API_VERSION, SWEEP_PLURAL, interval=operator_settings().sweep_interval_seconds,
@@ -146,12 +160,16 @@ def run_sweep(name: str, namespace: str, uid: str, body: kopf.Body, status: kopf
         if mlflow and not parent_run and not mlflow.get("parentRunId"):
             parent_run = parent_run_of(mlflow, namespace, name, spec, logger=log)
         decided = plan(name, namespace, spec, current, read_trials(namespace, name, uid))
-        for trial in decided.create:
-            create_trial(body, spec, trial, parent_run)
-        for number in decided.stop:
-            stop_trial(namespace, name, number)
+        for number, state in decided.reported.items():
+            mark_reported(namespace, name, number, state)
         for kind, reason, message in decided.events:
             kopf.event(body, type=kind, reason=reason, message=message)
+        for trial in decided.create:
+            if create_trial(body, spec, trial, parent_run):
+                kind, reason, message = created_event(trial)
+                kopf.event(body, type=kind, reason=reason, message=message)
+        for number in decided.stop:
+            stop_trial(namespace, name, number)
         if parent_run and decided.status["phase"] in FINISHED:
             end_parent_run(mlflow, parent_run, name, decided.status, spec.objective.metric)
         changed = {key: value for key, value in decided.status.items() if current.get(key) != value}
