@@ -35,6 +35,12 @@ ADMISSION_REJECTIONS = Counter("kubetune_operator_admission_rejections_total",
 # `kubetune_operator_webhook_certificate_expiry_timestamp_seconds - time() < 86400` catches a keeper that stopped).
 WEBHOOK_CERTIFICATE_EXPIRY = Gauge("kubetune_operator_webhook_certificate_expiry_timestamp_seconds",
                                    "When the admission webhook's serving certificate expires (Unix time).")
+# The operator's own requests to the API server, through kube.py's clients (kopf's watches, its
+# finalizer and annotation patches and the events it posts go through kopf's client, not counted):
+# how many a reconcile costs, and how long a busy API server makes each wait.
+API_REQUEST_SECONDS = Histogram("kubetune_operator_api_request_duration_seconds",
+                                "The operator's requests to the API server, by verb and resource.",
+                                ["verb", "resource"])
 for _result in RECONCILE_RESULTS:
     RECONCILES.labels(_result)
 for _reason in ADMISSION_REASONS:
@@ -51,7 +57,7 @@ class PhaseCounts(Collector):
     initial listing (every existing object arrives as an event), not from a lost in-memory total.
 
     A job leaves the count as soon as it is being deleted (deletionTimestamp set), not only on
-    the DELETED event: kopf's finalizer on every TrainingJob (the progress timer needs one)
+    the DELETED event: kopf's finalizer on every TrainingJob (held by handlers.job_deleted)
     guarantees that the operator sees that state, even when a watch reconnect would make it
     miss the final DELETED event. A job without a phase yet is waiting for its first
     reconcile, i.e. Pending.
@@ -70,10 +76,6 @@ class PhaseCounts(Collector):
                 self._phases.pop(uid, None)
             elif phase in PHASES or phase is None:
                 self._phases[uid] = phase or "Pending"
-
-    def forget(self, uid: str) -> None:
-        with self._lock:
-            self._phases.pop(uid, None)
 
     def counts(self) -> dict[str, int]:
         with self._lock:
