@@ -236,6 +236,18 @@ def test_the_event_of_the_child_a_reconcile_created_costs_no_second_reconcile(ap
     assert [child["metadata"]["resourceVersion"] for child in seen] == ["later", created["metadata"]["resourceVersion"]]
 
 
+def test_the_first_status_write_already_shows_the_child_as_created(api, example_manifest):
+    """So the reconcile its creation's event would have run has nothing left to write."""
+    fake = api(FakeCustomObjects({("trainingjobs", "sd15"): dict(job_body(example_manifest, suspend=True)),
+                                  ("clustertrainingruntimes", "kubetune-trainer"): {}}))
+    reconcile.reconcile("team-a", "sd15")
+    conditions = {c["type"]: c["status"] for c in fake.objects[("trainingjobs", "sd15")]["status"]["conditions"]}
+    assert conditions["Suspended"] == "True" and conditions["Running"] == "False"
+    fake.calls.clear()
+    reconcile.reconcile("team-a", "sd15")
+    assert [c for c in fake.calls if c[0] == "patch-status"] == []
+
+
 def test_a_reconcile_takes_the_child_an_event_delivered_instead_of_reading_it(api, example_manifest):
     fake = api(FakeCustomObjects({("trainingjobs", "sd15"): dict(job_body(example_manifest)),
                                   ("clustertrainingruntimes", "kubetune-trainer"): {}}))
