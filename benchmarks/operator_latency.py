@@ -240,7 +240,7 @@ def measure(cluster, backend: str, jobs: int, running_jobs: int, data: Path, mod
             logs = sorted(set((cluster.kubelet_state / "pods").glob("kubetune-system_*/logs/operator.log")) - earlier_logs)
             log_to.with_suffix(f".{backend}.log").write_text("".join(p.read_text() for p in logs))
     finally:
-        # The jobs go first, while their operator still runs to release its finalizers: the next
+        # The jobs go first, while their operator still runs (older operators held finalizers): the next
         # backend's operator must not find them (it would reconcile them, and that would be timed).
         cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=600s", check=False)
         subprocess.run(["helm", "uninstall", "kubetune", "-n", "kubetune-system", "--wait"], env=env,

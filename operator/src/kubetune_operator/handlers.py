@@ -35,6 +35,8 @@ _BACKGROUND_TASKS: set[asyncio.Task] = set()
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, active_jobs: kopf.Index, **_) -> None:
     kube.load_kubernetes_config()
+    # TrainingJobs need no finalizer (no handler acts on their deletion, the one timer is not kopf's):
+    # kopf removes the one older operators put on them. TrainingSweeps keep theirs, for their timer.
     settings.persistence.finalizer = f"{API_GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=API_GROUP)
@@ -103,10 +105,15 @@ def validate_new_job(body: kopf.Body, warnings: list[str], **_) -> None:
 
 
 @kopf.on.event(API_GROUP, API_VERSION, PLURAL)
-def count_by_phase(type: str | None, body: kopf.Body, uid: str, **_) -> None:
-    """Keep kubetune_operator_trainingjobs{phase} up to date (see metrics.PhaseCounts for why so)."""
+def count_by_phase(type: str | None, body: kopf.Body, uid: str, namespace: str | None = None, name: str | None = None,
+                   **_) -> None:
+    """Keep kubetune_operator_trainingjobs{phase} up to date (see metrics.PhaseCounts for why so); a
+    deleted job's pushed progress is forgotten with it."""
+    deleted = type == "DELETED"
     metrics.TRAININGJOBS.observe(uid, (body.get("status") or {}).get("phase"),
-                                 deleting=type == "DELETED" or bool(body.metadata.get("deletionTimestamp")))
+                                 deleting=deleted or bool(body.metadata.get("deletionTimestamp")))
+    if deleted and progress_inbox.INBOX is not None and name:
+        progress_inbox.INBOX.forget(namespace, name)
 
 
 @kopf.on.create(API_GROUP, API_VERSION, PLURAL)
@@ -165,15 +172,6 @@ def active_jobs(namespace: str, name: str, **_) -> dict:
     """The jobs the one timer visits (look_again.py): names only, kept from the watch kopf runs anyway;
     a job leaves the index as soon as it stops matching still_active."""
     return {(namespace, name): True}
-
-
-@kopf.on.delete(API_GROUP, API_VERSION, PLURAL)
-def job_deleted(namespace: str, name: str, **_) -> None:
-    """Being deleted: its pushed progress is forgotten (count_by_phase drops it from the counts). Also
-    what keeps kopf's finalizer on every TrainingJob, so a deletion is seen even across a watch's
-    re-listing (metrics.PhaseCounts)."""
-    if progress_inbox.INBOX is not None:
-        progress_inbox.INBOX.forget(namespace, name)
 
 
 def look_again(namespace: str, name: str) -> None:

@@ -56,11 +56,12 @@ class PhaseCounts(Collector):
     would leave wrong for good, and a restarted operator starts empty and is refilled by kopf's
     initial listing (every existing object arrives as an event), not from a lost in-memory total.
 
-    A job leaves the count as soon as it is being deleted (deletionTimestamp set), not only on
-    the DELETED event: kopf's finalizer on every TrainingJob (held by handlers.job_deleted)
-    guarantees that the operator sees that state, even when a watch reconnect would make it
-    miss the final DELETED event. A job without a phase yet is waiting for its first
-    reconcile, i.e. Pending.
+    A job leaves the count on its DELETED event (or as soon as its deletion starts, where something
+    else holds a finalizer on it). TrainingJobs carry no finalizer of the operator's (deleting one,
+    or its namespace, never waits for the operator), so a job deleted while the operator's watch
+    was away and had to list again (HTTP 410) stays counted until the operator restarts: kopf
+    reports no deletion for what a new listing merely lacks. A job without a phase yet is waiting
+    for its first reconcile, i.e. Pending.
     """
 
     NAME = "kubetune_operator_trainingjobs"
