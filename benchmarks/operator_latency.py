@@ -124,6 +124,38 @@ def operator_rss_sampler(stop: threading.Event, peak: list[int]) -> None:
         time.sleep(0.2)
 
 
+def operator_requests(cluster) -> dict[tuple[str, str], tuple[float, float]]:
+    """The operator's own API requests so far, from its /metrics: (verb, resource) -> (count, seconds)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    pods = yaml.safe_load(cluster.kubectl("get", "pods", "-n", "kubetune-system", "-o", "yaml",
+                                          "-l", "app.kubernetes.io/name=kubetune-operator").stdout)["items"]
+    pod = next(p for p in pods if p["status"].get("phase") == "Running"
+               and any(c["name"] == "operator" for c in p["spec"]["containers"]))
+    port = next(port["containerPort"] for c in pod["spec"]["containers"] for port in c.get("ports", [])
+                if port.get("name") == "metrics")
+    import urllib.request
+    text = urllib.request.urlopen(f"http://{pod['status']['podIP']}:{port}/metrics", timeout=10).read().decode()
+    found: dict[tuple[str, str], list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "kubetune_operator_api_request_duration_seconds":
+            continue
+        for sample in family.samples:
+            key = (sample.labels.get("verb", ""), sample.labels.get("resource", ""))
+            if sample.name.endswith("_count"):
+                found.setdefault(key, [0.0, 0.0])[0] = sample.value
+            elif sample.name.endswith("_sum"):
+                found.setdefault(key, [0.0, 0.0])[1] = sample.value
+    return {key: (count, seconds) for key, (count, seconds) in found.items()}
+
+
+def print_requests(backend: str, requests: dict[tuple[str, str], tuple[float, float]], jobs: int) -> None:
+    total = sum(count for count, _ in requests.values())
+    print(f"[{backend}] operator API requests (kopf's own not counted): {total:.0f}, {total / jobs:.2f} per job")
+    for (verb, resource), (count, seconds) in sorted(requests.items(), key=lambda item: -item[1][0]):
+        print(f"[{backend}]   {verb:6s} {resource:34s} {count / jobs:6.2f} per job   mean {1000 * seconds / max(count, 1):7.1f} ms")
+
+
 def line(label: str, values: list[float], of: int) -> str:
     if not values:
         return f"{label:44s} none of {of} observed"
@@ -203,11 +235,12 @@ def measure(cluster, backend: str, jobs: int, running_jobs: int, data: Path, mod
         print(line(f"[{backend}] created → status.phase Suspended", suspended, len(names)))
         print(line(f"[{backend}] created → status.phase Running", runs, len(running)))
         print(f"[{backend}] operator peak RSS: {peak[0] / 2**20:.0f} MiB")
+        print_requests(backend, operator_requests(cluster), len(everyone))
         if log_to:
             logs = sorted(set((cluster.kubelet_state / "pods").glob("kubetune-system_*/logs/operator.log")) - earlier_logs)
             log_to.with_suffix(f".{backend}.log").write_text("".join(p.read_text() for p in logs))
     finally:
-        # The jobs go first, while their operator still runs to release its finalizers: the next
+        # The jobs go first, while their operator still runs (older operators held finalizers): the next
         # backend's operator must not find them (it would reconcile them, and that would be timed).
         cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=600s", check=False)
         subprocess.run(["helm", "uninstall", "kubetune", "-n", "kubetune-system", "--wait"], env=env,

@@ -51,7 +51,9 @@ class FakeCustomObjects:
         self.calls.append(("create", plural, body["metadata"]["name"]))
         if (plural, body["metadata"]["name"]) in self.objects:
             raise ApiException(status=409, reason="Conflict")
-        self.objects[(plural, body["metadata"]["name"])] = {**body, "metadata": {**body["metadata"], "uid": "new"}}
+        created = {**body, "metadata": {**body["metadata"], "uid": "new", "resourceVersion": f"rv-{len(self.calls)}"}}
+        self.objects[(plural, body["metadata"]["name"])] = created
+        return copy.deepcopy(created)
 
     def delete_namespaced_custom_object(self, group, version, namespace, plural, name, body=None):
         self.calls.append(("delete", plural, name, body.propagation_policy))
@@ -203,8 +205,8 @@ def test_the_children_of_an_older_job_of_the_same_name_are_not_taken_for_this_on
 
 def test_a_child_event_reconciles_its_owner_only_while_that_very_job_exists(monkeypatch):
     reconciled = []
-    monkeypatch.setattr(handlers, "reconcile", lambda namespace, name: reconciled.append((namespace, name)))
-    child = kopf.Body({"metadata": {"name": "sd15", "ownerReferences": [
+    monkeypatch.setattr(handlers, "reconcile", lambda namespace, name, child_seen: reconciled.append((namespace, name)))
+    child = kopf.Body({"metadata": {"name": "sd15", "resourceVersion": "7", "ownerReferences": [
         {"kind": "TrainingJob", "name": "sd15", "uid": "uid-1"}]}})
     handlers.child_changed(body=child, namespace="team-a", type="MODIFIED", training_jobs={})
     handlers.child_changed(body=child, namespace="team-a", type="MODIFIED",
@@ -213,6 +215,48 @@ def test_a_child_event_reconciles_its_owner_only_while_that_very_job_exists(monk
     handlers.child_changed(body=child, namespace="team-a", type="MODIFIED",
                            training_jobs={("team-a", "sd15"): ["uid-1"]})
     assert reconciled == [("team-a", "sd15")]
+
+
+def test_the_event_of_the_child_a_reconcile_created_costs_no_second_reconcile(api, example_manifest, monkeypatch):
+    fake = api(FakeCustomObjects({("trainingjobs", "sd15"): dict(job_body(example_manifest)),
+                                  ("clustertrainingruntimes", "kubetune-trainer"): {}}))
+    reconcile.reconcile("team-a", "sd15")
+    created = fake.objects[("trainjobs", "sd15")]
+    seen = []
+    monkeypatch.setattr(handlers, "reconcile", lambda namespace, name, child_seen: seen.append(child_seen))
+    owners = {("team-a", "sd15"): [created["metadata"]["ownerReferences"][0]["uid"]]}
+    handlers.child_changed(body=kopf.Body(copy.deepcopy(created)), namespace="team-a", type="ADDED",
+                           training_jobs=owners)
+    assert seen == [], "the very version the reconcile created and decided from"
+    changed = copy.deepcopy(created)
+    changed["metadata"]["resourceVersion"] = "later"
+    handlers.child_changed(body=kopf.Body(changed), namespace="team-a", type="MODIFIED", training_jobs=owners)
+    handlers.child_changed(body=kopf.Body(copy.deepcopy(created)), namespace="team-a", type="MODIFIED",
+                           training_jobs=owners)  # each created version is answered once only
+    assert [child["metadata"]["resourceVersion"] for child in seen] == ["later", created["metadata"]["resourceVersion"]]
+
+
+def test_the_first_status_write_already_shows_the_child_as_created(api, example_manifest):
+    """So the reconcile its creation's event would have run has nothing left to write."""
+    fake = api(FakeCustomObjects({("trainingjobs", "sd15"): dict(job_body(example_manifest, suspend=True)),
+                                  ("clustertrainingruntimes", "kubetune-trainer"): {}}))
+    reconcile.reconcile("team-a", "sd15")
+    conditions = {c["type"]: c["status"] for c in fake.objects[("trainingjobs", "sd15")]["status"]["conditions"]}
+    assert conditions["Suspended"] == "True" and conditions["Running"] == "False"
+    fake.calls.clear()
+    reconcile.reconcile("team-a", "sd15")
+    assert [c for c in fake.calls if c[0] == "patch-status"] == []
+
+
+def test_a_reconcile_takes_the_child_an_event_delivered_instead_of_reading_it(api, example_manifest):
+    fake = api(FakeCustomObjects({("trainingjobs", "sd15"): dict(job_body(example_manifest)),
+                                  ("clustertrainingruntimes", "kubetune-trainer"): {}}))
+    reconcile.reconcile("team-a", "sd15")
+    delivered = copy.deepcopy(fake.objects[("trainjobs", "sd15")])
+    fake.calls.clear()
+    reconcile.reconcile("team-a", "sd15", child_seen=delivered)
+    assert ("get", "trainjobs", "sd15") not in fake.calls
+    assert ("get", "trainingjobs", "sd15") in fake.calls
 
 
 def test_a_deleted_or_deleting_job_is_left_to_the_garbage_collector(api, example_manifest):
@@ -345,8 +389,9 @@ def test_the_created_event_is_said_even_when_the_status_write_after_it_is_raced(
     real_create = fake.create_namespaced_custom_object
 
     def create_then_kopf_patches(group, version, namespace, plural, body):
-        real_create(group, version, namespace, plural, body)
+        created = real_create(group, version, namespace, plural, body)
         stored["metadata"]["resourceVersion"] = "11"  # e.g. kopf's finalizer, between read and status write
+        return created
 
     fake.create_namespaced_custom_object = create_then_kopf_patches
     reconcile.reconcile("team-a", "sd15")

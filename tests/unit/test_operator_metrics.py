@@ -52,8 +52,8 @@ def test_a_job_leaves_the_count_when_its_deletion_starts_or_it_is_gone():
     counts.observe("a", "Running")
     counts.observe("b", "Failed")
     counts.observe("a", "Running", deleting=True)
-    counts.forget("b")
-    counts.forget("never-seen")
+    counts.observe("b", None, deleting=True)
+    counts.observe("never-seen", None, deleting=True)
     assert sum(counts.counts().values()) == 0
 
 
@@ -170,7 +170,7 @@ def test_an_invalid_spec_fails_the_real_reconcile_and_counts_an_error(monkeypatc
     body = dict(trainingjob(spec={"training": {"maxSteps": -1}}))
     body["metadata"]["resourceVersion"] = "1"
     monkeypatch.setattr(kube, "read_training_job", lambda namespace, name: body)
-    monkeypatch.setattr(reconcile, "observe", lambda job, settings: Observed(
+    monkeypatch.setattr(reconcile, "observe", lambda job, settings, child_seen=None: Observed(
         name="tj", namespace="team-a", uid="u", generation=1, settings=settings, now="now"))
     before = value("kubetune_operator_reconciles_total", result="error")
     with pytest.raises(kopf.PermanentError, match="invalid spec"):

@@ -26,7 +26,7 @@ The transitions, in order:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pydantic import ValidationError
 
@@ -212,10 +212,14 @@ def decide(spec: dict, status_: dict | None, observed: Observed) -> Decision:
     if runs is not None and decision.error is None and decision.retry_after is None:
         _created_status(runs, observed, backend, draft)
     _credentials(observed, draft, decision)
-    if observed.child is not None:
-        _progress(spec, observed, draft)
-        _mirror_child(spec, observed, backend, draft, decision)
-        _queue(spec, observed, backend, draft, decision)
+    created = next((action.obj for action in decision.actions if isinstance(action, CreateChild)), None)
+    if observed.child is not None or created is not None:
+        # A child created now is shown as it is created (suspended or not, queued or not), in this
+        # one status write: its creation's own watch event is not reconciled again (reconcile.py).
+        seen = observed if observed.child is not None else replace(observed, child=created)
+        _progress(spec, seen, draft)
+        _mirror_child(spec, seen, backend, draft, decision)
+        _queue(spec, seen, backend, draft, decision)
     _generation(spec, observed, draft, decision)
     if draft.get("phase") != "Running" and draft.get("unsavedWork"):
         draft.set("unsavedWork", None)  # nothing in flight; a stopping trainer writes a last checkpoint

@@ -3,14 +3,15 @@
 kopf keeps three jobs here: the admission webhook (refuse what the trainer would refuse), the
 triggers (a TrainingJob created, resumed, changed or asked for a generation, one of its child jobs
 changed, and one timer for what changes without an event: progress, Kueue's Workload, the pods'
-state, a generation Job's state), and the phase counts. Each trigger runs the same level-triggered
-reconcile, which decides from what exists, so which trigger fired never matters. The timer's
-interval and the watched child kinds are read from the settings at import: kopf registers handlers
-there.
+state, a generation Job's state; look_again.py, fed by the active_jobs index), and the phase counts.
+Each trigger runs the same level-triggered reconcile, which decides from what exists, so which
+trigger fired never matters. The watched child kinds are read from the settings at import: kopf
+registers handlers there.
 """
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 
 import kopf
@@ -22,7 +23,8 @@ from kubetune_api.spec import TrainingJob
 from kubetune_operator import (backend_check, decision, fit_check, generation_jobs, image_policy, kube, metrics,
                                naming, progress_inbox, status)
 from kubetune_operator.backends import BACKENDS, backend_name
-from kubetune_operator.reconcile import rank0_addresses, reconcile
+from kubetune_operator.look_again import LookAgain
+from kubetune_operator.reconcile import created_here, rank0_addresses, reconcile
 from kubetune_operator.webhook import configure_server as configure_webhook
 
 log = logging.getLogger("kubetune.operator")
@@ -31,8 +33,10 @@ _BACKGROUND_TASKS: set[asyncio.Task] = set()
 
 
 @kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, **_) -> None:
+async def configure(settings: kopf.OperatorSettings, active_jobs: kopf.Index, **_) -> None:
     kube.load_kubernetes_config()
+    # TrainingJobs need no finalizer (no handler acts on their deletion, the one timer is not kopf's):
+    # kopf removes the one older operators put on them. TrainingSweeps keep theirs, for their timer.
     settings.persistence.finalizer = f"{API_GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=API_GROUP)
@@ -41,6 +45,8 @@ async def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.watching.server_timeout = 300
     # Handlers are synchronous (the Kubernetes client): enough threads for bursts of new jobs.
     settings.execution.max_workers = 16
+    timer = LookAgain(active_jobs, kube.settings().progress_interval_seconds, look_again, settings.execution.executor)
+    _BACKGROUND_TASKS.add(asyncio.get_running_loop().create_task(timer.run(), name="look-again"))
     if kube.settings().webhook_address:
         # The certificate is kept fresh (rotated or reloaded) for as long as the operator runs, by
         # a task on kopf's own event loop: the one whose server uses it.
@@ -103,13 +109,11 @@ def count_by_phase(type: str | None, body: kopf.Body, uid: str, namespace: str |
                    **_) -> None:
     """Keep kubetune_operator_trainingjobs{phase} up to date (see metrics.PhaseCounts for why so); a
     deleted job's pushed progress is forgotten with it."""
-    if type == "DELETED":
-        metrics.TRAININGJOBS.forget(uid)
-        if progress_inbox.INBOX is not None and name:
-            progress_inbox.INBOX.forget(namespace, name)
-    else:
-        metrics.TRAININGJOBS.observe(uid, (body.get("status") or {}).get("phase"),
-                                     deleting=bool(body.metadata.get("deletionTimestamp")))
+    deleted = type == "DELETED"
+    metrics.TRAININGJOBS.observe(uid, (body.get("status") or {}).get("phase"),
+                                 deleting=deleted or bool(body.metadata.get("deletionTimestamp")))
+    if deleted and progress_inbox.INBOX is not None and name:
+        progress_inbox.INBOX.forget(namespace, name)
 
 
 @kopf.on.create(API_GROUP, API_VERSION, PLURAL)
@@ -117,10 +121,10 @@ def count_by_phase(type: str | None, body: kopf.Body, uid: str, namespace: str |
 @kopf.on.update(API_GROUP, API_VERSION, PLURAL, field="spec", id="job_spec_changed")
 @kopf.on.update(API_GROUP, API_VERSION, PLURAL, field=("metadata", "annotations", GENERATE_ANNOTATION),
                 id="generation_asked")
-def job_changed(name: str, namespace: str, **_) -> None:
+def job_changed(name: str, namespace: str, body: kopf.Body, **_) -> None:
     """The job is new, the operator (re)started, its spec changed or it was asked for a generation
-    (`kubetune generate --on-cluster`, finished job or not): reconcile it."""
-    reconcile(namespace, name)
+    (`kubetune generate --on-cluster`, finished job or not): reconcile it, from the body kopf holds."""
+    reconcile(namespace, name, job_seen=copy.deepcopy(dict(body)))
 
 
 @kopf.index(API_GROUP, API_VERSION, PLURAL)
@@ -131,15 +135,18 @@ def training_jobs(namespace: str, name: str, uid: str, **_) -> dict:
 
 
 def child_changed(body: kopf.Body, namespace: str, type: str, training_jobs: kopf.Index, **_) -> None:
-    """A child job changed: reconcile the TrainingJob that owns it. Not when that TrainingJob is gone,
-    or the name now belongs to a new one (the old child is garbage being collected): no API call then."""
+    """A child job changed: reconcile the TrainingJob that owns it, with the child as delivered. Not when
+    that TrainingJob is gone, or the name now belongs to a new one (the old child is garbage being
+    collected), nor for the very version a reconcile created: no API call then."""
     if type == "DELETED":
         return
     owner = next((ref for ref in body.metadata.get("ownerReferences", []) if ref.get("kind") == KIND), None)
     if owner is None or owner.get("uid") not in training_jobs.get((namespace, owner["name"]), ()):
         return
+    if created_here(namespace, body):  # the version a reconcile created: decided already
+        return
     try:
-        reconcile(namespace, owner["name"])
+        reconcile(namespace, owner["name"], child_seen=copy.deepcopy(dict(body)))
     except kopf.PermanentError as err:  # already in the job's status; kopf's job handlers report it
         log.debug("%s/%s: %s", namespace, owner["name"], err)
 
@@ -160,11 +167,16 @@ def still_active(spec: kopf.Spec, body: kopf.Body, **_) -> bool:
             or generation_jobs.pending(dict(body.metadata.annotations), job_status))
 
 
-@kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=kube.settings().progress_interval_seconds, idle=0,
-            when=still_active)
-def look_again(name: str, namespace: str, **_) -> None:
-    """The one timer: the same reconcile, for what no event announces."""
+@kopf.index(API_GROUP, API_VERSION, PLURAL, when=still_active)
+def active_jobs(namespace: str, name: str, **_) -> dict:
+    """The jobs the one timer visits (look_again.py): names only, kept from the watch kopf runs anyway;
+    a job leaves the index as soon as it stops matching still_active."""
+    return {(namespace, name): True}
+
+
+def look_again(namespace: str, name: str) -> None:
+    """The one timer's visit: the same reconcile, for what no event announces."""
     try:
         reconcile(namespace, name)
-    except kopf.PermanentError as err:  # said once in the job's status and events, not every interval
+    except (kopf.PermanentError, kopf.TemporaryError) as err:  # said in the job's status; next interval again
         log.debug("%s/%s: %s", namespace, name, err)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+import urllib.parse
 import urllib.request
 
 import kopf
@@ -17,7 +18,7 @@ from kubernetes.client.rest import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from kubetune_api.contract import API_GROUP, API_VERSION, OPERATOR_READ_QUERY, PLURAL, TRAINER_METRIC_PREFIX
-from kubetune_operator import backend_check, naming, queueing
+from kubetune_operator import backend_check, metrics, naming, queueing
 from kubetune_operator.backends import Backend
 from kubetune_operator.settings import Settings
 from kubetune_operator.timestamps import rfc3339
@@ -45,10 +46,31 @@ def load_kubernetes_config() -> None:
         config.load_kube_config()
 
 
+def resource_of(url: str) -> str:
+    """The resource a request URL names, e.g. `.../apis/G/V/namespaces/NS/trainjobs/NAME/status` ->
+    `trainjobs/status`: a metric label with a small fixed set of values (no names)."""
+    parts = urllib.parse.urlsplit(url).path.strip("/").split("/")
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if rest[:1] == ["namespaces"] and len(rest) > 2:
+        rest = rest[2:]
+    return "/".join(rest[:1] + rest[2:3]) or "/"
+
+
+class _TimedApiClient(client.ApiClient):
+    """The Kubernetes client, each request timed into metrics.API_REQUEST_SECONDS."""
+
+    def request(self, method, url, *args, **kwargs):
+        started = time.monotonic()
+        try:
+            return super().request(method, url, *args, **kwargs)
+        finally:
+            metrics.API_REQUEST_SECONDS.labels(method.lower(), resource_of(url)).observe(time.monotonic() - started)
+
+
 @functools.cache
 def core_api() -> client.CoreV1Api:
     """One client per process: connections are pooled and reused across handler calls."""
-    return client.CoreV1Api()
+    return client.CoreV1Api(_TimedApiClient())
 
 
 @functools.cache
@@ -231,14 +253,16 @@ def create_network_policy(obj: dict, owner_uid: str) -> bool:
                             obj["metadata"]["name"], namespace).metadata.owner_references or []])
 
 
-def create_child(backend: Backend, obj: dict, owner_uid: str) -> bool:
-    namespace, custom = obj["metadata"]["namespace"], custom_api()
-    return create_owned(obj, owner_uid,
-                        lambda o: custom.create_namespaced_custom_object(backend.group, backend.version, namespace,
-                                                                         backend.plural, o),
-                        lambda: [ref["uid"] for ref in custom.get_namespaced_custom_object(
-                            backend.group, backend.version, namespace, backend.plural,
-                            obj["metadata"]["name"])["metadata"].get("ownerReferences", [])])
+def create_child(backend: Backend, obj: dict, owner_uid: str) -> str | None:
+    """The new child's resourceVersion when it was created now; None when this owner's child existed."""
+    namespace, custom, created = obj["metadata"]["namespace"], custom_api(), {}
+    made_now = create_owned(obj, owner_uid,
+                            lambda o: created.update(custom.create_namespaced_custom_object(
+                                backend.group, backend.version, namespace, backend.plural, o)),
+                            lambda: [ref["uid"] for ref in custom.get_namespaced_custom_object(
+                                backend.group, backend.version, namespace, backend.plural,
+                                obj["metadata"]["name"])["metadata"].get("ownerReferences", [])])
+    return created["metadata"]["resourceVersion"] if made_now else None
 
 
 def create_generation_job(obj: dict, owner_uid: str) -> bool:

@@ -44,6 +44,12 @@ PROGRESS_PUSHES = Counter("kubetune_operator_progress_pushes_total",
 # `kubetune_operator_webhook_certificate_expiry_timestamp_seconds - time() < 86400` catches a keeper that stopped).
 WEBHOOK_CERTIFICATE_EXPIRY = Gauge("kubetune_operator_webhook_certificate_expiry_timestamp_seconds",
                                    "When the admission webhook's serving certificate expires (Unix time).")
+# The operator's own requests to the API server, through kube.py's clients (kopf's watches, its
+# finalizer and annotation patches and the events it posts go through kopf's client, not counted):
+# how many a reconcile costs, and how long a busy API server makes each wait.
+API_REQUEST_SECONDS = Histogram("kubetune_operator_api_request_duration_seconds",
+                                "The operator's requests to the API server, by verb and resource.",
+                                ["verb", "resource"])
 for _result in RECONCILE_RESULTS:
     RECONCILES.labels(_result)
 for _reason in ADMISSION_REASONS:
@@ -61,11 +67,12 @@ class PhaseCounts(Collector):
     would leave wrong for good, and a restarted operator starts empty and is refilled by kopf's
     initial listing (every existing object arrives as an event), not from a lost in-memory total.
 
-    A job leaves the count as soon as it is being deleted (deletionTimestamp set), not only on
-    the DELETED event: kopf's finalizer on every TrainingJob (the progress timer needs one)
-    guarantees that the operator sees that state, even when a watch reconnect would make it
-    miss the final DELETED event. A job without a phase yet is waiting for its first
-    reconcile, i.e. Pending.
+    A job leaves the count on its DELETED event (or as soon as its deletion starts, where something
+    else holds a finalizer on it). TrainingJobs carry no finalizer of the operator's (deleting one,
+    or its namespace, never waits for the operator), so a job deleted while the operator's watch
+    was away and had to list again (HTTP 410) stays counted until the operator restarts: kopf
+    reports no deletion for what a new listing merely lacks. A job without a phase yet is waiting
+    for its first reconcile, i.e. Pending.
     """
 
     NAME = "kubetune_operator_trainingjobs"
@@ -81,10 +88,6 @@ class PhaseCounts(Collector):
                 self._phases.pop(uid, None)
             elif phase in PHASES or phase is None:
                 self._phases[uid] = phase or "Pending"
-
-    def forget(self, uid: str) -> None:
-        with self._lock:
-            self._phases.pop(uid, None)
 
     def counts(self) -> dict[str, int]:
         with self._lock:

@@ -30,8 +30,9 @@ CREATED = "Created"  # the event of a child created now (decision._create_child)
 ATTEMPTS = 5
 
 
-def observe(job: dict, settings: Settings) -> Observed:
-    """Everything decide needs about JOB (the TrainingJob as just read), read from the API server."""
+def observe(job: dict, settings: Settings, child_seen: dict | None = None) -> Observed:
+    """Everything decide needs about JOB (the TrainingJob as just read), read from the API server;
+    CHILD_SEEN: its child job as a watch event just delivered it (not read again)."""
     metadata, spec, status = job["metadata"], dict(job.get("spec") or {}), dict(job.get("status") or {})
     namespace, name = metadata["namespace"], metadata["name"]
     base = dict(name=name, namespace=namespace, uid=metadata["uid"], generation=metadata.get("generation"),
@@ -41,7 +42,10 @@ def observe(job: dict, settings: Settings) -> Observed:
         return Observed(**base)  # nothing left to decide but a generation
     backend = BACKENDS[backend_name(spec, status, settings.backend)]
     enabled = settings.backend_enabled(backend.name)
-    child = kube.read_child(backend, namespace, name, metadata["uid"]) if enabled else None
+    if child_seen is not None and enabled and child_seen.get("kind") == backend.kind:
+        child = child_seen
+    else:
+        child = kube.read_child(backend, namespace, name, metadata["uid"]) if enabled else None
     found: dict = {"config_map": kube.read_config_map_data(namespace, name, metadata["uid"]), "child": child}
     if child is None and enabled:
         if found["config_map"] is not None:  # started, and its child is gone: its API may have gone with it
@@ -150,6 +154,28 @@ def _create_generation_job(job: dict, action: decision.CreateGenerationJob) -> b
         return None
 
 
+# ---- child versions this operator wrote itself ------------------------------------------------------------
+
+# (namespace, name, resourceVersion) of each child created by a reconcile: the watch event announcing
+# that very version brings nothing the reconcile did not decide from (it created the child and
+# wrote the status that follows), so it is not reconciled again. Bounded: an entry whose event was
+# missed is dropped oldest first.
+_children_created: dict[tuple[str, str, str], None] = {}
+KEPT_CREATED = 10_000
+
+
+def created_here(namespace: str, child: dict) -> bool:
+    """Whether CHILD (in NAMESPACE) is, unchanged, the version a reconcile created (each answered once)."""
+    metadata = child["metadata"]
+    return _children_created.pop((namespace, metadata["name"], metadata.get("resourceVersion")), False) is None
+
+
+def _remember_created(obj: dict, resource_version: str) -> None:
+    _children_created[(obj["metadata"]["namespace"], obj["metadata"]["name"], resource_version)] = None
+    while len(_children_created) > KEPT_CREATED:
+        _children_created.pop(next(iter(_children_created)))
+
+
 def act(job: dict, decided: decision.Decision) -> bool:
     """Do what was decided; False when the status changed meanwhile or a generation Job was refused
     (decide again)."""
@@ -165,8 +191,10 @@ def act(job: dict, decided: decision.Decision) -> bool:
             kube.create_network_policy(action.obj, uid)
         elif isinstance(action, decision.CreateChild):
             kopf.adopt(action.obj, owner=job)
-            child_created = kube.create_child(backend, action.obj, uid)
+            created_version = kube.create_child(backend, action.obj, uid)
+            child_created = created_version is not None
             if child_created:
+                _remember_created(action.obj, created_version)
                 metrics.CHILD_JOBS_CREATED.labels(backend.kind).inc()
         elif isinstance(action, decision.PatchChild):
             kube.patch_child(backend, name, namespace, action.body)
@@ -194,11 +222,17 @@ def act(job: dict, decided: decision.Decision) -> bool:
     return True
 
 
-def reconcile(namespace: str, name: str) -> None:
-    """Observe, decide, act for TrainingJob NAMESPACE/NAME; raises kopf's errors for kopf's retries."""
+def reconcile(namespace: str, name: str, job_seen: dict | None = None, child_seen: dict | None = None) -> None:
+    """Observe, decide, act for TrainingJob NAMESPACE/NAME; raises kopf's errors for kopf's retries.
+
+    JOB_SEEN, CHILD_SEEN: the TrainingJob or its child as the watch event that triggered this just
+    delivered it, taken for the first decision instead of reading it again (a busy API server
+    answers each read in hundreds of milliseconds: benchmarks/RESULTS.md). Safe because the status
+    write is guarded by the resourceVersion it was decided from, and a newer version of either
+    comes with an event of its own."""
     with metrics.RECONCILE_SECONDS.time():
         try:
-            decided = _reconcile(namespace, name)
+            decided = _reconcile(namespace, name, job_seen, child_seen)
         except kopf.TemporaryError:
             metrics.RECONCILES.labels("retry").inc()
             raise
@@ -214,13 +248,14 @@ def reconcile(namespace: str, name: str) -> None:
     metrics.RECONCILES.labels("ok").inc()
 
 
-def _reconcile(namespace: str, name: str) -> decision.Decision | None:
+def _reconcile(namespace: str, name: str, job_seen: dict | None, child_seen: dict | None) -> decision.Decision | None:
     settings = kube.settings()
-    for _ in range(ATTEMPTS):
-        job = kube.read_training_job(namespace, name)
+    for attempt in range(ATTEMPTS):
+        job = job_seen if attempt == 0 and job_seen is not None else kube.read_training_job(namespace, name)
         if job is None or job["metadata"].get("deletionTimestamp"):
             return None  # gone or going: its children follow (owner references)
-        decided = decision.decide(job.get("spec") or {}, job.get("status"), observe(job, settings))
+        decided = decision.decide(job.get("spec") or {}, job.get("status"),
+                                  observe(job, settings, child_seen if attempt == 0 else None))
         if act(job, decided):
             return decided
     raise kopf.TemporaryError(f"the status of {name} kept changing while it was written", delay=1)
