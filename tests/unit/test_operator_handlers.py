@@ -151,6 +151,31 @@ def test_a_new_job_gets_its_children_one_status_write_and_one_event(api, example
     assert not [c for c in fake.calls if c[0] == "create"] and len(fake.events) == 1
 
 
+def test_a_new_job_as_its_event_delivered_it_gets_its_children_without_a_read(api, example_manifest):
+    """Status empty: no reconcile acted on it, so nothing of its own is looked for before the creates."""
+    core = FakeCore()
+    fake = api(FakeCustomObjects({("trainingjobs", "sd15"): dict(job_body(example_manifest)),
+                                  ("clustertrainingruntimes", "kubetune-trainer"): {}}), core)
+    reconcile.reconcile("team-a", "sd15", job_seen=copy.deepcopy(fake.objects[("trainingjobs", "sd15")]))
+    assert [c[:2] for c in fake.calls if c[0] in ("get", "create")] == [("get", "clustertrainingruntimes"),
+                                                                         ("create", "trainjobs")]
+    assert fake.objects[("trainingjobs", "sd15")]["status"]["phase"] == "Pending" and core.created
+    assert [(t, r) for t, r, _ in fake.events] == [("Normal", "Created")]
+
+
+def test_children_an_interrupted_reconcile_made_are_taken_as_this_jobs_own(api, example_manifest):
+    """Created, then the operator died before the status write: the job still looks new."""
+    fake = api(FakeCustomObjects({("trainingjobs", "sd15"): dict(job_body(example_manifest)),
+                                  ("clustertrainingruntimes", "kubetune-trainer"): {}}))
+    reconcile.reconcile("team-a", "sd15")
+    fake.objects[("trainingjobs", "sd15")].pop("status")
+    fake.events.clear()
+    reconcile.reconcile("team-a", "sd15", job_seen=copy.deepcopy(fake.objects[("trainingjobs", "sd15")]))
+    assert [c[0] for c in fake.calls].count("create") == 2, "tried again, found to be its own (409)"
+    assert fake.objects[("trainingjobs", "sd15")]["status"]["phase"] == "Pending"
+    assert fake.events == [], "the child was announced when it was created"
+
+
 def test_a_missing_backend_piece_is_waited_for_with_a_retry_and_looked_for_once_per_period(api, example_manifest):
     fake = api(FakeCustomObjects({("trainingjobs", "sd15"): dict(job_body(example_manifest))},
                                  {("clustertrainingruntimes", "kubetune-trainer"): 404}))

@@ -170,7 +170,7 @@ def test_an_invalid_spec_fails_the_real_reconcile_and_counts_an_error(monkeypatc
     body = dict(trainingjob(spec={"training": {"maxSteps": -1}}))
     body["metadata"]["resourceVersion"] = "1"
     monkeypatch.setattr(kube, "read_training_job", lambda namespace, name: body)
-    monkeypatch.setattr(reconcile, "observe", lambda job, settings, child_seen=None: Observed(
+    monkeypatch.setattr(reconcile, "observe", lambda job, settings, *_: Observed(
         name="tj", namespace="team-a", uid="u", generation=1, settings=settings, now="now"))
     before = value("kubetune_operator_reconciles_total", result="error")
     with pytest.raises(kopf.PermanentError, match="invalid spec"):

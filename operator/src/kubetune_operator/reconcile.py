@@ -30,9 +30,15 @@ CREATED = "Created"  # the event of a child created now (decision._create_child)
 ATTEMPTS = 5
 
 
-def observe(job: dict, settings: Settings, child_seen: dict | None = None) -> Observed:
+def observe(job: dict, settings: Settings, child_seen: dict | None = None, as_delivered: bool = False) -> Observed:
     """Everything decide needs about JOB (the TrainingJob as just read), read from the API server;
-    CHILD_SEEN: its child job as a watch event just delivered it (not read again)."""
+    CHILD_SEEN: its child job as a watch event just delivered it (not read again).
+
+    AS_DELIVERED: JOB is the body a watch event delivered. Where its status is still empty, no
+    reconcile has acted on it (the status write is each reconcile's last act), so its ConfigMap and
+    child are taken to be missing without asking: the creates that follow accept this job's own
+    objects where an interrupted reconcile did make them (kube.create_owned), and the next
+    reconcile reads them. Two reads fewer on the path from a new job to its child."""
     metadata, spec, status = job["metadata"], dict(job.get("spec") or {}), dict(job.get("status") or {})
     namespace, name = metadata["namespace"], metadata["name"]
     base = dict(name=name, namespace=namespace, uid=metadata["uid"], generation=metadata.get("generation"),
@@ -42,11 +48,13 @@ def observe(job: dict, settings: Settings, child_seen: dict | None = None) -> Ob
         return Observed(**base)  # nothing left to decide but a generation
     backend = BACKENDS[backend_name(spec, status, settings.backend)]
     enabled = settings.backend_enabled(backend.name)
+    never_acted_on = as_delivered and not status
     if child_seen is not None and enabled and child_seen.get("kind") == backend.kind:
         child = child_seen
     else:
-        child = kube.read_child(backend, namespace, name, metadata["uid"]) if enabled else None
-    found: dict = {"config_map": kube.read_config_map_data(namespace, name, metadata["uid"]), "child": child}
+        child = kube.read_child(backend, namespace, name, metadata["uid"]) if enabled and not never_acted_on else None
+    config_map = None if never_acted_on else kube.read_config_map_data(namespace, name, metadata["uid"])
+    found: dict = {"config_map": config_map, "child": child}
     if child is None and enabled:
         if found["config_map"] is not None:  # started, and its child is gone: its API may have gone with it
             kube.forget_prerequisites()
@@ -254,8 +262,9 @@ def _reconcile(namespace: str, name: str, job_seen: dict | None, child_seen: dic
         job = job_seen if attempt == 0 and job_seen is not None else kube.read_training_job(namespace, name)
         if job is None or job["metadata"].get("deletionTimestamp"):
             return None  # gone or going: its children follow (owner references)
+        first = attempt == 0
         decided = decision.decide(job.get("spec") or {}, job.get("status"),
-                                  observe(job, settings, child_seen if attempt == 0 else None))
+                                  observe(job, settings, child_seen if first else None, first and job_seen is not None))
         if act(job, decided):
             return decided
     raise kopf.TemporaryError(f"the status of {name} kept changing while it was written", delay=1)
