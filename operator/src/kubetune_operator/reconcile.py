@@ -11,6 +11,7 @@ them changes nothing.
 from __future__ import annotations
 
 import logging
+import threading
 
 import kopf
 
@@ -169,19 +170,22 @@ def _create_generation_job(job: dict, action: decision.CreateGenerationJob) -> b
 # wrote the status that follows), so it is not reconciled again. Bounded: an entry whose event was
 # missed is dropped oldest first.
 _children_created: dict[tuple[str, str, str], None] = {}
+_children_created_lock = threading.Lock()  # written and read from kopf's handler threads
 KEPT_CREATED = 10_000
 
 
 def created_here(namespace: str, child: dict) -> bool:
     """Whether CHILD (in NAMESPACE) is, unchanged, the version a reconcile created (each answered once)."""
     metadata = child["metadata"]
-    return _children_created.pop((namespace, metadata["name"], metadata.get("resourceVersion")), False) is None
+    with _children_created_lock:
+        return _children_created.pop((namespace, metadata["name"], metadata.get("resourceVersion")), False) is None
 
 
 def _remember_created(obj: dict, resource_version: str) -> None:
-    _children_created[(obj["metadata"]["namespace"], obj["metadata"]["name"], resource_version)] = None
-    while len(_children_created) > KEPT_CREATED:
-        _children_created.pop(next(iter(_children_created)))
+    with _children_created_lock:
+        _children_created[(obj["metadata"]["namespace"], obj["metadata"]["name"], resource_version)] = None
+        while len(_children_created) > KEPT_CREATED:
+            _children_created.pop(next(iter(_children_created)))
 
 
 def act(job: dict, decided: decision.Decision) -> bool:
