@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -134,7 +135,6 @@ def operator_requests(cluster) -> dict[tuple[str, str], tuple[float, float]]:
                and any(c["name"] == "operator" for c in p["spec"]["containers"]))
     port = next(port["containerPort"] for c in pod["spec"]["containers"] for port in c.get("ports", [])
                 if port.get("name") == "metrics")
-    import urllib.request
     text = urllib.request.urlopen(f"http://{pod['status']['podIP']}:{port}/metrics", timeout=10).read().decode()
     found: dict[tuple[str, str], list[float]] = {}
     for family in text_string_to_metric_families(text):

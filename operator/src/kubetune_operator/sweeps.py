@@ -3,8 +3,9 @@
 Each tick reads the sweep's trial TrainingJobs (children it owns, labelled with the sweep and the
 trial number), asks sweep_state.plan what to do, creates and suspends TrainingJobs accordingly and
 writes the sweep's status when it changed. Its events say what this tick did: TrialCreated for a
-TrainingJob created now, a trial's end once (marked on the trial before the event is sent). A trial is a TrainingJob like any other: the operator's
-TrainingJob handlers run it, and its status (progress, validation) is what the sweep reads.
+TrainingJob created now, a trial's end once (marked on the trial before the event is sent). A trial
+is a TrainingJob like any other: the operator's TrainingJob handlers run it, and its status
+(progress, validation) is what the sweep reads.
 """
 from __future__ import annotations
 
