@@ -110,7 +110,7 @@ def api(monkeypatch):
     monkeypatch.setattr(kube, "settings", lambda: TRAINJOB_SETTINGS)
     monkeypatch.setattr(kube, "_present_since", {})
     events = []
-    monkeypatch.setattr(kopf, "event", lambda body, type, reason, message: events.append((type, reason, message)))
+    monkeypatch.setattr(kube, "post_event", lambda body, type_, reason, message: events.append((type_, reason, message)))
     monkeypatch.setattr(kopf, "adopt", lambda obj, owner: obj["metadata"].setdefault("ownerReferences", [
         {"kind": "TrainingJob", "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"]}]))
 
@@ -464,3 +464,23 @@ def test_a_run_that_ended_unseen_is_finished_with_the_report_its_pod_left(api, e
     assert stored["phase"] == "Succeeded"
     assert stored["validation"] == {"step": 6, "metrics": {"loss": 0.25}}, "the newest pod's report, not an older one"
     assert stored["progress"]["step"] == 6 and stored["outputUri"].endswith("/v0")
+
+
+def test_an_event_is_posted_with_the_operators_client_from_any_thread(monkeypatch):
+    """The one timer's visits run on kopf's threads outside kopf's handler context, where kopf.event
+    raised and the event was lost: the operator's own client posts it wherever it is decided."""
+    import threading
+
+    posted = []
+    core = type("Core", (), {"create_namespaced_event": lambda self, namespace, body: posted.append((namespace, body))})()
+    monkeypatch.setattr(kube, "core_api", lambda: core)
+    job = {"apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingJob",
+           "metadata": {"name": "early", "namespace": "team-a", "uid": "uid-1"}}
+    visit = threading.Thread(target=kube.post_event, args=(job, "Warning", "Inadmissible", "x" * 5000))
+    visit.start()
+    visit.join()
+    [(namespace, event)] = posted
+    assert namespace == "team-a" and (event["type"], event["reason"]) == ("Warning", "Inadmissible")
+    assert event["involvedObject"] == {"apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingJob", "name": "early",
+                                       "namespace": "team-a", "uid": "uid-1"}
+    assert len(event["message"]) == kube.MAX_EVENT_MESSAGE

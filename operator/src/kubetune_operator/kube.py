@@ -17,7 +17,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubetune_api.contract import API_GROUP, API_VERSION, OPERATOR_READ_QUERY, PLURAL, TRAINER_METRIC_PREFIX
+from kubetune_api.contract import API_GROUP, API_VERSION, KIND, OPERATOR_READ_QUERY, PLURAL, TRAINER_METRIC_PREFIX
 from kubetune_operator import backend_check, metrics, naming, queueing
 from kubetune_operator.backends import Backend
 from kubetune_operator.settings import Settings
@@ -344,8 +344,27 @@ def patch_status(namespace: str, name: str, resource_version: str, fields: dict)
         raise
 
 
+# An Event's message longer than this is refused by the API server (1 KiB in events.k8s.io).
+MAX_EVENT_MESSAGE = 1024
+
+
 def post_event(body: dict, type_: str, reason: str, message: str) -> None:
-    kopf.event(body, type=type_, reason=reason, message=message)
+    """A Kubernetes Event about the TrainingJob BODY, posted with the operator's own client. Not
+    kopf.event: that queues the event in the context of kopf's handler for the object, which the one
+    timer's visits (look_again.py, on kopf's thread pool) do not run in; there it raised and the
+    event was lost (e.g. a job learning from the timer that its queue does not exist)."""
+    metadata = body["metadata"]
+    timestamp = now()
+    core_api().create_namespaced_event(metadata["namespace"], {
+        "metadata": {"generateName": f"{metadata['name']}.", "namespace": metadata["namespace"]},
+        "involvedObject": {"apiVersion": body.get("apiVersion", f"{API_GROUP}/{API_VERSION}"),
+                           "kind": body.get("kind", KIND), "name": metadata["name"],
+                           "namespace": metadata["namespace"], "uid": metadata.get("uid")},
+        "type": type_, "reason": reason, "message": message[:MAX_EVENT_MESSAGE],
+        "source": {"component": "kubetune-operator"}, "reportingComponent": "kubetune-operator",
+        "reportingInstance": "kubetune-operator", "action": reason,
+        "firstTimestamp": timestamp, "lastTimestamp": timestamp, "count": 1,
+    })
 
 
 def job_pods(namespace: str, child_name: str) -> list[dict]:
