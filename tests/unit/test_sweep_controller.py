@@ -145,6 +145,24 @@ def test_a_stop_already_announced_on_the_trial_is_asked_again_but_not_announced_
     assert again.stop == [2] and again.events == [] and again.reported == {}
 
 
+def test_a_restart_with_its_status_lost_keeps_a_stopped_trial_stopped_and_gives_its_place_to_the_next():
+    # Found reading the restart path: adopted as running, a trial the median rule had suspended held
+    # its place among parallelTrials for ever (its job never runs again) and the sweep never finished.
+    spec = sweep(earlyStopping={"rule": "median", "minSteps": 10}, parallelTrials=3)
+    status = plan("lr", "ns", spec, {}, {}).status
+    readings = {0: 0.2, 1: 0.25, 2: 0.9}
+    stopped = plan("lr", "ns", spec, status, {n: job(n, status, step=10, loss=v) for n, v in readings.items()})
+    jobs = {n: job(n, stopped.status, step=30, loss=v) for n, v in readings.items()}  # the others went on
+    jobs[2] = job(2, stopped.status, "Suspended", step=10, loss=0.9, reported="stopped")
+    decided = plan("lr", "ns", spec, {}, jobs)  # the sweep's status lost (restored from a backup without it)
+    adopted = decided.status["trials"][2]
+    assert (adopted["state"], adopted["value"], adopted["intermediate"]) == ("stopped", 0.9, {"10": 0.9})
+    assert "median" in adopted["reason"] and decided.events == [] and decided.stop == []
+    assert [t.number for t in decided.create] == [3] and decided.status["running"] == 3
+    jobs[2] = job(2, stopped.status, "Running", step=10, loss=0.9, reported="stopped")  # not suspended yet
+    assert plan("lr", "ns", spec, {}, jobs).stop == [2]
+
+
 def test_the_median_rule_does_not_judge_a_trial_against_its_twin_alone_while_a_third_has_not_reported():
     # The e2e's sweep: two trials of the same good model and a clearly worse one whose pods started
     # later. Trial 1's noisy reading a hair above trial 0's does not stop it; once trial 2

@@ -5,7 +5,7 @@ status to write.
 Level-based and restart-safe: a recorded trial whose TrainingJob is missing is created again with
 its recorded parameters; a TrainingJob whose record was lost (the operator stopped between creating
 it and writing status: trials are created first) is adopted back from its labels and annotations
-(parameters, and for a PBT copy the trial it continues). The search itself (kubetune_api.search) is
+(parameters, for a PBT copy the trial it continues, and whether the median rule stopped it). The search itself (kubetune_api.search) is
 a function of the records.
 
 Events follow what happened, not what the status says: a trial's TrialCreated is sent by the act
@@ -119,18 +119,31 @@ def trial_record(sweep: str, trial: Trial) -> dict[str, Any]:
     return record
 
 
+def adopted_record(number: int, job: TrialJob, metric: str) -> dict[str, Any]:
+    """The record of a trial found only as its TrainingJob: running, unless the job says the median
+    rule stopped it (its announcement annotation) — adopted as running, a suspended trial would
+    hold its place among parallelTrials for ever and the sweep would never finish."""
+    record: dict[str, Any] = {"number": number, "parameters": job.parameters, "state": "running"}
+    if job.exploited_from is not None:
+        record["exploitedFrom"] = job.exploited_from
+    if job.reported == "stopped":
+        record.update(state="stopped", reason="stopped by the median rule")
+        observed = reading(job, metric)  # its last reading: the readings before it went with the status
+        if observed:
+            record.update(intermediate={str(observed[0]): observed[1]}, value=observed[1])
+    return record
+
+
 def plan(sweep: str, namespace: str, spec: TrainingSweepSpec, status: dict, jobs: dict[int, TrialJob]) -> Plan:
     """What to do now for the sweep NAMESPACE/SWEEP, whose status is STATUS and whose trials'
     TrainingJobs (by trial number) are JOBS."""
     result = Plan()
+    metric, minimize = spec.objective.metric, spec.objective.minimize
     records = {r["number"]: r for r in status.get("trials") or []}
     for number, job in jobs.items():  # a TrainingJob whose record was lost: adopt it
-        adopted = {"number": number, "parameters": job.parameters, "state": "running"}
-        if job.exploited_from is not None:
-            adopted["exploitedFrom"] = job.exploited_from
-        records.setdefault(number, adopted)
+        if number not in records:
+            records[number] = adopted_record(number, job, metric)
     trials = records_to_trials([records[n] for n in sorted(records)])
-    metric, minimize = spec.objective.metric, spec.objective.minimize
 
     for trial in trials:
         if trial.state != "running":
