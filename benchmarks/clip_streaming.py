@@ -137,13 +137,10 @@ def main(argv=None) -> None:
         print(f"{args.clips} clips of {len(clip) / 1e6:.2f} MB ({args.frames} frames, {args.width}x{args.height}, "
               f"H.264), {args.clips * len(clip) / 1e6:.0f} MB; batches of 1 at {args.resolution} px, "
               f"{args.workers} loader workers")
-        if args.delay_ms:
-            from delay_proxy import DelayProxy
+        if args.delay_ms:  # the upload went straight to the server; the cases go through the delay
+            from delay_proxy import delay_s3
 
-            proxy = DelayProxy("127.0.0.1", int(settings["AWS_ENDPOINT_URL"].rsplit(":", 1)[1]), args.delay_ms / 1000)
-            proxy.start()
-            os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{proxy.port}"
-            print(f"every S3 request of the cases {args.delay_ms:.0f} ms later (a delaying proxy on loopback)")
+            delay_s3(settings, args.delay_ms)
         for name in CASES:
             env = {**os.environ, "KUBETUNE_CACHE_DIR": str(work / "cache" / name.replace(" ", "-").replace(",", ""))}
             command = [sys.executable, __file__, "--case", name, "--uri", f"s3://{bucket}/clips"]

@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoint_io import start_versitygw  # noqa: E402  (the same loopback S3 server)
+from delay_proxy import delay_s3  # noqa: E402
 from data_streaming import write_data  # noqa: E402  (the same noise JPEGs)
 
 # name: (where the data is, spec.data.format, streamed)
@@ -170,12 +171,7 @@ def main(argv=None) -> None:
               f"in row groups of {args.row_group}, shards of {args.rows_per_file} samples; batches of {args.batch_size} "
               f"at {args.resolution} px, {args.workers} loader workers, {args.steps} batches")
         if args.delay_ms:  # the upload went straight to the server; the cases go through the delay
-            from delay_proxy import DelayProxy
-
-            proxy = DelayProxy("127.0.0.1", int(settings["AWS_ENDPOINT_URL"].rsplit(":", 1)[1]), args.delay_ms / 1000)
-            proxy.start()
-            os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{proxy.port}"
-            print(f"every S3 request of the cases {args.delay_ms:.0f} ms later (a delaying proxy on loopback)")
+            delay_s3(settings, args.delay_ms)
         results = {}
         for name, (where, data_format, _) in CASES.items():
             if name not in args.cases.split(";"):

@@ -1,16 +1,24 @@
-"""Streaming an s3:// data set vs copying it whole first: time to the first step, steady samples/s.
+"""Training on an s3:// data set streamed, as parquet or WebDataset shards, or copied whole first, vs the
+same images on local disk: time to the first step, steady samples/s.
 
     .venv/bin/python benchmarks/data_streaming.py                 # 20,000 images, the tiny SD1.5
     .venv/bin/python benchmarks/data_streaming.py --images 2000   # a quick look
+    .venv/bin/python benchmarks/data_streaming.py --images 4000 --cases all --delay-ms 40
 
 Starts a real S3 server (versitygw, built by devcluster/build.sh) on loopback, writes a captioned
 data set of --images JPEGs (--side px, noise, so they weigh what photos weigh) into it, and trains
-the tiny SD1.5 on it three ways, each in a fresh cache directory:
-  local disk   the same files on local disk (the steady-rate reference);
-  copied       spec.data.streaming.enabled false: the whole set is copied (and screened) first;
-  streamed     the default: one listing, then each step's images fetched ahead of the loader.
-Time to the first step runs from the trainer's start to its first step's TensorBoard event; steady
-samples/s is the median over the steps after --warmup. A benchmark, not a test: nothing is asserted.
+the tiny SD1.5 on it in each case, each in a fresh cache directory:
+  local disk            the same files on local disk (the steady-rate reference);
+  copied whole          spec.data.streaming.enabled false: the whole set is copied (and screened) first;
+  streamed              the default: one listing, then each step's images fetched ahead of the loader;
+  parquet streamed      the same images as Hugging Face datasets writes parquet (--rows-per-file rows a
+                        file, row groups of --row-group), spec.data.format parquet;
+  webdataset streamed   the same images as WebDataset shards of --rows-per-file samples.
+The default cases are the first three (--cases all: every one). With --delay-ms every S3 request of
+the trainers passes a proxy on loopback that holds it that long (benchmarks/delay_proxy.py), as an
+object store across a network answers. Time to the first step runs from the trainer's start to its
+first step's TensorBoard event; steady samples/s is the median over the steps after --warmup. A
+benchmark, not a test: nothing is asserted.
 """
 from __future__ import annotations
 
@@ -32,6 +40,17 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoint_io import start_versitygw  # noqa: E402  (the same loopback S3 server)
+from delay_proxy import delay_s3  # noqa: E402
+
+# name: (where the data is, spec.data.format, streamed)
+CASES = {
+    "local disk": ("local", "files", True),
+    "copied whole": ("s3", "files", False),
+    "streamed": ("s3", "files", True),
+    "parquet streamed": ("s3", "parquet", True),
+    "webdataset streamed": ("s3", "webdataset", True),
+}
+DEFAULT_CASES = "local disk;copied whole;streamed"
 
 
 def parse_args(argv=None):
@@ -42,6 +61,11 @@ def parse_args(argv=None):
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--warmup", type=int, default=20, help="steps left out of the steady rate")
+    parser.add_argument("--cases", default=DEFAULT_CASES,
+                        help=f"which cases, separated by ; or 'all' (default {DEFAULT_CASES!r})")
+    parser.add_argument("--rows-per-file", type=int, default=500, help="parquet rows / WebDataset samples a file")
+    parser.add_argument("--row-group", type=int, default=100, help="parquet rows a row group")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="added to every S3 request of the trainers")
     parser.add_argument("--workdir", type=Path, help="keep data and runs here (default: a temporary directory)")
     return parser.parse_args(argv)
 
@@ -62,15 +86,16 @@ def write_data(directory: Path, count: int, side: int) -> Path:
     return directory
 
 
-def run(args, name: str, model: Path, data_uri: str, work: Path, streaming: bool) -> dict:
-    out = work / name
+def run(args, name: str, model: Path, data_uri: str, work: Path) -> dict:
+    _, data_format, streaming = CASES[name]
+    out = work / name.replace(" ", "-")
     shutil.rmtree(out, ignore_errors=True)
     manifest = {
         "apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "stream-bench"},
         "spec": {
             "model": {"family": "sd15", "pretrained": str(model)},
             "adapter": {"type": "lora", "rank": 4},
-            "data": {"layout": "captions", "uri": data_uri, "resolution": args.resolution,
+            "data": {"layout": "captions", "uri": data_uri, "format": data_format, "resolution": args.resolution,
                      "streaming": {"enabled": streaming}},
             "training": {"maxSteps": args.steps, "batchSize": args.batch_size, "learningRate": 1e-4},
             "checkpoints": {"uri": str(out / "runs"), "everySteps": 10_000_000},
@@ -120,8 +145,12 @@ def step_times(log_dir: Path) -> list[float]:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    cases = list(CASES) if args.cases == "all" else args.cases.split(";")
+    if unknown := set(cases) - set(CASES):
+        sys.exit(f"--cases: unknown {sorted(unknown)}; the cases are {list(CASES)}")
     work = args.workdir or Path(tempfile.mkdtemp(prefix="kubetune-stream-bench-"))
     work.mkdir(parents=True, exist_ok=True)
+    from kubetune_trainer.restore_data import write_parquet, write_webdataset
     from kubetune_trainer.storage import s3
     from kubetune_trainer.storage.uri import parse_s3
     from kubetune_trainer.tiny_models import write_tiny_model
@@ -130,36 +159,56 @@ def main(argv=None) -> None:
     data = work / f"data-{args.images}-{args.side}"
     if not (data / "metadata.jsonl").is_file():
         write_data(data, args.images, args.side)
+    formats = {CASES[name][1] for name in cases}
+    sets = {"files": data}
+    if "parquet" in formats:
+        sets["parquet"] = write_parquet("captions", data, work / f"parquet-{args.images}-{args.side}",
+                                        args.rows_per_file, args.row_group)
+    if "webdataset" in formats:
+        sets["webdataset"] = write_webdataset("captions", data, work / f"webdataset-{args.images}-{args.side}",
+                                              args.rows_per_file)
     size = sum(p.stat().st_size for p in data.rglob("*.jpg"))
     (work / "s3").mkdir(exist_ok=True)
     server, settings = start_versitygw(work / "s3")
     os.environ.update(settings)
+    proxy = None
     try:
         s3.forget_clients()
         bucket = "bench-" + secrets.token_hex(4)
         s3.client().create_bucket(Bucket=bucket)
         started = time.time()
-        s3.upload_files(sorted(p for p in data.rglob("*") if p.is_file()), data, parse_s3(f"s3://{bucket}/set"))
-        print(f"{args.images} images of {args.side} px ({size / 1e6:.0f} MB) uploaded in {time.time() - started:.0f} s; "
-              f"tiny SD1.5 at {args.resolution} px, batch {args.batch_size}, {args.steps} steps, CPU")
-        results = {"local disk": run(args, "local", model, str(data), work, True),
-                   "copied whole": run(args, "copied", model, f"s3://{bucket}/set", work, False),
-                   "streamed": run(args, "streamed", model, f"s3://{bucket}/set", work, True)}
-        rate = fetch_rate(f"s3://{bucket}/set", work, min(args.images, 5000))
+        for data_format, local in sets.items():
+            s3.upload_files(sorted(p for p in local.rglob("*") if p.is_file()), local,
+                            parse_s3(f"s3://{bucket}/{data_format}"))
+        print(f"{args.images} images of {args.side} px ({size / 1e6:.0f} MB) as {sorted(sets)} uploaded in "
+              f"{time.time() - started:.0f} s; tiny SD1.5 at {args.resolution} px, batch {args.batch_size}, "
+              f"{args.steps} steps, CPU")
+        if args.delay_ms:  # the upload went straight to the server; the trainers go through the delay
+            proxy = delay_s3(settings, args.delay_ms)
+        results = {}
+        for name in cases:
+            where, data_format, _ = CASES[name]
+            uri = str(sets[data_format]) if where == "local" else f"s3://{bucket}/{data_format}"
+            results[name] = run(args, name, model, uri, work)
+        rate = fetch_rate(f"s3://{bucket}/files", work, min(args.images, 5000)) if "streamed" in cases else None
     finally:
+        if proxy is not None:
+            proxy.close()
         server.terminate()
         server.wait()
-    print("| data | time to first step (s) | steady samples/s | vs local disk |")
-    print("|---|---|---|---|")
-    reference = results["local disk"]["samples_per_s"]
+    nan = {"samples_per_s": float("nan"), "first_step_s": float("nan")}
+    reference = results.get("local disk", nan)["samples_per_s"]
+    copied = results.get("copied whole", nan)["first_step_s"]
+    print("| data | time to first step (s) | vs copied whole | steady samples/s | vs local disk |")
+    print("|---|---|---|---|---|")
     for name, result in results.items():
-        print(f"| {name} | {result['first_step_s']:.1f} | {result['samples_per_s']:.1f} | "
-              f"{result['samples_per_s'] / reference:.2f}x |")
-    streamed, copied = results["streamed"], results["copied whole"]
-    print(f"streamed first step / copied first step: {streamed['first_step_s'] / copied['first_step_s']:.3f}")
-    print(next((line for line in streamed["log"].splitlines() if "data stream:" in line), ""))
-    print(f"one process's prefetcher alone: {rate:.0f} images/s ({rate * size / args.images / 1e6:.1f} MB/s), "
-          f"{rate / reference:.0f}x what this training consumes")
+        print(f"| {name} | {result['first_step_s']:.1f} | {result['first_step_s'] / copied:.3f} | "
+              f"{result['samples_per_s']:.2f} | {result['samples_per_s'] / reference:.2f}x |")
+    for name, result in results.items():
+        print(f"{name}: " + next((line.strip() for line in result["log"].splitlines() if "data stream:" in line), "-"))
+    if rate is not None:
+        print(f"one process's prefetcher alone: {rate:.0f} images/s ({rate * size / args.images / 1e6:.1f} MB/s), "
+              f"{rate / reference:.0f}x what this training consumes")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 server answering as an object store across a network does (first-byte latency per request).
 
     proxy = DelayProxy("127.0.0.1", server_port, delay_s=0.040); proxy.start(); ... proxy.port
+    proxy = delay_s3(settings, 40)   # the same in front of start_versitygw's server, for this process's S3 clients
 
 A connection's bytes from the client are held `delay_s` each time the client starts speaking after
 the server has (or at first): once per HTTP request on a kept-alive connection, whatever the body
@@ -9,6 +10,7 @@ size, so a request's cost is the delay plus what the server takes. Responses pas
 """
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -59,3 +61,13 @@ class DelayProxy:
                     end.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+
+def delay_s3(settings: dict, delay_ms: float) -> DelayProxy:
+    """A proxy holding each request DELAY_MS in front of the S3 server of SETTINGS (start_versitygw's),
+    which this process's S3 clients, and the processes it starts, reach from now on."""
+    proxy = DelayProxy("127.0.0.1", int(settings["AWS_ENDPOINT_URL"].rsplit(":", 1)[1]), delay_ms / 1000)
+    proxy.start()
+    os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{proxy.port}"
+    print(f"every S3 request from now on {delay_ms:.0f} ms later (a delaying proxy on loopback)")
+    return proxy
