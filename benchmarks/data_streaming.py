@@ -119,8 +119,8 @@ def run(args, name: str, model: Path, data_uri: str, work: Path) -> dict:
 
 
 def fetch_rate(uri: str, work: Path, images: int) -> float:
-    """Images per second one process's prefetcher fetches when nothing else runs: the training
-    speed above which streaming, not the model, would set the pace."""
+    """Images per second one process's prefetcher fetches when nothing else runs, one image a step
+    (batch 1): the training speed above which streaming, not the model, would set the pace."""
     from kubetune_trainer.storage import stream
 
     os.environ["KUBETUNE_CACHE_DIR"] = str(work / "fetch-rate")
