@@ -87,7 +87,10 @@ def test_a_run_whose_server_is_down_trains_and_warns_once(tiny_sd15, captions_da
     assert (run_dir(tmp_path / "out") / "pytorch_lora_weights.safetensors").is_file()
     warnings = [line for line in result.stderr.splitlines() if "WARNING" in line or "Retrying" in line]
     assert len(warnings) == 1, "\n".join(warnings)
-    assert f"MLflow: cannot log to {down}" in warnings[0] and "training goes on" in warnings[0]
+    # The tracker's first failed try if it came during training; on a loaded machine it may not have
+    # by the end of this 3-step run (importing MLflow), and then the end of the run says it.
+    assert (f"MLflow: cannot log to {down}" in warnings[0] and "training goes on" in warnings[0]) or \
+        f"MLflow: stopped waiting for {down}" in warnings[0], warnings[0]
     assert "Traceback" not in result.stderr
 
 

@@ -540,7 +540,8 @@ def test_an_mlflow_server_that_accepts_and_never_answers_holds_the_end_of_a_run_
     assert result.returncode == 0, result.stderr[-2000:]
     closed = float(result.stderr.split("closed after ")[1].split(" s")[0])
     assert CLOSE_SECONDS_UNREACHABLE <= closed < CLOSE_SECONDS_UNREACHABLE + 2, result.stderr[-2000:]
-    assert "stopped waiting for http://127.0.0.1:" in result.stderr
+    # A warning: the tracker's own try is still waiting for the answer, so nothing else said the run is not logged.
+    assert "WARNING:kubetune.trainer:MLflow: stopped waiting for http://127.0.0.1:" in result.stderr
     assert took < 60, f"the process ended {took:.0f} s after it started: the silent server held it"
 
 

@@ -207,8 +207,11 @@ class MlflowTracker:
             limit = timeout if timeout is not None else (
                 CLOSE_SECONDS_UNREACHABLE if self._silent() else CLOSE_SECONDS)
             if waited >= limit:
-                log.info("MLflow: stopped waiting for %s after %.0f s; what was not sent yet is not logged",
-                         self.uri, waited)
+                # A warning if none was given: the background thread may not have met the server's
+                # silence before the run ended (its first try still importing MLflow, or still waiting).
+                level = logging.WARNING if self._first_warning() else logging.INFO
+                log.log(level, "MLflow: stopped waiting for %s after %.0f s; what was not sent yet is not logged",
+                        self.uri, waited)
                 return
 
     def _silent(self) -> bool:
@@ -314,11 +317,16 @@ class MlflowTracker:
     def _failed(self, error: BaseException) -> None:
         self._pause = min(self._pause * 2, MAX_RETRY_SECONDS) if self._failing else RETRY_SECONDS
         self._failing = True
-        if not self._warned:
-            self._warned = True
+        if self._first_warning():
             log.warning("MLflow: cannot log to %s (%s); training goes on, and the tracker tries again every "
                         "%.0f-%.0f s (this warning is not repeated)", self.uri, _short(error), RETRY_SECONDS,
                         MAX_RETRY_SECONDS)
+
+    def _first_warning(self) -> bool:
+        """Whether a warning about the server is still to be given (then it is now: one per run)."""
+        with self._condition:
+            first, self._warned = not self._warned, True
+        return first
 
     def _recovered(self) -> None:
         if self._failing:
