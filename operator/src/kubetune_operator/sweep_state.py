@@ -5,8 +5,8 @@ status to write.
 Level-based and restart-safe: a recorded trial whose TrainingJob is missing is created again with
 its recorded parameters; a TrainingJob whose record was lost (the operator stopped between creating
 it and writing status: trials are created first) is adopted back from its labels and annotations
-(parameters, for a PBT copy the trial it continues, and whether the median rule stopped it). The search itself (kubetune_api.search) is
-a function of the records.
+(parameters, for a PBT copy the trial it continues, and whether the median rule stopped it). The
+search itself (kubetune_api.search) is a function of the records.
 
 Events follow what happened, not what the status says: a trial's TrialCreated is sent by the act
 only when its TrainingJob was created then (sweeps.run_sweep), and a trial's end (TrialFinished,
