@@ -205,6 +205,8 @@ def _finite(value: float | None) -> bool:
 # the time, by the noise of a single reading. With two or more the median lies between them, so a
 # trial as good as the best of them is stopped only when it is worse than the middle of a group.
 MEDIAN_RULE_MIN_OTHERS = 2
+# A trial's reason once the median rule stopped it (the local sweep's and the operator's).
+MEDIAN_RULE_STOPPED = "stopped by the median rule"
 
 
 def should_stop(trial: Trial, others: list[Trial], minimize: bool, min_steps: int) -> bool:

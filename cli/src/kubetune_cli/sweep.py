@@ -30,7 +30,8 @@ import yaml
 from kubetune_api.contract import API_GROUP_VERSION, KIND, SWEEP_LABEL, TrainerEnv, TrainerLog
 from kubetune_api.mlflow_sweeps import end_sweep_run, start_sweep_run, sweep_run_params
 from kubetune_api.spec import MlflowSpec, TrainingJobSpec
-from kubetune_api.search import Trial, best_trial, format_parameters, next_trial, should_stop
+from kubetune_api.search import (MEDIAN_RULE_STOPPED, Trial, best_trial, format_parameters, next_trial,
+                                 should_stop)
 from kubetune_api.sweep import TRAINING_LOSS, VALIDATION_METRICS, TrainingSweep, trial_spec, with_value
 
 LAST_LOSSES = 5            # a trial's training-loss objective: the mean of its last logged losses
@@ -169,7 +170,7 @@ class LocalSweep:
             if code is None:
                 if self._clearly_worse(trial) and not running.stopping:
                     running.stopping = True
-                    trial.reason = "stopped by the median rule"
+                    trial.reason = MEDIAN_RULE_STOPPED
                     running.process.send_signal(signal.SIGTERM)
                 continue
             self.running.remove(running)

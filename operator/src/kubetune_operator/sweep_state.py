@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubetune_api import layout
-from kubetune_api.search import Trial, best_trial, format_parameters, next_trial, should_stop
+from kubetune_api.search import (MEDIAN_RULE_STOPPED, Trial, best_trial, format_parameters, next_trial,
+                                 should_stop)
 from kubetune_api.sweep import TRAINING_LOSS, VALIDATION_METRICS, TrainingSweepSpec
 
 # A trial's training-loss objective: the mean of its last readings (one step's loss is noisy).
@@ -127,7 +128,7 @@ def adopted_record(number: int, job: TrialJob, metric: str) -> dict[str, Any]:
     if job.exploited_from is not None:
         record["exploitedFrom"] = job.exploited_from
     if job.reported == "stopped":
-        record.update(state="stopped", reason="stopped by the median rule")
+        record.update(state="stopped", reason=MEDIAN_RULE_STOPPED)
         observed = reading(job, metric)  # its last reading: the readings before it went with the status
         if observed:
             record.update(intermediate={str(observed[0]): observed[1]}, value=observed[1])
@@ -166,7 +167,7 @@ def plan(sweep: str, namespace: str, spec: TrainingSweepSpec, status: dict, jobs
             others = [t for t in trials if t is not trial and t.intermediate]
             if trial.state == "running" and trial.number in jobs and \
                     should_stop(trial, others, minimize, rule.min_steps):
-                trial.state, trial.reason = "stopped", "stopped by the median rule"
+                trial.state, trial.reason = "stopped", MEDIAN_RULE_STOPPED
                 trial.value = _best_so_far(trial, minimize)
                 result.stop.append(trial.number)
                 _announce(result, trial, jobs[trial.number], ("Normal", "TrialStopped", (
