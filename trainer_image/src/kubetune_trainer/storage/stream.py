@@ -437,8 +437,8 @@ class Prefetcher:
         self._steps_pool.shutdown(wait=False, cancel_futures=True)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _next_step(self) -> list[Path] | None:
-        """The images of the next step to fetch, when the window and the budget allow one."""
+    def _next_step(self) -> tuple[list[Path], int] | None:
+        """The images of the next step to fetch and their bytes, when the window and the budget allow one."""
         ahead = self.ahead_steps if self.started else 1
         upcoming_step = self.started_fetch
         if upcoming_step >= len(self.steps) or upcoming_step >= self.trained + ahead:
@@ -447,7 +447,7 @@ class Prefetcher:
         size = sum(_listed_size(p) for p in upcoming)
         if upcoming_step > self.trained and self.on_disk + self.in_flight + size > self.budget:
             return None  # always one step ahead, more only within the budget
-        return upcoming
+        return upcoming, size
 
     def _pump(self) -> None:
         while True:
@@ -455,8 +455,7 @@ class Prefetcher:
                 self._changed.wait_for(lambda: self._closed or self._next_step() is not None)
                 if self._closed:
                     return
-                upcoming, plan, number = self._next_step(), self.steps, self.started_fetch
-                size = sum(_listed_size(p) for p in upcoming)
+                (upcoming, size), plan, number = self._next_step(), self.steps, self.started_fetch
                 self.started_fetch += 1
                 self.in_flight += size
             self._steps_pool.submit(self._fetch_step, plan, number, upcoming, size)
