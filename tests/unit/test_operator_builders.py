@@ -200,8 +200,10 @@ def test_finished_jobs_ignore_late_child_updates():
 
 
 def test_progress_comes_from_the_trainer_gauges():
-    progress = progress_from_metrics({"step": 25, "planned_steps": 100, "loss": 0.1234567, "eta_seconds": 30.04})
-    assert progress == {"step": 25, "totalSteps": 100, "percent": 25.0, "loss": 0.123457, "etaSeconds": 30.0}
+    progress = progress_from_metrics({"step": 25, "planned_steps": 100, "loss": 0.1234567, "recent_loss": 0.25,
+                                      "eta_seconds": 30.04})
+    assert progress == {"step": 25, "totalSteps": 100, "percent": 25.0, "loss": 0.123457, "recentLoss": 0.25,
+                        "etaSeconds": 30.0}
     assert progress_from_metrics({"loss": 1.0}) is None
 
 

@@ -28,7 +28,7 @@ def sweep(**spec):
 
 def job(number, status, phase="Running", step=None, loss=None, **fields):
     parameters = next(r for r in status["trials"] if r["number"] == number)["parameters"]
-    return TrialJob(number, parameters, phase=phase, step=step, loss=loss, **fields)
+    return TrialJob(number, parameters, phase=phase, step=step, recent_loss=loss, **fields)
 
 
 def test_a_new_sweep_records_and_creates_parallel_trials_with_the_searchs_parameters():
@@ -51,7 +51,7 @@ def test_readings_become_intermediate_values_and_a_finished_trial_makes_room_for
             1: job(1, status, step=20, loss=0.6)}
     decided = plan("lr", "ns", spec, status, jobs)
     first = decided.status["trials"][0]
-    assert first["state"] == "succeeded" and first["value"] == pytest.approx((0.5 + 0.3) / 2)  # mean of the last readings
+    assert first["state"] == "succeeded" and first["value"] == 0.3  # its last reading: the trainer's mean of its latest steps
     assert first["outputUri"] == "s3://out/runs/ns/lr-0/v0"
     assert [t.number for t in decided.create] == [2]
     assert decided.status["best"] == {"trial": 0, "job": "lr-0", "value": first["value"],
@@ -211,12 +211,13 @@ def test_trial_jobs_carry_what_a_restart_needs_and_read_back():
     assert made["metadata"]["labels"] == {"kubetune.dev/sweep": "lr", "kubetune.dev/trial": "0"}
     assert made["spec"]["adapter"]["rank"] == trial.parameters["adapter.rank"]
     assert made["spec"]["training"]["learningRate"] == trial.parameters["training.learningRate"]
-    made["status"] = {"phase": "Failed", "progress": {"step": 3, "loss": 0.5}, "outputUri": "s3://o",
+    made["status"] = {"phase": "Failed", "progress": {"step": 3, "loss": 0.9, "recentLoss": 0.5}, "outputUri": "s3://o",
                       "conditions": [{"type": "Failed", "status": "True", "message": "out of memory"}]}
     seen = observe(made)
     assert (seen.number, seen.parameters, seen.phase, seen.message, seen.step, seen.output_uri) == (
         0, json.loads(made["metadata"]["annotations"]["kubetune.dev/trial-parameters"]), "Failed", "out of memory", 3,
         "s3://o")
+    assert seen.recent_loss == 0.5, "the objective is the trainer's recent mean, not the latest step's loss"
     assert records_to_trials(plan("lr", "ns", spec, {}, {}).status["trials"])[0].parameters == trial.parameters
 
 
@@ -289,7 +290,7 @@ def cluster(monkeypatch):
 def test_a_restart_before_the_status_is_written_repeats_no_trial_event(cluster):
     status = cluster({})
     assert [m for r, m in cluster.events if r == "TrialCreated"] and len(cluster.events) == 2
-    cluster.api.jobs["lr-0"]["status"] = {"phase": "Succeeded", "progress": {"step": 10, "loss": 0.25}}
+    cluster.api.jobs["lr-0"]["status"] = {"phase": "Succeeded", "progress": {"step": 10, "recentLoss": 0.25}}
     cluster(status)  # trial 0's end and trial 2's creation; the operator stops before this status is written
     assert [(r, m.split(":")[0]) for r, m in cluster.events[2:]] == [
         ("TrialFinished", "trial 0 (lr-0) succeeded"), ("TrialCreated", "trial 2")]

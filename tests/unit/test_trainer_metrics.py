@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from kubetune_api.contract import RECENT_LOSS_STEPS
+
 from kubetune_trainer.phase_clock import PhaseClock
 from kubetune_trainer.reporting import Reporter
 
@@ -28,6 +30,18 @@ def test_a_step_sets_progress_gauges_and_observes_its_duration():
     assert value(r, "kubetune_trainer_learning_rate") == 2e-4
     assert value(r, "kubetune_trainer_step_duration_seconds_count") == 2
     assert value(r, "kubetune_trainer_eta_seconds") >= 0
+    r.close()
+
+
+def test_the_recent_loss_is_the_mean_of_the_latest_steps_whichever_a_reader_catches():
+    r = reporter()
+    assert value(r, "kubetune_trainer_recent_loss") is None
+    losses = [4.0, 2.0, 0.5, 0.5, 1.0, 1.0, 2.0]
+    for step, loss in enumerate(losses, start=1):
+        r.step(step, loss=loss, lr=1e-4, epoch=0)
+        window = losses[max(0, step - RECENT_LOSS_STEPS):step]
+        assert value(r, "kubetune_trainer_recent_loss") == sum(window) / len(window)
+    assert RECENT_LOSS_STEPS < len(losses), "the window must have dropped the first losses"
     r.close()
 
 

@@ -273,6 +273,9 @@ CLIP_METRICS = ("clip_score", "clip_directional")
 VALIDATION_METRICS = tuple(sorted({m for family in FAMILIES.values() for m in family.metrics} | set(CLIP_METRICS)))
 
 
+RECENT_LOSS_STEPS = 5  # steps in TrainerGauge.RECENT_LOSS's mean (and in the local sweep's, from the log)
+
+
 class TrainerGauge:
     """Names (without TRAINER_METRIC_PREFIX) of the rank-0 gauges behind status.progress, status.outputUri
     and status.validation."""
@@ -280,6 +283,10 @@ class TrainerGauge:
     STEP = "step"
     PLANNED_STEPS = "planned_steps"
     LOSS = "loss"
+    # The mean loss of the latest RECENT_LOSS_STEPS steps: what a sweep's training-loss objective
+    # reads (status.progress.recentLoss). One step's loss is noise; polls every few seconds catch
+    # whichever steps they happen to, so a trial's value must not depend on which ones they were.
+    RECENT_LOSS = "recent_loss"
     ETA_SECONDS = "eta_seconds"
     RUN_VERSION = "run_version"
     LAST_CHECKPOINT_STEP = "last_checkpoint_step"
@@ -294,7 +301,7 @@ class TrainerGauge:
     # A name per metric, not a label: the operator's reader keys samples by name and drops labels.
     VALIDATION_STEP = "validation_step"
 
-    ALL = (STEP, PLANNED_STEPS, LOSS, ETA_SECONDS, RUN_VERSION, LAST_CHECKPOINT_STEP, LAST_CHECKPOINT_TIME,
+    ALL = (STEP, PLANNED_STEPS, LOSS, RECENT_LOSS, ETA_SECONDS, RUN_VERSION, LAST_CHECKPOINT_STEP, LAST_CHECKPOINT_TIME,
            UNSAVED_SINCE, VALIDATION_STEP)
 
     @staticmethod

@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 from pydantic.alias_generators import to_camel
 
 from kubetune_api.contract import API_GROUP, API_GROUP_VERSION, API_VERSION, BACKENDS, CLIP_METRICS, KIND  # noqa: F401  (the contract names the API)
+from kubetune_api.contract import RECENT_LOSS_STEPS
 from kubetune_api import families as table
 from kubetune_api.families import FAMILIES, FAMILY_NAMES
 from kubetune_api.hub import HUB_ID, looks_like_hub_id
@@ -1352,6 +1353,8 @@ class Progress(_Model):
     percent: float = Field(default=0, ge=0, le=100, description="step / totalSteps in percent.")
     eta_seconds: Optional[float] = Field(default=None, ge=0, description="Estimated seconds to finish.")
     loss: Optional[float] = Field(default=None, description="Latest training loss.")
+    recent_loss: Optional[float] = Field(default=None, description=f"Mean training loss of the latest "
+                                         f"{RECENT_LOSS_STEPS} steps: a sweep's loss objective.")
 
 
 class CheckpointMark(_Model):

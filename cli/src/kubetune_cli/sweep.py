@@ -27,14 +27,13 @@ from pathlib import Path
 
 import yaml
 
-from kubetune_api.contract import API_GROUP_VERSION, KIND, SWEEP_LABEL, TrainerEnv, TrainerLog
+from kubetune_api.contract import API_GROUP_VERSION, KIND, RECENT_LOSS_STEPS, SWEEP_LABEL, TrainerEnv, TrainerLog
 from kubetune_api.mlflow_sweeps import end_sweep_run, start_sweep_run, sweep_run_params
 from kubetune_api.spec import MlflowSpec, TrainingJobSpec
 from kubetune_api.search import (MEDIAN_RULE_STOPPED, Trial, best_trial, format_parameters, next_trial,
                                  should_stop)
 from kubetune_api.sweep import TRAINING_LOSS, VALIDATION_METRICS, TrainingSweep, trial_spec, with_value
 
-LAST_LOSSES = 5            # a trial's training-loss objective: the mean of its last logged losses
 POLL_SECONDS = 0.5
 
 
@@ -68,7 +67,7 @@ def reported(log_text: str, metric: str) -> dict[int, float]:
     """Step -> the objective as the trial reported it so far (from its log)."""
     if metric == TRAINING_LOSS:
         losses = TrainerLog.parse_steps(log_text)
-        return {step: _mean([loss for _, loss in losses[max(0, i + 1 - LAST_LOSSES):i + 1]])
+        return {step: _mean([loss for _, loss in losses[max(0, i + 1 - RECENT_LOSS_STEPS):i + 1]])
                 for i, (step, _) in enumerate(losses)}
     name = VALIDATION_METRICS[metric]
     values = {}

@@ -76,6 +76,8 @@ def progress_from_metrics(samples: dict[str, float]) -> dict | None:
     # A NaN or infinite loss has no JSON form: the API server would refuse the whole status patch.
     if TrainerGauge.LOSS in samples and math.isfinite(samples[TrainerGauge.LOSS]):
         progress["loss"] = round(samples[TrainerGauge.LOSS], 6)
+    if TrainerGauge.RECENT_LOSS in samples and math.isfinite(samples[TrainerGauge.RECENT_LOSS]):
+        progress["recentLoss"] = round(samples[TrainerGauge.RECENT_LOSS], 6)
     if TrainerGauge.ETA_SECONDS in samples:
         progress["etaSeconds"] = round(samples[TrainerGauge.ETA_SECONDS], 1)
     return progress

@@ -25,8 +25,6 @@ from kubetune_api.search import (MEDIAN_RULE_STOPPED, Trial, best_trial, format_
                                  should_stop)
 from kubetune_api.sweep import TRAINING_LOSS, VALIDATION_METRICS, TrainingSweepSpec
 
-# A trial's training-loss objective: the mean of its last readings (one step's loss is noisy).
-LAST_LOSSES = 5
 # Readings kept in status per trial, so that a sweep of 1000 trials stays far below the API
 # server's object size limit (1.5 MiB): a running trial's newest, a finished trial's thinned evenly
 # (its last always kept). Enough for the median rule, which compares values at the same step.
@@ -43,7 +41,7 @@ class TrialJob:
     phase: str | None = None               # the TrainingJob's status.phase
     message: str = ""                      # why it failed, from its conditions
     step: int | None = None                # status.progress
-    loss: float | None = None
+    recent_loss: float | None = None       # the mean of its latest steps' losses (TrainerGauge.RECENT_LOSS)
     validation_step: int | None = None     # status.validation
     validation: dict[str, float] = field(default_factory=dict)
     output_uri: str | None = None
@@ -74,20 +72,15 @@ def created_event(trial: Trial) -> tuple[str, str, str]:
 def reading(job: TrialJob, metric: str) -> tuple[int, float] | None:
     """(step, value) of the objective as the trial's TrainingJob reports it now."""
     if metric == TRAINING_LOSS:
-        return (job.step, job.loss) if job.step and job.loss is not None else None
+        return (job.step, job.recent_loss) if job.step and job.recent_loss is not None else None
     value = job.validation.get(VALIDATION_METRICS[metric])
     return (job.validation_step, value) if job.validation_step and value is not None else None
 
 
-def final_value(intermediate: dict[int, float], metric: str) -> float | None:
-    """A finished trial's objective: its last validation value, or its mean recent training loss."""
-    if not intermediate:
-        return None
-    steps = sorted(intermediate)
-    if metric == TRAINING_LOSS:
-        recent = [intermediate[s] for s in steps[-LAST_LOSSES:]]
-        return sum(recent) / len(recent)
-    return intermediate[steps[-1]]
+def final_value(intermediate: dict[int, float]) -> float | None:
+    """A finished trial's objective: its last reading (a training loss is already a mean of the latest
+    steps, averaged by the trainer: which steps the polls caught does not change the value)."""
+    return intermediate[max(intermediate)] if intermediate else None
 
 
 def records_to_trials(records: list[dict]) -> list[Trial]:
@@ -225,7 +218,7 @@ def plan(sweep: str, namespace: str, spec: TrainingSweepSpec, status: dict, jobs
 def _follow(trial: Trial, job: TrialJob, metric: str, result: Plan, sweep: str) -> None:
     """A running trial's state from its TrainingJob's phase."""
     if job.phase == "Succeeded":
-        trial.value = final_value(trial.intermediate, metric)
+        trial.value = final_value(trial.intermediate)
         if trial.value is None or not math.isfinite(trial.value):
             trial.state, trial.reason = "failed", f"it finished without reporting {metric}"
         else:

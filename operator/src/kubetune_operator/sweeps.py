@@ -89,7 +89,8 @@ def observe(job: dict) -> TrialJob:
         number=int(job["metadata"]["labels"][TRIAL_LABEL]),
         parameters=json.loads(annotations.get(TRIAL_PARAMETERS_ANNOTATION, "{}")),
         exploited_from=None if exploited_from is None else int(exploited_from),
-        phase=phase, message=message, step=progress.get("step"), loss=progress.get("loss"),
+        phase=phase, message=message, step=progress.get("step"),
+        recent_loss=progress.get("recentLoss"),
         validation_step=validation.get("step"), validation=validation.get("metrics") or {},
         output_uri=status.get("outputUri"), reported=annotations.get(TRIAL_REPORTED_ANNOTATION))
 

@@ -9,8 +9,9 @@ nothing unbounded goes into a label (rank and pod are bounded by the job's size)
 from __future__ import annotations
 
 import os
+from collections import deque
 
-from kubetune_api.contract import TRAINER_METRIC_PREFIX, VALIDATION_METRICS, TrainerEnv, TrainerGauge
+from kubetune_api.contract import RECENT_LOSS_STEPS, TRAINER_METRIC_PREFIX, VALIDATION_METRICS, TrainerEnv, TrainerGauge
 
 PREFIX = TRAINER_METRIC_PREFIX
 PHASES = ("data_wait", "forward_backward", "optimizer", "checkpoint", "validation")
@@ -48,6 +49,10 @@ class TrainerMetrics:
         # and a 0 there would read as a loss (status.progress.loss, a sweep's objective).
         self._loss = Gauge(TrainerGauge.full_name(TrainerGauge.LOSS), "Training loss of the latest step (mean over processes).", job_labels,
                            registry=self.registry)
+        self._recent_loss = Gauge(TrainerGauge.full_name(TrainerGauge.RECENT_LOSS),
+                                  f"Mean training loss of the latest {RECENT_LOSS_STEPS} steps of this process "
+                                  "(a sweep's training-loss objective).", job_labels, registry=self.registry)
+        self._recent_losses: deque[float] = deque(maxlen=RECENT_LOSS_STEPS)
         self.learning_rate = gauge("learning_rate", "Learning rate of the latest step.")
         self.samples_per_second = gauge("samples_per_second", "Training samples per second, all processes.")
         self.eta_seconds = gauge(TrainerGauge.ETA_SECONDS, "Estimated seconds until the last step.")
@@ -95,7 +100,11 @@ class TrainerMetrics:
             self._gpu_reserved.labels(*self._values, str(rank)).set(reserved)
 
     def loss(self, value: float) -> None:
+        """The latest step's loss, and the mean of the latest RECENT_LOSS_STEPS (a resumed run's first
+        steps average what this process trained: the earlier attempt's losses went with it)."""
         self._loss.labels(*self._values).set(value)
+        self._recent_losses.append(value)
+        self._recent_loss.labels(*self._values).set(sum(self._recent_losses) / len(self._recent_losses))
 
     def validation(self, step: int, metrics: dict[str, float]) -> None:
         """The latest validation's results; a metric outside VALIDATION_METRICS gets no gauge."""
