@@ -46,9 +46,24 @@ class ParquetRow:
     root: Path
     item: int | None = None  # the place in the row's list, for a list column
 
+    @property
+    def read_with(self) -> tuple[int, str]:
+        """Rows read by one read of this one (its row group's column: storage.members companions)."""
+        return self.row_group, self.column
+
     def read(self, member: Member) -> bytes:
-        values = _ROW_GROUPS.get((member.container, self.row_group, self.column),
-                                 lambda: _image_column(member.container, self.row_group, self.column))
+        return self._image(member, self._values(member))
+
+    def read_all(self, members: list[Member]) -> list[bytes]:
+        """The bytes of MEMBERS, rows of this row group's column, from one read of it."""
+        values = self._values(members[0])
+        return [member.locator._image(member, values) for member in members]
+
+    def _values(self, member: Member) -> list:
+        return _ROW_GROUPS.get((member.container, self.row_group, self.column),
+                               lambda: _image_column(member.container, self.row_group, self.column))
+
+    def _image(self, member: Member, values: list) -> bytes:
         value = values[self.index] if self.item is None else values[self.index][self.item]
         if isinstance(value, dict):
             if value.get("bytes") is not None:

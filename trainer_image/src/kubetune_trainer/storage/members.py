@@ -25,7 +25,10 @@ from kubetune_trainer.storage.confine import confined
 
 MEMBERS_SUFFIX = ".members"
 class Locator(Protocol):
-    """Where an image is inside its container."""
+    """Where an image is inside its container. A locator whose read brings others' bytes along (a
+    parquet row: its row group's column) also has `read_with` (one key per such read) and
+    `read_all(members) -> [bytes]` (those members from one read), so that the prefetcher can keep
+    them instead of reading the same group again for each (MemberSet.companions)."""
 
     def read(self, member: "Member") -> bytes: ...
 
@@ -81,11 +84,15 @@ class MemberSet:
         self.ranged_bytes = 0  # read out of streamed containers by this process (a parquet row: its row group)
         self._lock = threading.Lock()
         self._fetching: dict[str, threading.Lock] = {}  # members being filled in this process: their fill's lock
+        self._read_together: dict[tuple, list[Path]] = {}  # (container, locator's read_with) -> its members
 
     def add(self, member: Member, name: str) -> Path:
         """Register MEMBER under NAME (unique in its container); its path."""
         path = member_path(member.container, name)
         self.members[str(path)] = member
+        read_with = getattr(member.locator, "read_with", None)
+        if read_with is not None:
+            self._read_together.setdefault((member.container, read_with), []).append(path)
         return path
 
     def member(self, path: Path) -> Member | None:
@@ -119,6 +126,32 @@ class MemberSet:
             self.fetched_images += 1
             self.fetched_bytes += len(data)
         return len(data)
+
+    def companions(self, path: Path, key: str) -> list[Path]:
+        """The other members whose bytes reading PATH's member brings along (its parquet row group)."""
+        member = self.members[key]
+        read_with = getattr(member.locator, "read_with", None)
+        if read_with is None or stream.streamed_object(member.container) is None:
+            return []
+        return [other for other in self._read_together.get((member.container, read_with), ()) if other != path]
+
+    def fill_all(self, paths: list[Path]) -> int:
+        """Copies of PATHS, companions of one member (`companions`), from one read of their container;
+        the bytes written. A path being filled or already copied is left to that."""
+        with self._lock:
+            wanted = [p for p in paths if str(p) not in self._fetching and not _has_copy(p)]
+        if not wanted:
+            return 0
+        members = [self.members[str(p)] for p in wanted]
+        written = 0
+        for path, data in zip(wanted, members[0].locator.read_all(members)):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            stream._replace(path, data)
+            written += len(data)
+        with self._lock:
+            self.fetched_images += len(wanted)
+            self.fetched_bytes += written
+        return written
 
     def empty(self, path: Path) -> int:
         size = stream._size(path) or 0

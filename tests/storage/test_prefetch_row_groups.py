@@ -1,0 +1,104 @@
+"""A parquet row is read out of its row group's image column: one read brings the whole group. The
+prefetcher keeps the rows of that group its rank trains later (within spec.data.streaming.cacheSize,
+after the window's own steps), so each row group is read about once an epoch instead of once per row
+(benchmarks/data_streaming.py: parquet streamed at 0.87-0.93 of local files when every row read its
+group). Real parquet files in the local S3 server; the prefetcher run without training."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from kubetune_trainer.restore_data import write_parquet
+from tests.storage.test_data_streaming import noise_captions, upload, wait_for
+
+ROWS, PER_GROUP = 24, 6
+
+
+@pytest.fixture
+def parquet_rows(bucket, tmp_path, monkeypatch):
+    """(each row's member path, shuffled into one-row steps; the number of row-group reads so far)."""
+    from kubetune_trainer.data import parquet
+    from kubetune_trainer.data.stored import Columns
+    from kubetune_trainer.storage import stream
+
+    local = noise_captions(tmp_path / "loose", ROWS)
+    upload(write_parquet("captions", local, tmp_path / "parquet", per_file=ROWS, rows_per_group=PER_GROUP),
+           f"s3://{bucket}/rows")
+    monkeypatch.setenv("KUBETUNE_CACHE_DIR", str(tmp_path / "cache"))
+    root = Path(stream.open_stream(f"s3://{bucket}/rows"))
+    [file] = root.glob("*.parquet")
+    found = parquet._index(root, file, Columns("image", "text", None, None, "caption"))
+    rows = [record.image for record in found]
+    random.Random(0).shuffle(rows)  # an epoch's order: a group's rows spread over it
+    reads = []
+    real = parquet._image_column
+    monkeypatch.setattr(parquet, "_image_column", lambda *args: reads.append(args[1:]) or real(*args))
+    parquet._ROW_GROUPS._values.clear()
+    return [[row] for row in rows], reads
+
+
+def train_through(prefetcher, steps) -> list[int]:
+    """Each step trained once its images are on disk; the copies on disk (bytes) at every step."""
+    from kubetune_trainer.storage import stream
+
+    held = []
+    prefetcher.plan(steps)
+    for number, step in enumerate(steps):
+        wait_for(lambda: prefetcher.fetched > number, f"step {number} fetched")
+        assert all(p.stat().st_size > 0 for p in step)
+        held.append(sum(stream._size(p) or 0 for p in step[0].parent.iterdir() if not p.name.startswith(".")))
+        prefetcher.advance()
+    return held
+
+
+def test_the_rows_a_row_group_read_brings_along_are_kept_for_their_steps(parquet_rows):
+    from kubetune_trainer.storage import stream
+
+    steps, reads = parquet_rows
+    prefetcher = stream.Prefetcher(budget=1 << 30, ahead_steps=2)
+    try:
+        held = train_through(prefetcher, steps)
+        groups = ROWS // PER_GROUP
+        assert len(reads) <= groups + 2, f"{len(reads)} row-group reads for {groups} groups of {ROWS} rows"
+        assert max(held) > 3 * stream._listed_size(steps[0][0]), "later rows were kept on disk"
+        assert prefetcher.kept == {} and prefetcher.kept_bytes == 0, "every kept row went to its own step"
+        copies = steps[0][0].parent
+        assert all(p.stat().st_size == 0 for p in copies.iterdir() if not p.name.startswith(".")), \
+            "every copy was emptied after its step"
+    finally:
+        prefetcher.close()
+
+
+def test_kept_rows_stay_within_the_budget_and_never_crowd_out_the_window(parquet_rows):
+    from kubetune_trainer.storage import stream
+
+    steps, reads = parquet_rows
+    row = max(stream._listed_size(step[0]) for step in steps)
+    budget = 4 * row  # the window's 2 steps and room for about two kept rows
+    prefetcher = stream.Prefetcher(budget=budget, ahead_steps=2)
+    try:
+        held = train_through(prefetcher, steps)
+        assert prefetcher.peak <= budget, f"{prefetcher.peak} bytes counted on disk, budget {budget}"
+        assert max(held) <= budget + row, f"{max(held)} bytes on disk at once, budget {budget}"
+        assert ROWS // PER_GROUP + 2 < len(reads) < ROWS, \
+            f"{len(reads)} reads: fewer than one a row (some kept), more than one a group (not all fit)"
+    finally:
+        prefetcher.close()
+
+
+def test_rows_kept_for_a_plan_cut_short_are_emptied_by_the_next_plan(parquet_rows):
+    from kubetune_trainer.storage import stream
+
+    steps, _ = parquet_rows
+    prefetcher = stream.Prefetcher(budget=1 << 30, ahead_steps=1)
+    try:
+        prefetcher.plan(steps)
+        wait_for(lambda: prefetcher.kept and all(stream._size(p) for p in list(prefetcher.kept)),
+                 "rows kept along with the first step")
+        kept = list(prefetcher.kept)
+        prefetcher.plan([])  # a resumed run plans again from where it stands
+        assert prefetcher.kept_bytes == 0 and not any(stream._size(p) for p in kept)
+    finally:
+        prefetcher.close()
