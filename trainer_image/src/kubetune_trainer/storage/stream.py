@@ -517,8 +517,8 @@ class Prefetcher:
         if companions is None:
             return
         with self._changed:
-            if self.steps is not plan:
-                return
+            if self.steps is not plan or not self.started:
+                return  # (until the first step is trained, its own images are all it waits for)
             # The window's steps not started yet come first: kept images never hold back its fetches.
             room = self.budget - self.on_disk - self.in_flight - self.kept_bytes - self._window_left()
             wanted = []
