@@ -176,8 +176,9 @@ def test_the_median_rule_stops_a_clearly_worse_trial(control_plane, api_client, 
 def test_population_based_training_copies_a_strong_trials_checkpoint_into_a_weak_line(
         control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3):
     # Two members, two generations of 10 steps (enough for the progress polls to read each trial's
-    # loss). Offset noise 0.9 makes the loss far higher, so the member drawn with it is the weak one
-    # and continues from the other's checkpoint-10.
+    # loss: status.progress.recentLoss, the mean of its latest 5 steps, so that no single step the
+    # polls catch decides the ranking). Offset noise 0.9 makes the loss far higher, so the member
+    # drawn with it is the weak one and continues from the other's checkpoint-10.
     manifest = sweep_manifest("pbt", inputs_in_s3, {"training.noiseOffset": {"choice": [0.0, 0.9]}},
                               objective={"metric": "loss"}, algorithm="pbt", maxTrials=4, parallelTrials=2,
                               pbt={"stepsPerGeneration": 10, "quantile": 0.5, "resampleProbability": 0})
