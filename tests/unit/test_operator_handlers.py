@@ -82,6 +82,7 @@ class FakeCore:
 
     def __init__(self, data: dict | None = None):
         self.data, self.created, self.patches, self.owners = data, [], [], ["uid-1"]
+        self.version = 1
         self.api_client = type("ApiClient", (), {"sanitize_for_serialization": staticmethod(lambda pod: pod)})()
 
     def read_namespaced_config_map(self, name, namespace):
@@ -89,7 +90,7 @@ class FakeCore:
             raise ApiException(status=404, reason="Not Found")
         owners = [type("Ref", (), {"uid": uid})() for uid in self.owners]
         return type("ConfigMap", (), {"data": self.data, "metadata": type("Meta", (), {
-            "name": name, "owner_references": owners})()})()
+            "name": name, "owner_references": owners, "resource_version": str(self.version)})()})()
 
     def create_namespaced_config_map(self, namespace, body):
         if self.data is not None:
@@ -98,7 +99,12 @@ class FakeCore:
         self.data, self.owners = body["data"], [ref["uid"] for ref in body["metadata"]["ownerReferences"]]
 
     def patch_namespaced_config_map(self, name, namespace, body):
+        """A merge patch of the data; one that names a resourceVersion must name the current one."""
+        expected = (body.get("metadata") or {}).get("resourceVersion")
+        if expected is not None and expected != str(self.version):
+            raise ApiException(status=409, reason="Conflict")
         self.patches.append(body)
+        self.data, self.version = {**self.data, **body["data"]}, self.version + 1
 
     def list_namespaced_pod(self, namespace, label_selector):
         return type("Pods", (), {"items": []})()
@@ -484,3 +490,29 @@ def test_an_event_is_posted_with_the_operators_client_from_any_thread(monkeypatc
     assert event["involvedObject"] == {"apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingJob", "name": "early",
                                        "namespace": "team-a", "uid": "uid-1"}
     assert len(event["message"]) == kube.MAX_EVENT_MESSAGE
+
+
+def test_two_reconciles_that_saw_the_old_size_resize_once_and_say_it_once(api, example_manifest):
+    """Two triggers of a resized job both decided from the ConfigMap at its old size: the first one's
+    ConfigMap write moves it on, so the second one's (guarded by the version it read) is refused and
+    that reconcile decides again instead of saying Resized a second time (seen in the e2e resize)."""
+    from kubetune_api.spec import TrainingJob
+    from kubetune_operator.decision import Observed, decide
+    from kubetune_operator.trainer_config import build_config_map, job_from_config_map
+
+    old = job_body(example_manifest, status={"phase": "Suspended", "backend": "trainjob"}, suspend=True)
+    old["spec"]["resources"] = {"nodes": 2, "gpusPerNode": 0}
+    new = job_body(example_manifest, status={"phase": "Suspended", "backend": "trainjob"}, suspend=True)
+    core = FakeCore(build_config_map(TrainingJob.model_validate(
+        {k: old[k] for k in ("apiVersion", "kind", "metadata", "spec")}))["data"])
+    fake = api(FakeCustomObjects({("trainingjobs", "sd15"): dict(new),
+                                  ("clustertrainingruntimes", "kubetune-trainer"): {}}), core)
+    data, version = kube.read_config_map("team-a", "sd15", "uid-1")
+    seen_by_both = Observed(name="sd15", namespace="team-a", uid="uid-1", generation=2, settings=TRAINJOB_SETTINGS,
+                            now=kube.now(), config_map=data, config_map_version=version)
+    first, second = (decide(dict(new["spec"]), dict(new["status"]), seen_by_both) for _ in range(2))
+    assert ("Normal", "Resized") in [(e.type, e.reason) for e in first.action_events + second.action_events]
+    assert reconcile.act(dict(new), first) is True
+    assert reconcile.act(dict(new), second) is False, "the stale ConfigMap write is refused: decided again"
+    assert [reason for _, reason, _ in fake.events].count("Resized") == 1
+    assert len(core.patches) == 1 and job_from_config_map(core.data).spec.resources.nodes == 1

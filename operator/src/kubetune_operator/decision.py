@@ -61,6 +61,7 @@ class Observed:
     now: str
     labels: dict = field(default_factory=dict)
     config_map: dict | None = None  # the trainer ConfigMap's data; None: the job never started
+    config_map_version: str | None = None  # its resourceVersion: what a change of it is decided from
     child: dict | None = None  # the child job of the job's backend; None: none (or its API is gone)
     backend_problem: backend_check.Problem | None = None  # a prerequisite missing (looked for without a child)
     workload: dict | None = None  # Kueue's Workload of the child
@@ -102,7 +103,10 @@ class DeleteChild:
 
 @dataclass(frozen=True)
 class PatchConfigMap:
+    """The trainer ConfigMap's new data, only if it is still at RESOURCE_VERSION: two reconciles that
+    both saw the old size would otherwise both resize and both say so (else decided again)."""
     data: dict
+    resource_version: str | None
 
 
 @dataclass(frozen=True)
@@ -338,11 +342,11 @@ def _follow_spec(spec: dict, observed: Observed, backend: Backend, draft: _Draft
         else:
             _create_child(change.resized, observed, backend, decision)
         runs = change.resized
-        decision.actions.append(PatchConfigMap(build_config_map(runs)["data"]))
+        decision.actions.append(PatchConfigMap(build_config_map(runs)["data"], observed.config_map_version))
         decision.action_events.append(Event("Normal", "Resized", change.resize_message))
     elif change.suspend is not None:
         runs = spec_change.with_suspend(applied, change.suspend)
-        decision.actions.append(PatchConfigMap(build_config_map(runs)["data"]))
+        decision.actions.append(PatchConfigMap(build_config_map(runs)["data"], observed.config_map_version))
     if change.suspend is False and child is not None and not deleting:
         decision.actions.append(PatchChild(backend.suspend_patch(False)))
     if change.suspend is not None:

@@ -119,14 +119,15 @@ def read_training_job(namespace: str, name: str) -> dict | None:
                                                                               PLURAL, name))
 
 
-def read_config_map_data(namespace: str, job_name: str, owner_uid: str) -> dict | None:
-    """The trainer ConfigMap's data, or None when OWNER_UID has none (the job never started; one left by
-    an older TrainingJob of the same name is not this job's: creating this job's is then refused)."""
+def read_config_map(namespace: str, job_name: str, owner_uid: str) -> tuple[dict, str] | None:
+    """The trainer ConfigMap's data and resourceVersion, or None when OWNER_UID has none (the job never
+    started; one left by an older TrainingJob of the same name is not this job's: creating this job's
+    is then refused)."""
     found = _missing_is_none(lambda: core_api().read_namespaced_config_map(naming.config_map_name(job_name),
                                                                            namespace))
     if found is None or owner_uid not in [ref.uid for ref in found.metadata.owner_references or []]:
         return None
-    return dict(found.data or {})
+    return dict(found.data or {}), found.metadata.resource_version
 
 
 def read_child(backend: Backend, namespace: str, job_name: str, owner_uid: str) -> dict | None:
@@ -299,8 +300,18 @@ def delete_child(backend: Backend, namespace: str, name: str, uid: str) -> None:
             raise
 
 
-def patch_config_map(namespace: str, job_name: str, data: dict) -> None:
-    core_api().patch_namespaced_config_map(naming.config_map_name(job_name), namespace, {"data": data})
+def patch_config_map(namespace: str, job_name: str, resource_version: str | None, data: dict) -> bool:
+    """The trainer ConfigMap's data, only if it is still at RESOURCE_VERSION (the one the change was
+    decided from): False when another reconcile changed it meanwhile (decide again; that one said
+    what it did). None: unguarded."""
+    guard = {} if resource_version is None else {"metadata": {"resourceVersion": resource_version}}
+    try:
+        core_api().patch_namespaced_config_map(naming.config_map_name(job_name), namespace, {**guard, "data": data})
+        return True
+    except ApiException as err:
+        if err.status == 409:
+            return False
+        raise
 
 
 def patch_workload(namespace: str, name: str, resource_version: str, body: dict) -> bool:

@@ -54,8 +54,8 @@ def observe(job: dict, settings: Settings, child_seen: dict | None = None, as_de
         child = child_seen
     else:
         child = kube.read_child(backend, namespace, name, metadata["uid"]) if enabled and not never_acted_on else None
-    config_map = None if never_acted_on else kube.read_config_map_data(namespace, name, metadata["uid"])
-    found: dict = {"config_map": config_map, "child": child}
+    config_map, config_map_version = (None if never_acted_on else kube.read_config_map(namespace, name, metadata["uid"])) or (None, None)
+    found: dict = {"config_map": config_map, "config_map_version": config_map_version, "child": child}
     if child is None and enabled:
         if found["config_map"] is not None:  # started, and its child is gone: its API may have gone with it
             kube.forget_prerequisites()
@@ -213,7 +213,8 @@ def act(job: dict, decided: decision.Decision) -> bool:
         elif isinstance(action, decision.DeleteChild):
             kube.delete_child(backend, namespace, action.name, action.uid)
         elif isinstance(action, decision.PatchConfigMap):
-            kube.patch_config_map(namespace, name, action.data)
+            if not kube.patch_config_map(namespace, name, action.resource_version, action.data):
+                return False  # another reconcile changed it first, and said so: decided again
         elif isinstance(action, decision.CreateGenerationJob):
             generation_created = _create_generation_job(job, action)
         elif isinstance(action, decision.PatchWorkload):
