@@ -27,13 +27,13 @@ pytestmark = pytest.mark.slow
 SIDE = 40  # noise does not compress: each PNG is about SIDE x SIDE x 3 bytes
 
 
-def noise_captions(directory: Path, count: int, seed: int = 0) -> Path:
+def noise_captions(directory: Path, count: int, seed: int = 0, side: int = SIDE) -> Path:
     """A captions data set of COUNT random-noise images (so their sizes are real)."""
     rng = np.random.default_rng(seed)
     directory.mkdir(parents=True)
     lines = []
     for i in range(count):
-        Image.fromarray(rng.integers(0, 256, (SIDE, SIDE, 3), dtype=np.uint8)).save(directory / f"{i:03d}.png")
+        Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)).save(directory / f"{i:03d}.png")
         lines.append(json.dumps({"file_name": f"{i:03d}.png", "text": f"noise number {i}"}))
     (directory / "metadata.jsonl").write_text("\n".join(lines) + "\n")
     return directory

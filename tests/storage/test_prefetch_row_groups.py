@@ -2,7 +2,8 @@
 prefetcher keeps the rows of that group its rank trains later (within spec.data.streaming.cacheSize,
 after the window's own steps), so each row group is read about once an epoch instead of once per row
 (benchmarks/data_streaming.py: parquet streamed at 0.87-0.93 of local files when every row read its
-group). Real parquet files in the local S3 server; the prefetcher run without training."""
+group). Indexing a file reads its footer and caption chunks, not blocks of its images. Real parquet
+files in the local S3 server; the prefetcher run without training."""
 from __future__ import annotations
 
 import random
@@ -102,3 +103,26 @@ def test_rows_kept_for_a_plan_cut_short_are_emptied_by_the_next_plan(parquet_row
         assert prefetcher.kept_bytes == 0 and not any(stream._size(p) for p in kept)
     finally:
         prefetcher.close()
+
+
+def test_indexing_a_streamed_parquet_file_reads_its_footer_and_captions_not_its_images(bucket, tmp_path, monkeypatch):
+    """pyarrow reads the footer and each column chunk by an exact range: a small caption chunk between
+    two groups' images must cost about its own bytes (with 1 MiB blocks the index of 20,000 images
+    read 440 MB of a 1.2 GB set before the first step: benchmarks/RESULTS.md)."""
+    from kubetune_trainer.data import parquet
+    from kubetune_trainer.data.stored import Columns
+    from kubetune_trainer.storage import stream
+    from kubetune_trainer.storage.members import MEMBERS
+
+    local = noise_captions(tmp_path / "loose", 48, side=96)  # 6 row groups of 8 images of 28 KB
+    written = write_parquet("captions", local, tmp_path / "parquet", per_file=48, rows_per_group=8)
+    [size] = [p.stat().st_size for p in written.glob("*.parquet")]
+    upload(written, f"s3://{bucket}/index")
+    monkeypatch.setenv("KUBETUNE_CACHE_DIR", str(tmp_path / "cache"))
+    root = Path(stream.open_stream(f"s3://{bucket}/index"))
+    [file] = root.glob("*.parquet")
+    before = MEMBERS.ranged_bytes
+    found = parquet._index(root, file, Columns("image", "text", None, None, "caption"))
+    read = MEMBERS.ranged_bytes - before
+    assert len(found) == 48 and found[5].caption == "noise number 5"
+    assert read < size / 4, f"indexing read {read} bytes of a {size}-byte file"

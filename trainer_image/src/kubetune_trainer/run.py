@@ -529,9 +529,12 @@ class Run:
             self.prefetcher.close()
             stream = streamed(Path(self.spec.data.uri))
             # Images inside parquet files and shards are fetched as members (storage.members).
-            log.info("data stream: %d images fetched (%.1f MB), at most %.1f MB of planned images on disk",
+            # Ranged reads of parquet files and shards: their indexes and row groups, what a member costs.
+            log.info("data stream: %d images fetched (%.1f MB; %d kept along with their row group's read), "
+                     "%.1f MB read out of parquet files and shards, at most %.1f MB of planned images on disk",
                      stream.fetched_images + MEMBERS.fetched_images,
-                     (stream.fetched_bytes + MEMBERS.fetched_bytes) / 1e6, self.prefetcher.peak / 1e6)
+                     (stream.fetched_bytes + MEMBERS.fetched_bytes) / 1e6, self.prefetcher.kept_images,
+                     MEMBERS.ranged_bytes / 1e6, self.prefetcher.peak / 1e6)
 
     def _epoch_steps(self) -> list:
         groups = getattr(self.dataset, "groups", None)

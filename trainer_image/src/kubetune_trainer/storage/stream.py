@@ -275,21 +275,22 @@ def open_ranged(path: Path) -> BinaryIO:
 READ_BLOCK = 1024 * 1024
 
 
-def ranged_file(read_range: Callable[[int, int], bytes], size: int) -> BinaryIO:
-    """A seekable binary file of SIZE bytes whose reads are read_range(start, count) calls."""
-    return _RangedObject(read_range, size)
+def ranged_file(read_range: Callable[[int, int], bytes], size: int, block: int = READ_BLOCK) -> BinaryIO:
+    """A seekable binary file of SIZE bytes whose reads are read_range(start, count) calls, a read
+    of up to BLOCK bytes fetching the BLOCK-aligned block(s) around it."""
+    return _RangedObject(read_range, size, block)
 
 
 class _RangedObject(io.RawIOBase):
-    """Small reads are served from the READ_BLOCK-aligned blocks around them, the last few kept: a
+    """Small reads are served from the block-aligned blocks around them, the last few kept: a
     reader that seeks back and forth (a demuxer reading an .mp4's header at its end, then its first
     frame; tarfile reading headers) fetches each block once. A read of more than a block is one
     ranged read of exactly its bytes (a parquet column chunk)."""
 
     BLOCKS_KEPT = 4
 
-    def __init__(self, read_range: Callable[[int, int], bytes], size: int):
-        self.read_range, self.size, self.position = read_range, size, 0
+    def __init__(self, read_range: Callable[[int, int], bytes], size: int, block: int):
+        self.read_range, self.size, self.position, self.block = read_range, size, 0, block
         self._blocks: OrderedDict[int, bytes] = OrderedDict()
 
     def readable(self) -> bool:
@@ -310,22 +311,22 @@ class _RangedObject(io.RawIOBase):
         if number in self._blocks:
             self._blocks.move_to_end(number)
         else:
-            start = number * READ_BLOCK
-            self._blocks[number] = self.read_range(start, min(READ_BLOCK, self.size - start))
+            start = number * self.block
+            self._blocks[number] = self.read_range(start, min(self.block, self.size - start))
             while len(self._blocks) > self.BLOCKS_KEPT:
                 self._blocks.popitem(last=False)
         return self._blocks[number]
 
     def readinto(self, buffer) -> int:
         count = max(0, min(len(buffer), self.size - self.position))
-        if count > READ_BLOCK:
+        if count > self.block:
             data = self.read_range(self.position, count)
             buffer[:len(data)] = data
             self.position += len(data)
             return len(data)
         done = 0
         while done < count:
-            number, offset = divmod(self.position, READ_BLOCK)
+            number, offset = divmod(self.position, self.block)
             piece = self._block(number)[offset:offset + count - done]
             if not piece:
                 break
@@ -408,6 +409,7 @@ class Prefetcher:
         self.peak = 0             # the most bytes of planned images on disk at once
         self.kept: dict[Path, int] = {}  # images of later steps copied along with an earlier one: their bytes
         self.kept_bytes = 0
+        self.kept_images = 0  # over the run: images copied along with another's read (the end-of-run line)
         self._step_of: dict[Path, int] = {}  # each planned image -> the last step of the plan that trains it
         self.started = not first_step_alone  # whether the window is open (from the first step trained)
         self._arrived: set[int] = set()  # steps fetched after a step before them still in flight
@@ -534,6 +536,7 @@ class Prefetcher:
         try:
             found[0].fill_all(wanted)
             with self._changed:
+                self.kept_images += len(wanted)
                 replanned = self.steps is not plan
             if replanned:  # plan() emptied what it found kept: these arrived after
                 for other in wanted:
