@@ -22,8 +22,7 @@ from PIL import Image
 from kubetune_api.contract import read_final_report
 from tests.conftest import REPO
 from tests.e2e.jobs import (BUCKET, OPERATOR_NAMESPACE, backend_of, children, example_job, get_child, get_job,
-                            job_pods, kubectl, operator_log, os_env, phase, printed_columns, rank0_pod,
-                            rank0_pod_logs)
+                            job_pods, kubectl, operator_log, os_env, phase, printed_columns, rank0_pod_logs)
 from tests.e2e.waiting import eventually
 from tests.unit.test_spec_validation import BAD_INPUTS, with_change
 
@@ -379,49 +378,6 @@ def test_helm_test_passes(control_plane, operator_release):
     result = subprocess.run(["helm", "test", "kubetune", "-n", OPERATOR_NAMESPACE, "--timeout", "120s"],
                             env={**os_env(), **control_plane.env()}, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
-
-
-@ONLY_ON_TRAINJOB
-def test_deleting_the_rank_0_pod_mid_run_still_ends_at_the_full_step_count(
-        control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3, s3):
-    """A lost pod (preemption, node failure) costs at most the steps since the last checkpoint.
-
-    One backend: test_preemption deletes rank 0's pod of a 2-node job on both backends (the same
-    re-creation by each controller, and the same checks of the run's end, version and resume step),
-    and test_kueue preempts a one-process trainer on both (SIGTERM, last checkpoint, resume).
-    """
-    manifest = example_job(inputs_in_s3, "preempted", "runs/preempted", maxSteps=40)
-    manifest["spec"]["checkpoints"].update(everySteps=5, keepLast=2)
-    kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(manifest))
-
-    def past_first_checkpoint():
-        status = get_job(api_client, job_namespace, "preempted").get("status") or {}
-        if status.get("phase") in ("Succeeded", "Failed"):
-            pytest.fail(f"finished before the pod could be deleted: {status}")
-        return (status.get("progress") or {}).get("step", 0) >= 8
-
-    eventually(past_first_checkpoint, timeout=300, interval=0.5,
-               message=lambda: "step 8; operator log:\n" + operator_log(control_plane, core))
-    core.delete_namespaced_pod(rank0_pod(core, backend, job_namespace, "preempted"), job_namespace)
-
-    final = eventually(lambda: phase(api_client, job_namespace, "preempted") in ("Succeeded", "Failed")
-                       and get_job(api_client, job_namespace, "preempted"), timeout=600, interval=2,
-                       message="TrainingJob finished after losing its pod")
-    assert final["status"]["phase"] == "Succeeded", final["status"]
-    assert final["status"]["progress"]["step"] == 40 and final["status"]["progress"]["percent"] == 100
-    run = f"runs/preempted/{job_namespace}/preempted/v0"  # the replacement pod continued the same version
-    state = json.loads(s3.get_object(Bucket=BUCKET, Key=f"{run}/checkpoint-40/trainer_state.json")["Body"].read())
-    assert state["position"]["step"] == 40
-    objects = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="runs/preempted/")["Contents"]}
-    assert f"{run}/pytorch_lora_weights.safetensors" in objects
-    assert not any(key.startswith(f"runs/preempted/{job_namespace}/preempted/v1/") for key in objects)
-    # The deleted pod checkpointed on SIGTERM; its replacement resumed there, not from step 0.
-    logs = rank0_pod_logs(control_plane, backend, job_namespace, "preempted")
-    assert len(logs) == 2, [log[-500:] for log in logs]
-    first, second = logs
-    stopped = re.search(r"stopped by SIGTERM after step (\d+)", first)
-    assert stopped and int(stopped.group(1)) >= 8, first[-2000:]
-    assert f"at step {stopped.group(1)}" in second, second[-2000:]
 
 
 @pytest.mark.parametrize("backend", ["trainjob"], indirect=True)

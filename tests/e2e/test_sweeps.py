@@ -63,16 +63,15 @@ def mlflow(control_plane):
         yield server
 
 
-def test_a_random_sweep_runs_six_trials_two_at_a_time_names_the_best_and_logs_them_to_mlflow(
+def test_a_random_sweep_runs_four_trials_two_at_a_time_names_the_best_and_logs_them_to_mlflow(
         control_plane, api_client, core, operator_release, job_namespace, inputs_in_s3, mlflow, tmp_path):
     manifest = sweep_manifest("lr-rank", inputs_in_s3, {
         "training.learningRate": {"logUniform": [1.0e-4, 1.0e-2]}, "adapter.rank": {"choice": [2, 4, 8]}},
-        objective={"metric": "loss"}, algorithm="random", maxTrials=6, parallelTrials=2)
+        objective={"metric": "loss"}, algorithm="random", maxTrials=4, parallelTrials=2)
     template = manifest["spec"]["template"]["spec"]
-    # Long enough for the progress polls (every second) to read each trial's loss a few times:
-    # 6 steps with a checkpoint after each train about as long on an idle machine as 12 with 3 did.
-    template["training"]["maxSteps"] = 6
-    template["checkpoints"]["everySteps"] = 1
+    # A trial's value is the trainer's mean of its last steps' losses (status.progress.recentLoss, also
+    # in the report its pod leaves): however few polls catch it running, so short trials will do.
+    template["training"]["maxSteps"] = 4
     template["tracking"] = {"mlflow": {"uri": mlflow.uri, "experiment": "e2e-sweeps"}}
     kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(manifest))
 
@@ -89,9 +88,9 @@ def test_a_random_sweep_runs_six_trials_two_at_a_time_names_the_best_and_logs_th
                + operator_log(control_plane, core))
     status = get_sweep(api_client, job_namespace, "lr-rank")["status"]
     assert status["phase"] == "Succeeded", json.dumps(status)
-    assert most_running == 2 and status["trialsDone"] == "6/6"
+    assert most_running == 2 and status["trialsDone"] == "4/4"
     trials = status["trials"]
-    assert [t["number"] for t in trials] == list(range(6)) and {t["state"] for t in trials} == {"succeeded"}
+    assert [t["number"] for t in trials] == list(range(4)) and {t["state"] for t in trials} == {"succeeded"}
     for trial in trials:
         job = get_job(api_client, job_namespace, trial["job"])
         assert job["metadata"]["ownerReferences"][0]["kind"] == "TrainingSweep"
@@ -103,7 +102,7 @@ def test_a_random_sweep_runs_six_trials_two_at_a_time_names_the_best_and_logs_th
 
     table = kubectl(control_plane, "get", "tsw", "lr-rank", "-n", job_namespace).stdout.splitlines()
     row = printed_columns(table[0], table[1])
-    assert (row["PHASE"], row["TRIALS"], row["BEST-TRIAL"]) == ("Succeeded", "6/6", best["job"]), table
+    assert (row["PHASE"], row["TRIALS"], row["BEST-TRIAL"]) == ("Succeeded", "4/4", best["job"]), table
 
     # The best trial's LoRA, found through the cluster by its TrainingJob's name.
     cli = [str(Path(sys.executable).parent / "kubetune"), "checkpoints", "pull", best["job"],

@@ -72,7 +72,9 @@ def max_difference(a: dict, b: dict) -> float:
 @pytest.mark.parametrize("family,layout", FAMILIES, ids=[f for f, _ in FAMILIES])
 def test_two_processes_ddp_or_fsdp_and_accumulation_train_the_weights_one_process_trains(
         family, layout, tiny_model, tiny_dataset, tmp_path):
-    """One global batch of 4 per step, split four ways: 1 x 4, 2 x 2 (DDP), 2 x 2 (FSDP), 1 x 2 x 2 accumulated."""
+    """One global batch of 4 per step, split four ways: 1 x 4, 2 x 2 (DDP), 2 x 2 (FSDP), and for SD1.5 1 x 2 x 2
+    accumulated (accumulation is the training loop's, the same for every family; a family's loss
+    that is not a mean over its batch shows in DDP's split already)."""
     def job(name: str, batch: int, accumulation: int = 1, strategy: str = "ddp") -> dict:
         return family_job(family, layout, tiny_model(family), tiny_dataset(layout), tmp_path / name,
                           training={"maxSteps": 3, "batchSize": batch, "gradientAccumulationSteps": accumulation,
@@ -81,14 +83,15 @@ def test_two_processes_ddp_or_fsdp_and_accumulation_train_the_weights_one_proces
                           data=DRAWS.get(layout, {"randomFlip": True, "centerCrop": False}),
                           checkpoints={"everySteps": 1}, distributed={"strategy": strategy})
 
-    runs = {"one": (job("one", 4), 1), "ddp": (job("ddp", 2), 2), "fsdp": (job("fsdp", 2, strategy="fsdp"), 2),
-            "accumulated": (job("accumulated", 2, accumulation=2), 1)}
+    runs = {"one": (job("one", 4), 1), "ddp": (job("ddp", 2), 2), "fsdp": (job("fsdp", 2, strategy="fsdp"), 2)}
+    if family == FAMILIES[0][0]:
+        runs["accumulated"] = (job("accumulated", 2, accumulation=2), 1)
     logs = {name: train(manifest, tmp_path, nproc) for name, (manifest, nproc) in runs.items()}
     assert "2 process(es) (fsdp)" in logs["fsdp"] and "2 process(es) (ddp)" in logs["ddp"]
     weights = {name: trained_weights(run_dir(tmp_path / name) / "checkpoint-3") for name in runs}
     trained = max_difference(weights["one"], trained_weights(run_dir(tmp_path / "one") / "checkpoint-1"))
     assert trained > 0, "training changed the weights"
-    for name in ("ddp", "fsdp", "accumulated"):
+    for name in runs.keys() - {"one"}:
         assert max_difference(weights["one"], weights[name]) < RELATIVE_TOLERANCE * trained, name
     published = {name: {f.name: load_file(f) for f in run_dir(tmp_path / name).glob("*.safetensors")}
                  for name in ("one", "fsdp")}
