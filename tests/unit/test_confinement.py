@@ -20,6 +20,21 @@ def test_a_symlink_inside_the_root_may_not_lead_out(tmp_path):
     with pytest.raises(UnsafePath, match="through a symbolic link"):
         confined(tmp_path, "data/out/hostname", "file name")
     assert confined(tmp_path, "data/ok.png", "file name") == tmp_path / "data" / "ok.png"
+    os.symlink(tmp_path / "data", tmp_path / "also-data")  # a symlink that stays inside is fine
+    assert confined(tmp_path, "also-data/ok.png", "file name") == tmp_path / "also-data" / "ok.png"
+    os.symlink("/etc/hostname", tmp_path / "data" / "leaf")  # the last part a symlink out
+    with pytest.raises(UnsafePath, match="through a symbolic link"):
+        confined(tmp_path, "data/leaf", "file name")
+
+
+def test_a_root_reached_through_a_symlink_is_its_own_inside(tmp_path):
+    """The root itself may be a symlink (a mounted cache): names below it are inside it."""
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "root")
+    assert confined(tmp_path / "root", "a/b.png", "file name") == tmp_path / "root" / "a" / "b.png"
+    os.symlink(tmp_path, tmp_path / "real" / "up")
+    with pytest.raises(UnsafePath, match="through a symbolic link"):
+        confined(tmp_path / "root", "up/x", "file name")
 
 
 def test_a_bucket_key_with_dot_dot_is_refused_before_anything_is_downloaded(tmp_path, monkeypatch):

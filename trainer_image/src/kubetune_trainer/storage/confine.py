@@ -24,9 +24,18 @@ def relative_parts(root: Path, name: str, what: str) -> tuple[str, ...]:
 def confined(root: Path, name: str, what: str) -> Path:
     """root / name, unless name is absolute, climbs with '..', or reaches outside root through a
     symlink; `what` says where the name came from (for the error)."""
-    target = root.joinpath(*relative_parts(root, name, what))
-    if not target.resolve().is_relative_to(root.resolve()):
-        raise UnsafePath(f"{what} {name!r} leads outside {root} through a symbolic link ({target.resolve()})")
+    parts = relative_parts(root, name, what)
+    target = root.joinpath(*parts)
+    # Without '..', only a symlink among the parts below root can lead out of it: each is looked at
+    # (one lstat a part) and only then the whole path resolved. Resolving every name from / cost
+    # ~0.3 ms, most of indexing 20,000 parquet rows or shard members (benchmarks/RESULTS.md).
+    below = root
+    for part in parts:
+        below = below / part
+        if below.is_symlink():
+            if not target.resolve().is_relative_to(root.resolve()):
+                raise UnsafePath(f"{what} {name!r} leads outside {root} through a symbolic link ({target.resolve()})")
+            break
     return target
 
 
