@@ -54,7 +54,8 @@ def observe(job: dict, settings: Settings, child_seen: dict | None = None, as_de
         child = child_seen
     else:
         child = kube.read_child(backend, namespace, name, metadata["uid"]) if enabled and not never_acted_on else None
-    config_map, config_map_version = (None if never_acted_on else kube.read_config_map(namespace, name, metadata["uid"])) or (None, None)
+    read = None if never_acted_on else kube.read_config_map(namespace, name, metadata["uid"])
+    config_map, config_map_version = read or (None, None)
     found: dict = {"config_map": config_map, "config_map_version": config_map_version, "child": child}
     if child is None and enabled:
         if found["config_map"] is not None:  # started, and its child is gone: its API may have gone with it
