@@ -65,6 +65,9 @@ def test_the_rows_a_row_group_read_brings_along_are_kept_for_their_steps(parquet
         assert len(reads) <= groups + 2, f"{len(reads)} row-group reads for {groups} groups of {ROWS} rows"
         assert max(held) > 3 * stream._listed_size(steps[0][0]), "later rows were kept on disk"
         assert prefetcher.kept == {} and prefetcher.kept_bytes == 0, "every kept row went to its own step"
+        # What the end-of-run "data stream:" line reports: rows copied along with another row's read
+        # (a group's first row fetched is never one of them).
+        assert 0 < prefetcher.kept_images <= ROWS - groups, prefetcher.kept_images
         copies = steps[0][0].parent
         assert all(p.stat().st_size == 0 for p in copies.iterdir() if not p.name.startswith(".")), \
             "every copy was emptied after its step"

@@ -27,8 +27,8 @@ from kubetune_trainer.storage.members import MEMBERS, Member, SmallCache, open_c
 
 # pyarrow reads a parquet file by exact ranges (its footer, each column chunk): a streamed file is
 # read in small blocks, so a small chunk (a row group's captions, a struct column's paths) costs its
-# own bytes, not a 1 MiB block (the index of 20,000 images read ~370 MB before the first step with
-# stream.READ_BLOCK, ~4 MB now: benchmarks/RESULTS.md). A larger chunk is one exact ranged read either way.
+# own bytes, not a 1 MiB block (the index of 20,000 images read 367 MB more before the first step with
+# stream.READ_BLOCK: benchmarks/RESULTS.md). A larger chunk is one exact ranged read either way.
 READ_BLOCK = 16 * 1024
 _ROW_GROUPS = SmallCache(entries=2)  # decoded image columns of the last row groups read, per process
 # Each file's footer, read once while indexing (forked loader workers inherit it): a row group read

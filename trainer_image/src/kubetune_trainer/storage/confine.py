@@ -33,8 +33,9 @@ def confined(root: Path, name: str, what: str) -> Path:
     for part in parts:
         below = below / part
         if below.is_symlink():
-            if not target.resolve().is_relative_to(root.resolve()):
-                raise UnsafePath(f"{what} {name!r} leads outside {root} through a symbolic link ({target.resolve()})")
+            real = target.resolve()
+            if not real.is_relative_to(root.resolve()):
+                raise UnsafePath(f"{what} {name!r} leads outside {root} through a symbolic link ({real})")
             break
     return target
 
