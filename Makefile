@@ -66,8 +66,11 @@ e2e: $(STAMP) cluster-bins
 
 # Two workers: the control-plane tests (one control plane per machine) run in one, in file order,
 # while the other takes the unit, trainer and storage tests (tests/conftest.py schedules them).
+# The tests start many Python processes that import our packages from their source
+# folders; an environment that sets PYTHONDONTWRITEBYTECODE (as some images do) makes each of them
+# compile those modules again (~1 s of CPU per trainer process), so the tests let Python cache them.
 test: $(STAMP) cluster-bins browser lint-tools
-	CHECKOV=$(abspath $(LINT_VENV))/bin/checkov $(PY) -m pytest tests -q -ra -n 2
+	PYTHONDONTWRITEBYTECODE= CHECKOV=$(abspath $(LINT_VENV))/bin/checkov $(PY) -m pytest tests -q -ra -n 2
 
 bench: $(STAMP) cluster-bins
 	$(PY) benchmarks/trainer_throughput.py
