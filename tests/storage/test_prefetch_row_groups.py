@@ -2,8 +2,9 @@
 prefetcher keeps the rows of that group its rank trains later (within spec.data.streaming.cacheSize,
 after the window's own steps), so each row group is read about once an epoch instead of once per row
 (benchmarks/data_streaming.py: parquet streamed at 0.87-0.93 of local files when every row read its
-group). Indexing a file reads its footer and caption chunks, not blocks of its images. Real parquet
-files in the local S3 server; the prefetcher run without training."""
+group). Indexing a file reads its footer and caption chunks, not blocks of its images, and indexing
+a WebDataset shard of large images its headers and captions. Real parquet files and shards in the
+local S3 server; the prefetcher run without training."""
 from __future__ import annotations
 
 import random
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kubetune_trainer.restore_data import write_parquet
+from kubetune_trainer.restore_data import write_parquet, write_webdataset
 from tests.storage.test_data_streaming import noise_captions, upload, wait_for
 
 ROWS, PER_GROUP = 24, 6
@@ -129,3 +130,27 @@ def test_indexing_a_streamed_parquet_file_reads_its_footer_and_captions_not_its_
     read = MEMBERS.ranged_bytes - before
     assert len(found) == 48 and found[5].caption == "noise number 5"
     assert read < size / 4, f"indexing read {read} bytes of a {size}-byte file"
+
+
+def test_indexing_a_streamed_shard_of_large_images_reads_its_headers_and_captions_not_its_images(
+        bucket, tmp_path, monkeypatch):
+    """tarfile reads a shard's headers in order and seeks over each image: with images of over a
+    block, each header costs a probe of the shard, not the MiB of image around it (before, the index
+    read every shard whole whatever its images weighed)."""
+    from kubetune_trainer.data import webdataset
+    from kubetune_trainer.data.stored import Columns
+    from kubetune_trainer.storage import stream
+    from kubetune_trainer.storage.members import MEMBERS
+
+    local = noise_captions(tmp_path / "loose", 8, side=700)  # 1.5 MB each
+    written = write_webdataset("captions", local, tmp_path / "shards", per_file=8)
+    [size] = [p.stat().st_size for p in written.glob("*.tar")]
+    upload(written, f"s3://{bucket}/shards")
+    monkeypatch.setenv("KUBETUNE_CACHE_DIR", str(tmp_path / "cache"))
+    root = Path(stream.open_stream(f"s3://{bucket}/shards"))
+    [shard] = root.glob("*.tar")
+    before = MEMBERS.ranged_bytes
+    found = webdataset._index(shard, Columns(None, "text", None, None, "caption"))
+    read = MEMBERS.ranged_bytes - before
+    assert [record.caption for record in found] == [f"noise number {i}" for i in range(8)]
+    assert read <= 8 * 2 * stream.PROBE < size / 10, f"indexing read {read} bytes of a {size}-byte shard"
