@@ -38,7 +38,8 @@ _FOOTERS: dict[Path, object] = {}
 
 def read_parquet(root: Path, screen: Screen, columns: Columns) -> list[Stored]:
     return read_containers(root, screen, ".parquet", "*.parquet files (spec.data.format parquet reads Hugging Face "
-                           "datasets saved as parquet)", lambda file: _index(root, file, columns))
+                           "datasets saved as parquet)", lambda file: _index(root, file, columns),
+                           f"parquet {columns!r}")
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ def _image_column(file: Path, row_group: int, column: str) -> list:
 
     with open_container(file, READ_BLOCK) as handle:
         parquet = pq.ParquetFile(handle, metadata=_FOOTERS.get(file))
+        _FOOTERS.setdefault(file, parquet.metadata)  # a process whose index came from the node's (data.node_index)
         return parquet.read_row_group(row_group, columns=[column]).column(0).to_pylist()
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from kubetune_api.spec import VIDEO_LAYOUTS, TrainingJobSpec, data_columns
+from kubetune_trainer.data import node_index
 from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.storage.members import MEMBERS_SUFFIX
@@ -57,16 +58,17 @@ def data_files(root: Path, suffix: str) -> list[Path]:
                               for part in p.relative_to(root).parts))
 
 
-def read_containers(root: Path, screen: Screen, suffix: str, what: str,
-                    index: Callable[[Path], list]) -> list[Stored]:
+def read_containers(root: Path, screen: Screen, suffix: str, what: str, index: Callable[[Path], list],
+                    reading: str) -> list[Stored]:
     """Every record of the data set's containers (files with SUFFIX, `what` names them when there are
-    none): each indexed in parallel into Stored records and problems, the problems reported to the
-    screen in the containers' order, as they lie."""
+    none): each indexed in parallel into Stored records and problems (once per node where streamed:
+    data.node_index; READING names the format and columns the index reads), the problems reported
+    to the screen in the containers' order, as they lie."""
     containers = data_files(root, suffix)
     if not containers:
         raise ConfigError(f"spec.data.uri: {root} holds no {what}")
     with ThreadPoolExecutor(INDEX_THREADS) as pool:
-        indexed = list(pool.map(index, containers))
+        indexed = list(pool.map(lambda container: node_index.indexed(container, reading, index), containers))
     records = []
     for found in indexed:
         for item in found:

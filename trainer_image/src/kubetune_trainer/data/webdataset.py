@@ -47,7 +47,8 @@ class TarRange:
 
 def read_webdataset(root: Path, screen: Screen, columns: Columns) -> list[Stored]:
     return read_containers(root, screen, ".tar", "*.tar shards (spec.data.format webdataset reads WebDataset "
-                           "shards: KEY.jpg + KEY.txt members)", lambda shard: _index(shard, columns))
+                           "shards: KEY.jpg + KEY.txt members)", lambda shard: _index(shard, columns),
+                           f"webdataset {columns!r}")
 
 
 def _split(name: str) -> tuple[str, str]:

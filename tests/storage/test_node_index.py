@@ -1,0 +1,87 @@
+"""A streamed data set's shards and parquet files are indexed once per node (data.node_index): the
+processes of a node started together read each container's index once between them, a process
+started later on the node (a restarted pod) reads none, and a container replaced in the bucket is
+indexed again. Each process here is a separate interpreter indexing as a trainer's set-up does, on
+real shards and parquet files in the local S3 server."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kubetune_trainer.restore_data import write_parquet, write_webdataset
+from tests.storage.test_data_streaming import noise_captions, upload
+
+INDEX = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from kubetune_trainer.data import parquet, webdataset
+    from kubetune_trainer.data.screening import Screen
+    from kubetune_trainer.data.stored import Columns
+    from kubetune_trainer.storage import stream
+    from kubetune_trainer.storage.members import MEMBERS
+    uri, data_format = sys.argv[1:]
+    root = Path(stream.open_stream(uri))
+    read = {"webdataset": webdataset.read_webdataset, "parquet": parquet.read_parquet}[data_format]
+    records = read(root, Screen(skip_bad=False), Columns("image" if data_format == "parquet" else None, "text",
+                                                         None, None, "caption"))
+    index_bytes = MEMBERS.ranged_bytes
+    first = stream.read_bytes(records[0].image)  # a member registered from the node's index reads too
+    print(json.dumps({"records": [[str(r.image), r.caption] for r in records], "index_bytes": index_bytes,
+                      "first_image": first.hex()}))
+""")
+
+
+def index_in_processes(uri: str, data_format: str, cache: Path, count: int) -> list[dict]:
+    """COUNT interpreters started together on one node (one cache), each indexing URI: what each found."""
+    env = {**os.environ, "KUBETUNE_CACHE_DIR": str(cache)}
+    processes = [subprocess.Popen([sys.executable, "-c", INDEX, uri, data_format], env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(count)]
+    results = []
+    for process in processes:
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+@pytest.mark.parametrize("data_format", ["webdataset", "parquet"])
+def test_a_nodes_processes_index_each_container_once_and_a_later_process_reads_none(
+        data_format, bucket, tmp_path):
+    local = noise_captions(tmp_path / "loose", 12, side=96)
+    stored = (write_webdataset("captions", local, tmp_path / "stored", per_file=4) if data_format == "webdataset"
+              else write_parquet("captions", local, tmp_path / "stored", per_file=4, rows_per_group=2))
+    upload(stored, f"s3://{bucket}/set")
+    uri = f"s3://{bucket}/set"
+    [alone] = index_in_processes(uri, data_format, tmp_path / "node-a", 1)
+    together = index_in_processes(uri, data_format, tmp_path / "node-b", 2)
+    [later] = index_in_processes(uri, data_format, tmp_path / "node-b", 1)
+    captions = [caption for _, caption in alone["records"]]
+    assert captions == [f"noise number {i}" for i in range(12)]
+    assert alone["index_bytes"] > 0
+    for result in (*together, later):  # the same records (paths under node-b's cache), images readable
+        assert [caption for _, caption in result["records"]] == captions
+        assert result["first_image"] == alone["first_image"]
+    assert sum(result["index_bytes"] for result in together) == alone["index_bytes"], \
+        "the two processes of node b read each container's index once between them"
+    assert later["index_bytes"] == 0
+
+
+def test_a_shard_replaced_in_the_bucket_is_indexed_again(bucket, tmp_path):
+    uri = f"s3://{bucket}/set"
+    upload(write_webdataset("captions", noise_captions(tmp_path / "one", 4, side=64), tmp_path / "first",
+                            per_file=4), uri)
+    [before] = index_in_processes(uri, "webdataset", tmp_path / "node", 1)
+    replacement = noise_captions(tmp_path / "two", 4, seed=1, side=64)
+    metadata = replacement / "metadata.jsonl"
+    metadata.write_text(metadata.read_text().replace("noise number", "replaced number"))
+    upload(write_webdataset("captions", replacement, tmp_path / "second", per_file=4), uri)
+    [after] = index_in_processes(uri, "webdataset", tmp_path / "node", 1)
+    assert [caption for _, caption in before["records"]] == [f"noise number {i}" for i in range(4)]
+    assert [caption for _, caption in after["records"]] == [f"replaced number {i}" for i in range(4)]
+    assert after["index_bytes"] > 0 and after["first_image"] != before["first_image"]

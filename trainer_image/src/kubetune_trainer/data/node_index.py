@@ -1,0 +1,76 @@
+"""A streamed parquet file's or shard's index, made once per node.
+
+Indexing a streamed container reads it by ranges (a shard: every header, so about all of a shard
+of small images). Every process of a node reads the same samples, and a pod restarted after a
+preemption reads them again: without this, a node of 8 processes read the data set 8 times before
+its first step. The first process of the node to index a container writes what it found (the
+records, and the members it registered: storage.members) under the node's cache; the node's other
+processes wait for it (a lock per container) and read that instead, as does the next pod on the
+node while the object is unchanged (same key, size and time as listed).
+
+Local containers are indexed in place every time: reading a local file is cheap, and nothing is
+written beside a user's data.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import pickle
+import threading
+from pathlib import Path
+from typing import Callable
+
+from kubetune_trainer.storage import stream
+from kubetune_trainer.storage.inputs import cache_root
+from kubetune_trainer.storage.members import MEMBERS
+
+log = logging.getLogger(__name__)
+
+VERSION = 1  # of what an index file holds: a change of the records or members makes older files unread
+
+
+def indexed(container: Path, reading: str, index: Callable[[Path], list]) -> list:
+    """index(CONTAINER): the records and problems it finds. READING names what index reads (the
+    format and columns): an index made for other columns is not this one."""
+    found = stream.streamed_object(container)
+    if found is None:
+        return index(container)
+    source, key = found
+    listed = source.images[key]
+    identity = repr((VERSION, reading, str(container), listed.size, listed.modified_ns))
+    file = cache_root() / "indexes" / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.pickle"
+    file.parent.mkdir(parents=True, exist_ok=True)
+    with open(file.with_suffix(".lock"), "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the node's other processes wait here; released when it closes or dies
+        kept = _read(file, identity)
+        if kept is not None:
+            records, members = kept
+            for path, member in members:
+                MEMBERS.register(path, member)
+            return records
+        with MEMBERS.recording() as members:
+            records = index(container)
+        _write(file, identity, records, members)
+        return records
+
+
+def _read(file: Path, identity: str) -> tuple[list, list] | None:
+    """The index in FILE if it is this container's (a missing, foreign or unreadable file: None)."""
+    try:
+        with open(file, "rb") as handle:
+            kept_identity, records, members = pickle.load(handle)  # written by this node's processes only
+    except FileNotFoundError:
+        return None
+    except Exception as err:  # a file from another version, or damaged: index again and replace it
+        log.warning("index %s unreadable (%s); indexing again", file, err)
+        return None
+    return (records, members) if kept_identity == identity else None
+
+
+def _write(file: Path, identity: str, records: list, members: list) -> None:
+    partial = file.with_name(f".{file.name}.{os.getpid()}.{threading.get_ident()}.part")
+    with open(partial, "wb") as handle:
+        pickle.dump((identity, records, members), handle, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(partial, file)  # a reader sees no index or a whole one
