@@ -85,3 +85,15 @@ def test_a_shard_replaced_in_the_bucket_is_indexed_again(bucket, tmp_path):
     assert [caption for _, caption in before["records"]] == [f"noise number {i}" for i in range(4)]
     assert [caption for _, caption in after["records"]] == [f"replaced number {i}" for i in range(4)]
     assert after["index_bytes"] > 0 and after["first_image"] != before["first_image"]
+
+
+def test_a_damaged_index_on_the_node_is_made_again(bucket, tmp_path):
+    uri = f"s3://{bucket}/set"
+    upload(write_webdataset("captions", noise_captions(tmp_path / "loose", 4, side=64), tmp_path / "shards",
+                            per_file=2), uri)
+    [first] = index_in_processes(uri, "webdataset", tmp_path / "node", 1)
+    kept = sorted((tmp_path / "node" / "indexes").glob("*.pickle"))
+    assert len(kept) == 2  # one per shard
+    kept[0].write_bytes(kept[0].read_bytes()[:100])  # cut short, as a full disk leaves a file
+    [again] = index_in_processes(uri, "webdataset", tmp_path / "node", 1)
+    assert again["records"] == first["records"] and 0 < again["index_bytes"] < first["index_bytes"]

@@ -109,25 +109,33 @@ def test_rows_kept_for_a_plan_cut_short_are_emptied_by_the_next_plan(parquet_row
         prefetcher.close()
 
 
+def index_streamed(written: Path, uri: str, tmp_path: Path, monkeypatch, index) -> tuple[list, int, int]:
+    """WRITTEN's one container uploaded to URI and indexed streamed: (what index found, the bytes it
+    read out of the container, the container's size)."""
+    from kubetune_trainer.storage import stream
+    from kubetune_trainer.storage.members import MEMBERS
+
+    [size] = [p.stat().st_size for p in written.iterdir() if p.is_file()]
+    upload(written, uri)
+    monkeypatch.setenv("KUBETUNE_CACHE_DIR", str(tmp_path / "cache"))
+    root = Path(stream.open_stream(uri))
+    [container] = [p for p in root.iterdir() if p.is_file()]
+    before = MEMBERS.ranged_bytes
+    found = index(root, container)
+    return found, MEMBERS.ranged_bytes - before, size
+
+
 def test_indexing_a_streamed_parquet_file_reads_its_footer_and_captions_not_its_images(bucket, tmp_path, monkeypatch):
     """pyarrow reads the footer and each column chunk by an exact range: a small caption chunk between
     two groups' images must cost about its own bytes (with 1 MiB blocks the index of 20,000 images
     read 440 MB of a 1.2 GB set before the first step: benchmarks/RESULTS.md)."""
     from kubetune_trainer.data import parquet
     from kubetune_trainer.data.stored import Columns
-    from kubetune_trainer.storage import stream
-    from kubetune_trainer.storage.members import MEMBERS
 
     local = noise_captions(tmp_path / "loose", 48, side=96)  # 6 row groups of 8 images of 28 KB
     written = write_parquet("captions", local, tmp_path / "parquet", per_file=48, rows_per_group=8)
-    [size] = [p.stat().st_size for p in written.glob("*.parquet")]
-    upload(written, f"s3://{bucket}/index")
-    monkeypatch.setenv("KUBETUNE_CACHE_DIR", str(tmp_path / "cache"))
-    root = Path(stream.open_stream(f"s3://{bucket}/index"))
-    [file] = root.glob("*.parquet")
-    before = MEMBERS.ranged_bytes
-    found = parquet._index(root, file, Columns("image", "text", None, None, "caption"))
-    read = MEMBERS.ranged_bytes - before
+    found, read, size = index_streamed(written, f"s3://{bucket}/index", tmp_path, monkeypatch, lambda root, file:
+                                       parquet._index(root, file, Columns("image", "text", None, None, "caption")))
     assert len(found) == 48 and found[5].caption == "noise number 5"
     assert read < size / 4, f"indexing read {read} bytes of a {size}-byte file"
 
@@ -135,22 +143,15 @@ def test_indexing_a_streamed_parquet_file_reads_its_footer_and_captions_not_its_
 def test_indexing_a_streamed_shard_of_large_images_reads_its_headers_and_captions_not_its_images(
         bucket, tmp_path, monkeypatch):
     """tarfile reads a shard's headers in order and seeks over each image: with images of over a
-    block, each header costs a probe of the shard, not the MiB of image around it (before, the index
-    read every shard whole whatever its images weighed)."""
+    block, each header costs a probe of the shard, not the MiB of image around it (in 1 MiB blocks
+    the index read about a MiB per member)."""
     from kubetune_trainer.data import webdataset
     from kubetune_trainer.data.stored import Columns
-    from kubetune_trainer.storage import stream
-    from kubetune_trainer.storage.members import MEMBERS
+    from kubetune_trainer.storage.stream import PROBE
 
     local = noise_captions(tmp_path / "loose", 8, side=700)  # 1.5 MB each
     written = write_webdataset("captions", local, tmp_path / "shards", per_file=8)
-    [size] = [p.stat().st_size for p in written.glob("*.tar")]
-    upload(written, f"s3://{bucket}/shards")
-    monkeypatch.setenv("KUBETUNE_CACHE_DIR", str(tmp_path / "cache"))
-    root = Path(stream.open_stream(f"s3://{bucket}/shards"))
-    [shard] = root.glob("*.tar")
-    before = MEMBERS.ranged_bytes
-    found = webdataset._index(shard, Columns(None, "text", None, None, "caption"))
-    read = MEMBERS.ranged_bytes - before
+    found, read, size = index_streamed(written, f"s3://{bucket}/shards", tmp_path, monkeypatch, lambda root, shard:
+                                       webdataset._index(shard, Columns(None, "text", None, None, "caption")))
     assert [record.caption for record in found] == [f"noise number {i}" for i in range(8)]
-    assert read <= 8 * 2 * stream.PROBE < size / 10, f"indexing read {read} bytes of a {size}-byte shard"
+    assert read <= 8 * 2 * PROBE < size / 10, f"indexing read {read} bytes of a {size}-byte shard"

@@ -6,7 +6,8 @@ preemption reads them again: without this, a node of 8 processes read the data s
 its first step. The first process of the node to index a container writes what it found (the
 records, and the members it registered: storage.members) under the node's cache; the node's other
 processes wait for it (a lock per container) and read that instead, as does the next pod on the
-node while the object is unchanged (same key, size and time as listed).
+node while the object is unchanged (same key, size, time and ETag as listed: a shard whose
+caption was fixed keeps its size, tar pads members, and an upload in the same second its time).
 
 Local containers are indexed in place every time: reading a local file is cheap, and nothing is
 written beside a user's data.
@@ -39,7 +40,7 @@ def indexed(container: Path, reading: str, index: Callable[[Path], list]) -> lis
         return index(container)
     source, key = found
     listed = source.images[key]
-    identity = repr((VERSION, reading, str(container), listed.size, listed.modified_ns))
+    identity = repr((VERSION, reading, str(container), listed.size, listed.modified_ns, listed.etag))
     file = cache_root() / "indexes" / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.pickle"
     file.parent.mkdir(parents=True, exist_ok=True)
     with open(file.with_suffix(".lock"), "a+b") as lock:

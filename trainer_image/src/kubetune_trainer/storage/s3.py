@@ -107,11 +107,13 @@ def list_objects(location: S3Location) -> dict[str, int]:
 class StoredObject:
     size: int
     modified_ns: int  # LastModified, in nanoseconds since the epoch: the mtime its local mirror gets
+    etag: str = ""    # changes with the content where size and a second-resolution time may not
 
 
 def list_stored_objects(location: S3Location) -> dict[str, StoredObject]:
-    """Every object under the prefix: relative key -> its size and time."""
-    return {name: StoredObject(item["Size"], epoch_ns(item["LastModified"])) for name, item in _contents(location)}
+    """Every object under the prefix: relative key -> its size, time and ETag."""
+    return {name: StoredObject(item["Size"], epoch_ns(item["LastModified"]), item.get("ETag", ""))
+            for name, item in _contents(location)}
 
 
 def epoch_ns(timestamp: str) -> int:
