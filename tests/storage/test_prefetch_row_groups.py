@@ -147,11 +147,11 @@ def test_indexing_a_streamed_shard_of_large_images_reads_its_headers_and_caption
     the index read about a MiB per member)."""
     from kubetune_trainer.data import webdataset
     from kubetune_trainer.data.stored import Columns
-    from kubetune_trainer.storage.stream import PROBE
+    from kubetune_trainer.data.webdataset import HEADER_PROBE
 
     local = noise_captions(tmp_path / "loose", 8, side=700)  # 1.5 MB each
     written = write_webdataset("captions", local, tmp_path / "shards", per_file=8)
     found, read, size = index_streamed(written, f"s3://{bucket}/shards", tmp_path, monkeypatch, lambda root, shard:
                                        webdataset._index(shard, Columns(None, "text", None, None, "caption")))
     assert [record.caption for record in found] == [f"noise number {i}" for i in range(8)]
-    assert read <= 8 * 2 * PROBE < size / 10, f"indexing read {read} bytes of a {size}-byte shard"
+    assert read <= 8 * 2 * HEADER_PROBE < size / 10, f"indexing read {read} bytes of a {size}-byte shard"

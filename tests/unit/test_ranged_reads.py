@@ -1,13 +1,15 @@
 """A streamed object read by ranges (storage.stream.ranged_file): every read returns the object's
 bytes; a reader going on in order makes few, growing GETs; one jumping far ahead fetches a probe
-around each place it reads, not the bytes in between."""
+around each place it reads (a shard's index: 64 KiB), not the bytes in between; by default a block,
+so a small clip's header, trailer and first frame are one GET."""
 from __future__ import annotations
 
 import random
 
-from kubetune_trainer.storage.stream import PROBE, READ_AHEAD_MAX, READ_BLOCK, ranged_file
+from kubetune_trainer.storage.stream import READ_AHEAD_MAX, READ_BLOCK, ranged_file
 
 MiB = 1024 * 1024
+PROBE = 64 * 1024  # what data.webdataset's index probes with
 
 
 class Source:
@@ -42,7 +44,7 @@ def test_reads_anywhere_of_any_size_return_the_objects_bytes():
 
 def test_a_reader_going_on_in_order_makes_few_gets_that_grow_to_the_cap():
     source = Source(40 * MiB)
-    handle = ranged_file(source.read_range, len(source.data))
+    handle = ranged_file(source.read_range, len(source.data), probe=PROBE)
     for position in range(0, len(source.data), 60_000):  # tarfile through a shard of 60 KB images
         handle.seek(position)
         assert handle.read(512) == source.data[position:position + 512]
@@ -54,7 +56,7 @@ def test_a_reader_going_on_in_order_makes_few_gets_that_grow_to_the_cap():
 
 def test_places_far_apart_cost_a_probe_each_not_the_bytes_between():
     source = Source(60 * MiB)
-    handle = ranged_file(source.read_range, len(source.data))
+    handle = ranged_file(source.read_range, len(source.data), probe=PROBE)
     places = range(0, len(source.data), 3 * MiB)  # a shard of 3 MB images: their headers
     for position in places:
         handle.seek(position)
@@ -64,7 +66,7 @@ def test_places_far_apart_cost_a_probe_each_not_the_bytes_between():
 
 def test_a_gap_under_a_block_is_read_through_in_the_growing_spans():
     source = Source(20 * MiB)
-    handle = ranged_file(source.read_range, len(source.data))
+    handle = ranged_file(source.read_range, len(source.data), probe=PROBE)
     for position in range(0, len(source.data), 300_000):  # 300 KB images: reading all beats a GET each
         handle.seek(position)
         assert handle.read(512) == source.data[position:position + 512]
@@ -82,3 +84,12 @@ def test_a_large_read_is_one_get_of_exactly_its_bytes_and_spans_stay_bounded():
         handle.seek(position)
         handle.read(100)
     assert sum(map(len, handle._spans.values())) <= 2 * READ_AHEAD_MAX
+
+
+def test_by_default_a_small_clips_header_trailer_and_first_frame_are_one_get():
+    source = Source(700_000)  # an 81-frame 832x480 H.264 clip weighs about this
+    handle = ranged_file(source.read_range, len(source.data))
+    for position, count in ((0, 32), (len(source.data) - 9000, 9000), (48, 40_000)):  # ftyp, moov, a frame
+        handle.seek(position)
+        assert handle.read(count) == source.data[position:position + count]
+    assert source.reads == [(0, len(source.data))]

@@ -28,6 +28,9 @@ from kubetune_trainer.storage.members import MEMBERS, Member, container_size, op
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 VIDEO_EXTENSIONS = ("mp4", "webm", "mov")  # a video layout's clip member (spec.data.imageColumn: one of them)
 TEXT_EXTENSIONS = ("txt", "json", "cls")  # read while indexing: they are small
+# Where a streamed shard's next header lies more than a block on (images of over 1 MiB), the index
+# reads this much there rather than a MiB of image (storage.stream.ranged_file).
+HEADER_PROBE = 64 * 1024
 
 
 class TarRange:
@@ -64,7 +67,7 @@ def _index(shard: Path, columns: Columns) -> list:
     samples: dict[str, dict[str, tarfile.TarInfo]] = {}
     texts: dict[tuple[str, str], bytes] = {}
     problems = []
-    with open_container(shard) as handle:
+    with open_container(shard, probe=HEADER_PROBE) as handle:
         try:
             with tarfile.open(fileobj=handle, mode="r:") as tar:
                 for info in tar:

@@ -65,15 +65,14 @@ def read_range(container: Path, start: int, size: int) -> bytes:
         return os.pread(file.fileno(), size, start)
 
 
-def open_container(container: Path, block: int = stream.READ_BLOCK) -> BinaryIO:
+def open_container(container: Path, block: int = stream.READ_BLOCK, probe: int | None = None) -> BinaryIO:
     """CONTAINER as a seekable binary file (tarfile and pyarrow read it): a streamed object reads
-    the ranges asked for, BLOCK at a time (a larger read: exactly its bytes), instead of the whole
-    object."""
+    the ranges asked for (stream.ranged_file: BLOCK, PROBE) instead of the whole object."""
     found = stream.streamed_object(container)
     if found is None:
         return open(container, "rb")
     return stream.ranged_file(lambda start, size: read_range(container, start, size), container_size(container),
-                              block)
+                              block, probe)
 
 
 class MemberSet:

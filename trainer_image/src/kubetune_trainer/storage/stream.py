@@ -272,16 +272,16 @@ def open_ranged(path: Path) -> BinaryIO:
 
 # How a streamed object is read by ranges (_RangedObject): a gap under READ_BLOCK is read through
 # and a read over it is one exact GET; GETs of a reader going on in order grow up to READ_AHEAD_MAX;
-# a read far from the last one fetches PROBE bytes around it.
+# a read far from the last one fetches a block around it (a probe, where the caller gives one).
 READ_BLOCK = 1024 * 1024
 READ_AHEAD_MAX = 8 * 1024 * 1024
-PROBE = 64 * 1024
 
 
-def ranged_file(read_range: Callable[[int, int], bytes], size: int, block: int = READ_BLOCK) -> BinaryIO:
+def ranged_file(read_range: Callable[[int, int], bytes], size: int, block: int = READ_BLOCK,
+                probe: int | None = None) -> BinaryIO:
     """A seekable binary file of SIZE bytes whose reads are read_range(start, count) calls, fetched
     in spans that grow while the reader goes on in order (see _RangedObject)."""
-    return _RangedObject(read_range, size, block)
+    return _RangedObject(read_range, size, block, probe or block)
 
 
 class _RangedObject(io.RawIOBase):
@@ -293,16 +293,17 @@ class _RangedObject(io.RawIOBase):
     A read that lands after the latest span, less than BLOCK beyond it, continues from that span's
     end with twice its length (up to READ_AHEAD_MAX): reading through a gap of less than a block
     costs less than another GET (per GET the client spends more CPU than on a MiB of body, and
-    across a network a round trip carries MBs). A read anywhere else fetches PROBE bytes around it.
-    So tarfile indexing a shard of 60 KB images makes a few GETs of up to 8 MiB (the index of 20,000
-    took 7.8 s in 1 MiB GETs, 5.5 s so: benchmarks/RESULTS.md), and a shard of images of several MB,
-    whose headers lie far apart, costs one PROBE per member instead of a MiB of image each."""
+    across a network a round trip carries MBs). A read anywhere else fetches PROBE bytes around it:
+    a block by default, so a clip's header and first frame come in one GET (a small clip whole);
+    a shard's index probes 64 KiB (data.webdataset). So tarfile indexing a shard of 60 KB images
+    makes a few GETs of up to 8 MiB (the index of 20,000 took 7.8 s in 1 MiB GETs, 5.5 s so:
+    benchmarks/RESULTS.md), and a shard of images of several MB, whose headers lie far apart,
+    costs one probe per member instead of a MiB of image each."""
 
     SPANS_KEPT = 4
 
-    def __init__(self, read_range: Callable[[int, int], bytes], size: int, block: int):
-        self.read_range, self.size, self.position, self.block = read_range, size, 0, block
-        self.probe = min(PROBE, block)
+    def __init__(self, read_range: Callable[[int, int], bytes], size: int, block: int, probe: int):
+        self.read_range, self.size, self.position, self.block, self.probe = read_range, size, 0, block, probe
         self._spans: OrderedDict[int, bytes] = OrderedDict()  # start -> bytes, the latest used last
         self._end, self._length = None, 0  # the latest fetched span's end and length
 
