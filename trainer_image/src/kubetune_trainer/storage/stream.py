@@ -293,7 +293,7 @@ class _RangedObject(io.RawIOBase):
     A read that lands after the latest span, less than BLOCK beyond it, continues from that span's
     end with twice its length (up to READ_AHEAD_MAX): reading through a gap of less than a block
     costs less than another GET (per GET the client spends more CPU than on a MiB of body, and
-    across a network a round trip carries MBs). A read anywhere else fetches PROBE bytes around it:
+    across a network a round trip carries MBs). A read anywhere else fetches `probe` bytes around it:
     a block by default, so a clip's header and first frame come in one GET (a small clip whole);
     a shard's index probes 64 KiB (data.webdataset). So tarfile indexing a shard of 60 KB images
     makes a few GETs of up to 8 MiB (the index of 20,000 took 7.8 s in 1 MiB GETs, 5.5 s so:
