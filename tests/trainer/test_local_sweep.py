@@ -76,15 +76,15 @@ def test_the_median_rule_stops_a_clearly_worse_trial(tiny_sd15, captions_data, t
                        {"training.noiseOffset": {"choice": [0.0, 0.0, 0.9]}}, algorithm="grid", maxTrials=3,
                        earlyStopping={"rule": "median", "minSteps": 2})
     manifest = yaml.safe_load(path.read_text())
-    manifest["spec"]["template"]["spec"]["training"]["maxSteps"] = 40
+    manifest["spec"]["template"]["spec"]["training"]["maxSteps"] = 20
     path.write_text(yaml.safe_dump(manifest))
     result = kubetune_sweep(path, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     table = rows(result.stdout)
     assert [state for _, state, _ in table] == ["succeeded", "succeeded", "stopped"], result.stdout
     assert "trial 2 stopped: stopped by the median rule" in result.stderr
-    steps = re.findall(r"step (\d+)/40", (tmp_path / "sweep" / "offset-2.log").read_text())
-    assert steps and int(steps[-1]) < 40, "stopped before its last step"
+    steps = re.findall(r"step (\d+)/20", (tmp_path / "sweep" / "offset-2.log").read_text())
+    assert steps and int(steps[-1]) < 20, "stopped before its last step"
     assert re.search(r"best: trial [01]\b", result.stdout), result.stdout
 
 
