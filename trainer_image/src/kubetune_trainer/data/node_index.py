@@ -1,13 +1,14 @@
 """A streamed parquet file's or shard's index, made once per node.
 
 Indexing a streamed container reads it by ranges (a shard: every header, so about all of a shard
-of small images). Every process of a node reads the same samples, and a pod restarted after a
-preemption reads them again: without this, a node of 8 processes read the data set 8 times before
-its first step. The first process of the node to index a container writes what it found (the
-records, and the members it registered: storage.members) under the node's cache; the node's other
-processes wait for it (a lock per container) and read that instead, as does the next pod on the
-node while the object is unchanged (same key, size, time and ETag as listed: a shard whose
-caption was fixed keeps its size, tar pads members, and an upload in the same second its time).
+of small images). Every process of a node reads the same samples: without this, a node of 8
+processes read the data set 8 times before its first step. The first process of the node to index
+a container writes what it found (the records, and the members they name: storage.members) under
+the node's cache; the node's other processes wait for it (a lock per container) and read that
+instead, as does a container restarted in the same pod (the operator's cache is the pod's emptyDir;
+a re-created pod starts empty) or the next `kubetune train` on a workstation, while the object is
+unchanged (same key, size, time and ETag as listed: a shard whose caption was fixed keeps its
+size, tar pads members, and an upload in the same second its time).
 
 Local containers are indexed in place every time: reading a local file is cheap, and nothing is
 written beside a user's data.
@@ -19,7 +20,6 @@ import hashlib
 import logging
 import os
 import pickle
-import threading
 from pathlib import Path
 from typing import Callable
 
@@ -43,18 +43,29 @@ def indexed(container: Path, reading: str, index: Callable[[Path], list]) -> lis
     identity = repr((VERSION, reading, str(container), listed.size, listed.modified_ns, listed.etag))
     file = cache_root() / "indexes" / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.pickle"
     file.parent.mkdir(parents=True, exist_ok=True)
-    with open(file.with_suffix(".lock"), "a+b") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the node's other processes wait here; released when it closes or dies
+    lock = os.open(file.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the node's other processes wait here; released when closed or dead
         kept = _read(file, identity)
         if kept is not None:
             records, members = kept
             for path, member in members:
                 MEMBERS.register(path, member)
             return records
-        with MEMBERS.recording() as members:
-            records = index(container)
-        _write(file, identity, records, members)
+        records = index(container)
+        stream._replace(file, pickle.dumps((identity, records, _members_of(records)), pickle.HIGHEST_PROTOCOL))
         return records
+    finally:
+        os.close(lock)
+
+
+def _members_of(records: list) -> list:
+    """(path, Member) of every member the records name (their images and control images): what a
+    process that reads the index must register to read them."""
+    from kubetune_trainer.data.stored import Stored  # data.stored calls this module
+
+    paths = [path for record in records if isinstance(record, Stored) for path in (record.image, *record.controls)]
+    return [(path, member) for path in paths if (member := MEMBERS.member(path)) is not None]
 
 
 def _read(file: Path, identity: str) -> tuple[list, list] | None:
@@ -68,10 +79,3 @@ def _read(file: Path, identity: str) -> tuple[list, list] | None:
         log.warning("index %s unreadable (%s); indexing again", file, err)
         return None
     return (records, members) if kept_identity == identity else None
-
-
-def _write(file: Path, identity: str, records: list, members: list) -> None:
-    partial = file.with_name(f".{file.name}.{os.getpid()}.{threading.get_ident()}.part")
-    with open(partial, "wb") as handle:
-        pickle.dump((identity, records, members), handle, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(partial, file)  # a reader sees no index or a whole one

@@ -16,7 +16,6 @@ import io
 import os
 import threading
 from collections import OrderedDict
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -87,15 +86,11 @@ class MemberSet:
         self._lock = threading.Lock()
         self._fetching: dict[str, threading.Lock] = {}  # members being filled in this process: their fill's lock
         self._read_together: dict[tuple, list[Path]] = {}  # (container, locator's read_with) -> its members
-        self._recording = threading.local()  # .added: where `add` records, while a thread records
 
     def add(self, member: Member, name: str) -> Path:
         """Register MEMBER under NAME (unique in its container); its path."""
         path = member_path(member.container, name)
         self.register(path, member)
-        recorded = getattr(self._recording, "added", None)
-        if recorded is not None:
-            recorded.append((path, member))
         return path
 
     def register(self, path: Path, member: Member) -> None:
@@ -104,15 +99,6 @@ class MemberSet:
         read_with = getattr(member.locator, "read_with", None)
         if read_with is not None:
             self._read_together.setdefault((member.container, read_with), []).append(path)
-
-    @contextmanager
-    def recording(self):
-        """The (path, member) pairs this thread adds meanwhile, in order (one container's index)."""
-        self._recording.added = added = []
-        try:
-            yield added
-        finally:
-            self._recording.added = None
 
     def member(self, path: Path) -> Member | None:
         return self.members.get(str(path))
