@@ -9,6 +9,11 @@ DEMO_DIR ?= out/demo
 # checkov's own virtualenv: its pinned dependencies conflict with the main one's (requirements-lint.txt).
 LINT_VENV ?= .venv-lint
 LINT_STAMP := $(LINT_VENV)/.installed
+# Every target starts Python processes that import our packages from their source folders (an
+# editable install); an environment that sets PYTHONDONTWRITEBYTECODE (as some images do) makes each
+# compile those modules again (~1.2 s of CPU per trainer process, and the tests start many), so
+# Python may cache their bytecode here (an empty value is unset for Python).
+export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: demo test unit e2e install cluster-bins browser crd manifests lint lint-tools bench clean
 
@@ -66,11 +71,8 @@ e2e: $(STAMP) cluster-bins
 
 # Two workers: the control-plane tests (one control plane per machine) run in one, in file order,
 # while the other takes the unit, trainer and storage tests (tests/conftest.py schedules them).
-# The tests start many Python processes that import our packages from their source
-# folders; an environment that sets PYTHONDONTWRITEBYTECODE (as some images do) makes each of them
-# compile those modules again (~1 s of CPU per trainer process), so the tests let Python cache them.
 test: $(STAMP) cluster-bins browser lint-tools
-	PYTHONDONTWRITEBYTECODE= CHECKOV=$(abspath $(LINT_VENV))/bin/checkov $(PY) -m pytest tests -q -ra -n 2
+	CHECKOV=$(abspath $(LINT_VENV))/bin/checkov $(PY) -m pytest tests -q -ra -n 2
 
 bench: $(STAMP) cluster-bins
 	$(PY) benchmarks/trainer_throughput.py
