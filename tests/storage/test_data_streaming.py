@@ -228,3 +228,30 @@ def test_a_broken_streamed_image_stops_the_run_naming_it_and_keeps_its_checkpoin
     assert "Traceback" not in stderr
     assert (run_dir(tmp_path / "out") / f"checkpoint-{reached}" / "manifest.json").is_file(), \
         f"the {reached} step(s) before the broken image were checkpointed and kept"
+
+
+def test_images_with_caption_files_stream_as_local_ones_read_and_a_caption_fixed_in_place_is_fetched_again(
+        bucket, tmp_path, monkeypatch):
+    from kubetune_trainer.data.captions import read_captions
+    from kubetune_trainer.data.screening import Screen
+    from kubetune_trainer.storage import stream
+    from tests.trainer.test_captions_layout import as_caption_files
+
+    local = as_caption_files(noise_captions(tmp_path / "jsonl", 4), tmp_path / "txt",
+                             folders=lambda name: "set-b" if name >= "002" else "set-a")
+    upload(local, f"s3://{bucket}/kohya")
+    monkeypatch.setenv("KUBETUNE_CACHE_DIR", str(tmp_path / "cache"))
+    root = Path(stream.open_stream(f"s3://{bucket}/kohya"))
+
+    def samples(folder: Path) -> list[tuple[str, str]]:
+        return [(s.path.relative_to(folder).as_posix(), s.caption) for s in read_captions(folder, Screen(skip_bad=False))]
+
+    assert samples(root) == samples(local) == [(f"set-{'a' if i < 2 else 'b'}/{i:03d}.png", f"noise number {i}")
+                                               for i in range(4)]
+    assert image_bytes(root) == 0, "the images are still placeholders: the captions came with the listing"
+
+    time.sleep(1.1)  # a later LastModified, whatever the server's resolution
+    (local / "set-b" / "003.txt").write_text("noise Number 3")  # fixed in place, same length
+    s3.upload_file(local / "set-b" / "003.txt", parse_s3(f"s3://{bucket}/kohya/set-b/003.txt"))
+    assert Path(stream.open_stream(f"s3://{bucket}/kohya")) == root  # the pod's container restarted
+    assert samples(root)[3] == ("set-b/003.png", "noise Number 3")

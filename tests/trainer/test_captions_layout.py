@@ -1,6 +1,7 @@
 """The captions layout as people lay it out: other keys than file_name/text (spec.data.imageColumn,
 captionColumn), images in an images/ folder beside metadata.jsonl (the SDXL LoRA guide's data sets),
-and a warning for images smaller than the training size."""
+no metadata.jsonl but each image's caption in NAME.txt (kohya, ai-toolkit, musubi-tuner), and a
+warning for images smaller than the training size."""
 from __future__ import annotations
 
 import json
@@ -63,15 +64,88 @@ def test_images_smaller_than_the_training_size_are_counted_with_the_smallest_nam
     assert screen.small is None
 
 
-def test_a_width_by_height_training_size_crops_and_samples_at_that_size(tiny_job, tmp_path):
+def test_a_width_by_height_training_size_crops_and_samples_at_that_size_from_caption_files(
+        tiny_job, captions_data, tmp_path):
     from PIL import Image as PILImage
 
     from tests.trainer.conftest import run_dir, run_trainer
 
     manifest = tiny_job(maxSteps=2)
+    manifest["spec"]["data"]["uri"] = str(as_caption_files(captions_data, tmp_path / "kohya"))
     manifest["spec"]["data"]["resolution"] = [48, 32]  # [width, height], as the Qwen/Kontext guide writes it
     manifest["spec"]["validation"] = {"everySteps": 2, "prompts": ["a red circle"], "numInferenceSteps": 1}
     result = run_trainer(manifest, tmp_path)
+    assert "has no metadata.jsonl: 8 images captioned by their NAME.txt files" in result.stderr
     assert "8 of 8 images are smaller than the training size 48x32" in result.stderr, "32x32 data: narrower"
     [sample] = (run_dir(tmp_path / "out") / "samples" / "step-0000002").glob("0.png")
     assert PILImage.open(sample).size == (48, 32)
+
+
+def as_caption_files(source, root, folders=lambda name: ""):
+    """The captions data set at SOURCE again as kohya / ai-toolkit / musubi-tuner keep one: each image
+    with its caption in NAME.txt beside it, no metadata.jsonl; `folders` puts an image in a subfolder."""
+    for line in (source / "metadata.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        image = root / folders(record["file_name"]) / record["file_name"]
+        image.parent.mkdir(parents=True, exist_ok=True)
+        image.write_bytes((source / record["file_name"]).read_bytes())
+        image.with_suffix(".txt").write_text(record["text"])
+    return root
+
+
+def test_images_with_their_caption_files_read_as_the_same_set_with_metadata_jsonl(tmp_path):
+    source = write_set(tmp_path / "jsonl", [(f"{name}.png", (64, 64)) for name in "abcd"], folder=".")
+    root = as_caption_files(source, tmp_path / "txt", folders=lambda name: "portraits" if name < "c" else "")
+    (root / "portraits" / "b.txt").write_bytes("\ufeffa photo of b.png\r\n".encode())  # Notepad: a BOM, CRLF
+    (root / "notes.txt").write_text("not a caption: no image is called notes")
+    (root / ".thumbnails").mkdir()
+    Image.new("RGB", (8, 8)).save(root / ".thumbnails" / "a.png")  # hidden: not a sample
+    from_metadata = read_captions(source, Screen(skip_bad=False))
+    from_files = read_captions(root, Screen(skip_bad=False))
+    assert [(s.path.relative_to(root).as_posix(), s.caption) for s in from_files] == [
+        ("c.png", "a photo of c.png"), ("d.png", "a photo of d.png"),
+        ("portraits/a.png", "a photo of a.png"), ("portraits/b.png", "a photo of b.png")], "in path order"
+    assert sorted(s.caption for s in from_files) == sorted(s.caption for s in from_metadata)
+
+
+def test_an_image_without_its_caption_file_is_named_and_skipped_only_when_asked(tmp_path):
+    root = as_caption_files(write_set(tmp_path / "jsonl", [("a.png", (64, 64)), ("b.png", (64, 64))], folder="."),
+                            tmp_path / "txt")
+    (root / "b.txt").unlink()
+    (root / "a.txt").write_text("")  # an empty caption file is an empty caption, not a missing one
+    with pytest.raises(ConfigError, match=rf"{root / 'b.png'}: no caption b.txt beside it \(without "
+                                          r"metadata.jsonl, each of the images needs NAME.txt; an empty one is "
+                                          r"an empty caption\); fix or remove it, or set spec.data.skipBad"):
+        read_captions(root, Screen(skip_bad=False))
+    screen = Screen(skip_bad=True)
+    assert [(s.path.name, s.caption) for s in read_captions(root, screen)] == [("a.png", "")]
+    assert len(screen.skipped) == 1 and "b.png" in screen.skipped[0]
+
+
+def test_caption_files_that_are_not_text_or_lead_outside_are_named(tmp_path):
+    root = as_caption_files(write_set(tmp_path / "jsonl", [("a.png", (64, 64)), ("b.png", (64, 64))], folder="."),
+                            tmp_path / "txt")
+    (root / "a.txt").write_bytes(b"caf\xe9")  # Latin-1
+    with pytest.raises(ConfigError, match=rf"{root / 'a.txt'}: not UTF-8 text \(byte 3\); save it as UTF-8"):
+        read_captions(root, Screen(skip_bad=False))
+    (root / "a.txt").unlink()
+    (tmp_path / "secret.txt").write_text("outside the data set")
+    os.symlink(tmp_path / "secret.txt", root / "a.txt")
+    with pytest.raises(ConfigError, match=r"caption file 'a.txt' leads outside .* through a symbolic link"):
+        read_captions(root, Screen(skip_bad=False))
+
+
+def test_a_folder_with_neither_metadata_nor_caption_files_names_both_ways(tmp_path):
+    from kubetune_trainer.data.video_captions import read_video_captions
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"has no metadata.jsonl and no images \(.png, .jpg.*\) with a caption "
+                                          r"NAME.txt beside them; the captions layout needs images plus "
+                                          r"metadata.jsonl lines of \{\"file_name\": ..., \"text\": ...\}, or each"):
+        read_captions(tmp_path / "empty", Screen(skip_bad=False))
+    with pytest.raises(ConfigError, match=r"no clips \(.mp4, .*\) with a caption NAME.txt.*the video-captions layout"):
+        read_video_captions(tmp_path / "empty", Screen(skip_bad=False))
+    (tmp_path / "empty" / "walk.mp4").write_bytes(b"")  # read, not decoded: the screen's clip check decodes
+    (tmp_path / "empty" / "walk.txt").write_text("a person walking")
+    [clip] = read_video_captions(tmp_path / "empty", Screen(skip_bad=False))
+    assert (clip.path.name, clip.caption) == ("walk.mp4", "a person walking")

@@ -397,11 +397,12 @@ class DataSpec(_Model):
     model_config = ConfigDict(json_schema_extra=entries(DATA_RULES))
 
     layout: Layout = Field(
-        description="captions: images + metadata.jsonl of {file_name, text}; edit-pairs: "
+        description="captions: images + metadata.jsonl of {file_name, text}, or without metadata.jsonl each "
+        "image NAME.png with its caption in NAME.txt; edit-pairs: "
         "control_images/NAME.png (or NAME_0.png, NAME_1.png, ... for several reference images) + "
         "training_images/NAME.png with NAME.txt prompts; pmg: data.json of user histories; "
         "image-folder: CLASS/NAME.png; video-captions: video clips (.mp4, .webm, .mov) + metadata.jsonl of "
-        "{file_name, text}."
+        "{file_name, text}, or each clip NAME.mp4 with NAME.txt."
     )
     uri: StorageUri = Field(description="The data directory: a local path or s3://bucket/prefix.")
     format: DataFormatName = Field(

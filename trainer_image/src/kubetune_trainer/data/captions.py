@@ -1,24 +1,29 @@
-"""The captions layout: images plus metadata.jsonl lines of {"file_name": ..., "text": ...}.
+"""The captions layout: images plus metadata.jsonl lines of {"file_name": ..., "text": ...}, or, in a
+folder without metadata.jsonl, each image with its caption in NAME.txt beside it (data.caption_files).
 
-The keys are spec.data.imageColumn and captionColumn (file_name and text by default, the Hugging
-Face image-folder convention). An image's name is relative to metadata.jsonl's folder, or to an
-images/ folder beside it (the layout of the SDXL LoRA guide's data sets).
+metadata.jsonl's keys are spec.data.imageColumn and captionColumn (file_name and text by default, the
+Hugging Face image-folder convention). An image's name is relative to metadata.jsonl's folder, or to
+an images/ folder beside it (the layout of the SDXL LoRA guide's data sets).
 """
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from kubetune_trainer.data.caption_files import read_caption_files
 from kubetune_trainer.data.data_files import data_file, not_text
 from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.data.keyed import KeyedDataset
 from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.storage.confine import UnsafePath, confined
-from kubetune_trainer.storage.stream import NotARegularFile, regular_file
+from kubetune_trainer.storage.stream import IMAGE_SUFFIXES, NotARegularFile, regular_file
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -32,18 +37,15 @@ IMAGES_FOLDER = "images"
 
 def read_captions(root: Path, screen: Screen, image_column: str = "file_name",
                   caption_column: str = "text", folder: str = IMAGES_FOLDER,
-                  layout: str = "captions") -> list[CaptionedImage]:
+                  layout: str = "captions", suffixes: tuple[str, ...] = IMAGE_SUFFIXES) -> list[CaptionedImage]:
     """Read metadata.jsonl; name the file and line of anything wrong (or skip it: screen). A file is
     looked for beside metadata.jsonl, then in `folder` (the video-captions layout reads clips the same
-    way, from videos/)."""
+    way, from videos/). Without metadata.jsonl, every file of `suffixes` with its NAME.txt."""
     keys = f'{{"{image_column}": ..., "{caption_column}": ...}}'
-    what = "images" if folder == IMAGES_FOLDER else "files"
+    what = "images" if folder == IMAGES_FOLDER else "clips"
     metadata = data_file(root, "metadata.jsonl")
     if metadata is None:
-        raise FileNotFoundError(
-            f"spec.data.uri: {root} has no metadata.jsonl; the {layout} layout needs {what} plus "
-            f"metadata.jsonl lines of {keys}"
-        )
+        return _from_caption_files(root, screen, suffixes, what, layout, keys)
     samples = []
     for number, line in enumerate(metadata.read_bytes().splitlines(), start=1):
         where = f"{metadata}:{number}"
@@ -85,6 +87,20 @@ def read_captions(root: Path, screen: Screen, image_column: str = "file_name",
         samples.append(CaptionedImage(path, caption))
     if not samples:
         raise ConfigError(f"{metadata} lists no usable {what}")
+    return samples
+
+
+def _from_caption_files(root: Path, screen: Screen, suffixes: tuple[str, ...], what: str, layout: str,
+                        keys: str) -> list[CaptionedImage]:
+    if not root.is_dir():
+        raise FileNotFoundError(f"spec.data.uri: {root} is not a directory")
+    samples = [CaptionedImage(path, caption) for path, caption in read_caption_files(root, screen, suffixes, what)]
+    if not samples:
+        raise ConfigError(
+            f"spec.data.uri: {root} has no metadata.jsonl and no {what} ({', '.join(suffixes)}) with a caption "
+            f"NAME.txt beside them; the {layout} layout needs {what} plus metadata.jsonl lines of {keys}, or "
+            "each of them with its NAME.txt")
+    log.info("%s has no metadata.jsonl: %d %s captioned by their NAME.txt files", root, len(samples), what)
     return samples
 
 

@@ -1,4 +1,5 @@
-"""The video-captions layout: video clips plus metadata.jsonl lines of {"file_name": ..., "text": ...}.
+"""The video-captions layout: video clips plus metadata.jsonl lines of {"file_name": ..., "text": ...},
+or, without metadata.jsonl, each clip with its caption in NAME.txt beside it (data.caption_files).
 
 Read as the captions layout is (data.captions: the same keys, spec.data.imageColumn and
 captionColumn; a clip beside metadata.jsonl or in a videos/ folder beside it), decoded with PyAV
@@ -37,7 +38,7 @@ from kubetune_trainer.data.keyed import KeyedDataset
 from kubetune_trainer.data.screening import CHECK_THREADS, Screen
 from kubetune_trainer.data.video import ClipError, probe, read_frames
 from kubetune_trainer.errors import ConfigError
-from kubetune_trainer.storage.stream import describe
+from kubetune_trainer.storage.stream import VIDEO_SUFFIXES, describe
 
 VIDEOS_FOLDER = "videos"
 
@@ -50,10 +51,11 @@ class CaptionedClip:
 
 def read_video_captions(root: Path, screen: Screen, file_column: str = "file_name",
                         caption_column: str = "text") -> list[CaptionedClip]:
-    """metadata.jsonl's clips and captions; a bad line goes to the screen (the clips themselves are
-    checked by the screen's clip check, data.video.ClipCheck)."""
+    """The clips and captions of metadata.jsonl (or of NAME.txt files); a bad line goes to the screen
+    (the clips themselves are checked by the screen's clip check, data.video.ClipCheck)."""
     return [CaptionedClip(sample.path, sample.caption) for sample in
-            read_captions(root, screen, file_column, caption_column, VIDEOS_FOLDER, "video-captions")]
+            read_captions(root, screen, file_column, caption_column, VIDEOS_FOLDER, "video-captions",
+                          VIDEO_SUFFIXES)]
 
 
 def _probe_or_error(path: Path):
