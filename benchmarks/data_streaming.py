@@ -13,7 +13,9 @@ the tiny SD1.5 on it in each case, each in a fresh cache directory:
   streamed              the default: one listing, then each step's images fetched ahead of the loader;
   parquet streamed      the same images as Hugging Face datasets writes parquet (--rows-per-file rows a
                         file, row groups of --row-group), spec.data.format parquet;
-  webdataset streamed   the same images as WebDataset shards of --rows-per-file samples.
+  webdataset streamed   the same images as WebDataset shards of --rows-per-file samples;
+  caption files streamed  the same images with their captions in NAME.txt files beside them (no
+                        metadata.jsonl: kohya / ai-toolkit / musubi-tuner folders), streamed.
 The default cases are the first three (--cases all: every one). With --delay-ms every S3 request of
 the trainers passes a proxy on loopback that holds it that long (benchmarks/delay_proxy.py), as an
 object store across a network answers. Time to the first step runs from the trainer's start to its
@@ -42,13 +44,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoint_io import start_versitygw  # noqa: E402  (the same loopback S3 server)
 from delay_proxy import delay_s3  # noqa: E402
 
-# name: (where the data is, spec.data.format, streamed)
+# name: (where the data is, which stored form of it, spec.data.format, streamed)
 CASES = {
-    "local disk": ("local", "files", True),
-    "copied whole": ("s3", "files", False),
-    "streamed": ("s3", "files", True),
-    "parquet streamed": ("s3", "parquet", True),
-    "webdataset streamed": ("s3", "webdataset", True),
+    "local disk": ("local", "files", "files", True),
+    "copied whole": ("s3", "files", "files", False),
+    "streamed": ("s3", "files", "files", True),
+    "parquet streamed": ("s3", "parquet", "parquet", True),
+    "webdataset streamed": ("s3", "webdataset", "webdataset", True),
+    "caption files streamed": ("s3", "caption-files", "files", True),
 }
 DEFAULT_CASES = "local disk;copied whole;streamed"
 
@@ -86,8 +89,20 @@ def write_data(directory: Path, count: int, side: int) -> Path:
     return directory
 
 
+def caption_files(data: Path, directory: Path) -> Path:
+    """DATA's images again, each with its caption in NAME.txt beside it and no metadata.jsonl."""
+    if not directory.is_dir():
+        for line in (data / "metadata.jsonl").read_text().splitlines():
+            record = json.loads(line)
+            image = directory / record["file_name"]
+            image.parent.mkdir(parents=True, exist_ok=True)
+            os.link(data / record["file_name"], image)  # the same bytes, no second copy on disk
+            image.with_suffix(".txt").write_text(record["text"])
+    return directory
+
+
 def run(args, name: str, model: Path, data_uri: str, work: Path) -> dict:
-    _, data_format, streaming = CASES[name]
+    _, _, data_format, streaming = CASES[name]
     out = work / name.replace(" ", "-")
     shutil.rmtree(out, ignore_errors=True)
     manifest = {
@@ -159,14 +174,16 @@ def main(argv=None) -> None:
     data = work / f"data-{args.images}-{args.side}"
     if not (data / "metadata.jsonl").is_file():
         write_data(data, args.images, args.side)
-    formats = {CASES[name][1] for name in cases}
+    forms = {CASES[name][1] for name in cases}
     sets = {"files": data}
-    if "parquet" in formats:
+    if "parquet" in forms:
         sets["parquet"] = write_parquet("captions", data, work / f"parquet-{args.images}-{args.side}",
                                         args.rows_per_file, args.row_group)
-    if "webdataset" in formats:
+    if "webdataset" in forms:
         sets["webdataset"] = write_webdataset("captions", data, work / f"webdataset-{args.images}-{args.side}",
                                               args.rows_per_file)
+    if "caption-files" in forms:
+        sets["caption-files"] = caption_files(data, work / f"caption-files-{args.images}-{args.side}")
     size = sum(p.stat().st_size for p in data.rglob("*.jpg"))
     (work / "s3").mkdir(exist_ok=True)
     server, settings = start_versitygw(work / "s3")
@@ -177,9 +194,9 @@ def main(argv=None) -> None:
         bucket = "bench-" + secrets.token_hex(4)
         s3.client().create_bucket(Bucket=bucket)
         started = time.time()
-        for data_format, local in sets.items():
+        for form, local in sets.items():
             s3.upload_files(sorted(p for p in local.rglob("*") if p.is_file()), local,
-                            parse_s3(f"s3://{bucket}/{data_format}"))
+                            parse_s3(f"s3://{bucket}/{form}"))
         print(f"{args.images} images of {args.side} px ({size / 1e6:.0f} MB) as {sorted(sets)} uploaded in "
               f"{time.time() - started:.0f} s; tiny SD1.5 at {args.resolution} px, batch {args.batch_size}, "
               f"{args.steps} steps, CPU")
@@ -187,8 +204,8 @@ def main(argv=None) -> None:
             proxy = delay_s3(settings, args.delay_ms)
         results = {}
         for name in cases:
-            where, data_format, _ = CASES[name]
-            uri = str(sets[data_format]) if where == "local" else f"s3://{bucket}/{data_format}"
+            where, form, _, _ = CASES[name]
+            uri = str(sets[form]) if where == "local" else f"s3://{bucket}/{form}"
             results[name] = run(args, name, model, uri, work)
         rate = fetch_rate(f"s3://{bucket}/files", work, min(args.images, 5000)) if "streamed" in cases else None
     finally:

@@ -2,7 +2,8 @@
 processes of a node started together read each container's index once between them, a process
 started later on the node (a restarted pod) reads none, and a container replaced in the bucket is
 indexed again. Each process here is a separate interpreter indexing as a trainer's set-up does, on
-real shards and parquet files in the local S3 server."""
+real shards and parquet files in the local S3 server. The small files of a streamed tree (caption
+files NAME.txt) are fetched once per node too (storage.stream.open_stream's node lock)."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -97,3 +99,47 @@ def test_a_damaged_index_on_the_node_is_made_again(bucket, tmp_path):
     kept[0].write_bytes(kept[0].read_bytes()[:100])  # cut short, as a full disk leaves a file
     [again] = index_in_processes(uri, "webdataset", tmp_path / "node", 1)
     assert again["records"] == first["records"] and 0 < again["index_bytes"] < first["index_bytes"]
+
+
+LAY_OUT = textwrap.dedent("""
+    import json, sys, time
+    from pathlib import Path
+    from kubetune_trainer.storage import s3, stream
+    uri, ready, go = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    fetched, download = [], s3.download_file
+    def slow_download(location, target, modified_ns=None):  # a round trip across a network, so processes overlap
+        time.sleep(0.2)
+        fetched.append(location.key)
+        download(location, target, modified_ns)
+    s3.download_file = slow_download
+    ready.touch()
+    while not go.exists():  # every process imported: they open the stream at the same moment
+        time.sleep(0.01)
+    root = Path(stream.open_stream(uri))
+    print(json.dumps({"fetched": len(fetched), "captions": sorted(p.read_text() for p in root.rglob("*.txt"))}))
+""")
+
+
+def test_a_nodes_processes_fetch_each_caption_file_once_between_them(bucket, tmp_path):
+    from tests.trainer.test_captions_layout import as_caption_files
+
+    local = as_caption_files(noise_captions(tmp_path / "jsonl", 40, side=16), tmp_path / "kohya")
+    upload(local, f"s3://{bucket}/kohya")
+    go, ready = tmp_path / "go", [tmp_path / f"ready-{i}" for i in range(2)]
+    env = {**os.environ, "KUBETUNE_CACHE_DIR": str(tmp_path / "node")}
+    processes = [subprocess.Popen([sys.executable, "-c", LAY_OUT, f"s3://{bucket}/kohya", str(ready[i]), str(go)],
+                                  env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                 for i in range(2)]
+    deadline = time.monotonic() + 120
+    while not all(path.exists() for path in ready) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    go.touch()  # both have imported: they open the stream together
+    results = []
+    for process in processes:
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    expected = sorted(f"noise number {i}" for i in range(40))
+    assert all(result["captions"] == expected for result in results)
+    assert sum(result["fetched"] for result in results) == 40, \
+        "one process laid the tree out, the other waited and found every caption file there"

@@ -15,10 +15,8 @@ written beside a user's data.
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
-import os
 import pickle
 from pathlib import Path
 from typing import Callable
@@ -43,9 +41,7 @@ def indexed(container: Path, reading: str, index: Callable[[Path], list]) -> lis
     identity = repr((VERSION, reading, str(container), listed.size, listed.modified_ns, listed.etag))
     file = cache_root() / "indexes" / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.pickle"
     file.parent.mkdir(parents=True, exist_ok=True)
-    lock = os.open(file.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the node's other processes wait here; released when closed or dead
+    with stream.node_lock(file.with_suffix(".lock")):  # the node's other processes wait here
         kept = _read(file, identity)
         if kept is not None:
             records, members = kept
@@ -55,8 +51,6 @@ def indexed(container: Path, reading: str, index: Callable[[Path], list]) -> lis
         records = index(container)
         stream._replace(file, pickle.dumps((identity, records, _members_of(records)), pickle.HIGHEST_PROTOCOL))
         return records
-    finally:
-        os.close(lock)
 
 
 def _members_of(records: list) -> list:

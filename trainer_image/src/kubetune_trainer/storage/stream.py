@@ -19,12 +19,14 @@ of the pod, the tree keeps what is still current and drops what was replaced, sa
 """
 from __future__ import annotations
 
+import fcntl
 import io
 import logging
 import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Callable
@@ -44,6 +46,9 @@ VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov", ".webm", ".mkv")
 CONTAINER_SUFFIXES = (".parquet", ".tar")
 STREAMED_SUFFIXES = IMAGE_SUFFIXES + VIDEO_SUFFIXES + CONTAINER_SUFFIXES
 FETCH_THREADS = 8
+# The small files are fetched before the first step, a request each: a set whose captions are NAME.txt
+# files has as many as images, and each waits a round trip (s3's client pools PARALLEL_FILES * 4).
+SMALL_FILE_THREADS = s3.PARALLEL_FILES * 4
 
 
 @dataclass
@@ -161,36 +166,53 @@ def stream_root() -> Path:
 
 def open_stream(uri: str) -> str:
     """Lay out the tree of the s3:// data set URI on this node; its local root. Safe to call from
-    every process of a node: what is already there is kept."""
+    every process of a node: one lays the tree out while the others wait, and what is already there
+    and current is kept."""
     location = parse_s3(uri)
     root = stream_root() / location.bucket / location.key
     objects = s3.list_stored_objects(location)
     if not objects:
         raise FileNotFoundError(f"{uri} is empty or does not exist")
     stream = Stream(location, root)
-    small, folders = [], set()
-    for key, stored in objects.items():
-        if key.endswith("/"):
-            continue
-        # Keys are chosen by whoever writes the bucket: each must stay under root. The tree is this
-        # process's own making (no symlinks in it), so checking the text suffices, and is quick.
-        path = root.joinpath(*relative_parts(root, key, f"object key under {uri}"))
-        if PurePosixPath(key).suffix.lower() in STREAMED_SUFFIXES:
-            stream.images[key] = stored
-            if path.parent not in folders:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                folders.add(path.parent)
-        elif not s3.mirrors(path, stored):  # a caption fixed in place keeps its size, not its time
-            small.append(key)
-    # Creating files is slow on some disks (a millisecond each): in parallel, with the small files.
-    with ThreadPoolExecutor(FETCH_THREADS) as pool:
-        list(pool.map(lambda key: _placeholder(root / key, stream.images[key]), stream.images))
-        list(pool.map(lambda key: s3.download_file(location.child(key), root / key, objects[key].modified_ns),
-                      small))
+    root.parent.mkdir(parents=True, exist_ok=True)
+    # The node's first process lays the tree out; the others wait, then find it done (else each of a
+    # node's 8 processes fetched every caption file).
+    with node_lock(root.with_name(f".{root.name}.lock")):
+        small, folders = [], set()
+        for key, stored in objects.items():
+            if key.endswith("/"):
+                continue
+            # Keys are chosen by whoever writes the bucket: each must stay under root. The tree is this
+            # process's own making (no symlinks in it), so checking the text suffices, and is quick.
+            path = root.joinpath(*relative_parts(root, key, f"object key under {uri}"))
+            if PurePosixPath(key).suffix.lower() in STREAMED_SUFFIXES:
+                stream.images[key] = stored
+                if path.parent not in folders:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    folders.add(path.parent)
+            elif not s3.mirrors(path, stored):  # a caption fixed in place keeps its size, not its time
+                small.append(key)
+        # Creating files is slow on some disks (a millisecond each): in parallel, with the small files.
+        with ThreadPoolExecutor(SMALL_FILE_THREADS) as pool:
+            list(pool.map(lambda key: _placeholder(root / key, stream.images[key]), stream.images))
+            list(pool.map(lambda key: s3.download_file(location.child(key), root / key, objects[key].modified_ns),
+                          small))
     _STREAMS[root] = stream
     log.info("streaming %s: %d images listed (%.1f MB), %d small files fetched", uri, len(stream.images),
              sum(image.size for image in stream.images.values()) / 1e6, len(small))
     return str(root)
+
+
+@contextmanager
+def node_lock(path: Path):
+    """Held by one process of the node at a time: fcntl.flock on PATH (never through a link),
+    released when the holder closes it or dies."""
+    lock = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(lock)
 
 
 def streamed(root: Path) -> Stream | None:
