@@ -107,10 +107,10 @@ LAY_OUT = textwrap.dedent("""
     from kubetune_trainer.storage import s3, stream
     uri, ready, go = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     fetched, download = [], s3.download_file
-    def slow_download(location, target, modified_ns=None):  # a round trip across a network, so processes overlap
+    def slow_download(location, target, modified_ns=None, size=None):  # a round trip across a network: they overlap
         time.sleep(0.2)
         fetched.append(location.key)
-        download(location, target, modified_ns)
+        download(location, target, modified_ns, size)
     s3.download_file = slow_download
     ready.touch()
     while not go.exists():  # every process imported: they open the stream at the same moment

@@ -41,7 +41,7 @@ def test_a_bucket_key_with_dot_dot_is_refused_before_anything_is_downloaded(tmp_
     downloaded = []
     monkeypatch.setattr(s3, "list_stored_objects", lambda location: {
         "ok.bin": s3.StoredObject(1, 0), "../../.bashrc": s3.StoredObject(5, 0)})
-    monkeypatch.setattr(s3, "download_file", lambda location, target, modified_ns: downloaded.append(target))
+    monkeypatch.setattr(s3, "download_file", lambda location, target, *_: downloaded.append(target))
     with pytest.raises(UnsafePath, match=r"object key under s3://bucket/models '../../.bashrc' leaves"):
         s3.download_prefix(parse_s3("s3://bucket/models"), tmp_path / "mirror")
     assert downloaded == [], "refused before the first download"

@@ -195,8 +195,8 @@ def open_stream(uri: str) -> str:
         # Creating files is slow on some disks (a millisecond each): in parallel, with the small files.
         with ThreadPoolExecutor(SMALL_FILE_THREADS) as pool:
             list(pool.map(lambda key: _placeholder(root / key, stream.images[key]), stream.images))
-            list(pool.map(lambda key: s3.download_file(location.child(key), root / key, objects[key].modified_ns),
-                          small))
+            list(pool.map(lambda key: s3.download_file(location.child(key), root / key, objects[key].modified_ns,
+                                                       objects[key].size), small))
     _STREAMS[root] = stream
     log.info("streaming %s: %d images listed (%.1f MB), %d small files fetched", uri, len(stream.images),
              sum(image.size for image in stream.images.values()) / 1e6, len(small))
