@@ -230,7 +230,7 @@ def test_a_broken_streamed_image_stops_the_run_naming_it_and_keeps_its_checkpoin
         f"the {reached} step(s) before the broken image were checkpointed and kept"
 
 
-def test_images_with_caption_files_stream_as_local_ones_read_and_a_caption_fixed_in_place_is_fetched_again(
+def test_caption_files_stream_as_local_ones_read_and_a_restart_sees_a_fixed_caption_and_a_removed_sample(
         bucket, tmp_path, monkeypatch):
     from kubetune_trainer.data.captions import read_captions
     from kubetune_trainer.data.screening import Screen
@@ -255,3 +255,8 @@ def test_images_with_caption_files_stream_as_local_ones_read_and_a_caption_fixed
     s3.upload_file(local / "set-b" / "003.txt", parse_s3(f"s3://{bucket}/kohya/set-b/003.txt"))
     assert Path(stream.open_stream(f"s3://{bucket}/kohya")) == root  # the pod's container restarted
     assert samples(root)[3] == ("set-b/003.png", "noise Number 3")
+
+    for name in ("set-a/000.png", "set-a/000.txt"):  # a sample taken out of the bucket
+        s3.delete_object(parse_s3(f"s3://{bucket}/kohya/{name}"))
+    assert Path(stream.open_stream(f"s3://{bucket}/kohya")) == root  # restarted again
+    assert [name for name, _ in samples(root)] == ["set-a/001.png", "set-b/002.png", "set-b/003.png"]

@@ -15,7 +15,8 @@ from its saved position, so the stream continues there. Eviction never breaks a 
 swapped for a placeholder atomically, and a reader that finds one fetches the image again.
 
 Every fetched file takes its object's LastModified as its time: reopened by a restarted container
-of the pod, the tree keeps what is still current and drops what was replaced, same size or not.
+of the pod, the tree keeps what is still current, drops what was replaced (same size or not) and
+removes what the bucket no longer lists.
 """
 from __future__ import annotations
 
@@ -197,10 +198,28 @@ def open_stream(uri: str) -> str:
             list(pool.map(lambda key: _placeholder(root / key, stream.images[key]), stream.images))
             list(pool.map(lambda key: s3.download_file(location.child(key), root / key, objects[key].modified_ns,
                                                        objects[key].size), small))
+        removed = _remove_unlisted(root, objects)
     _STREAMS[root] = stream
-    log.info("streaming %s: %d images listed (%.1f MB), %d small files fetched", uri, len(stream.images),
-             sum(image.size for image in stream.images.values()) / 1e6, len(small))
+    log.info("streaming %s: %d images listed (%.1f MB), %d small files fetched%s", uri, len(stream.images),
+             sum(image.size for image in stream.images.values()) / 1e6, len(small),
+             f", {removed} files no longer in the bucket removed" if removed else "")
     return str(root)
+
+
+def _remove_unlisted(root: Path, listed: dict[str, s3.StoredObject]) -> int:
+    """Remove the files of an earlier container's tree whose objects are gone from the bucket: the
+    layouts that walk a folder (caption files NAME.txt, image-folder) would train on them. Hidden
+    files (_replace's partial writes) and s3.download_file's NAME.part are other processes' writes
+    in flight, left alone."""
+    removed = 0
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = Path(folder, name)
+            if not name.startswith(".") and not name.endswith(".part") and \
+                    path.relative_to(root).as_posix() not in listed:
+                path.unlink(missing_ok=True)
+                removed += 1
+    return removed
 
 
 @contextmanager
