@@ -75,7 +75,7 @@ def test_a_width_by_height_training_size_crops_and_samples_at_that_size_from_cap
     manifest["spec"]["data"]["resolution"] = [48, 32]  # [width, height], as the Qwen/Kontext guide writes it
     manifest["spec"]["validation"] = {"everySteps": 2, "prompts": ["a red circle"], "numInferenceSteps": 1}
     result = run_trainer(manifest, tmp_path)
-    assert "has no metadata.jsonl: 8 images captioned by their NAME.txt files" in result.stderr
+    assert "has no metadata.jsonl or metadata.csv: 8 images captioned by their NAME.txt files" in result.stderr
     assert "8 of 8 images are smaller than the training size 48x32" in result.stderr, "32x32 data: narrower"
     [sample] = (run_dir(tmp_path / "out") / "samples" / "step-0000002").glob("0.png")
     assert PILImage.open(sample).size == (48, 32)
@@ -114,7 +114,7 @@ def test_an_image_without_its_caption_file_is_named_and_skipped_only_when_asked(
     (root / "b.txt").unlink()
     (root / "a.txt").write_text("")  # an empty caption file is an empty caption, not a missing one
     with pytest.raises(ConfigError, match=rf"{root / 'b.png'}: no caption b.txt beside it \(without "
-                                          r"metadata.jsonl, each of the images needs NAME.txt; an empty one is "
+                                          r"metadata.jsonl or metadata.csv, each of the images needs NAME.txt; an empty one is "
                                           r"an empty caption\); fix or remove it, or set spec.data.skipBad"):
         read_captions(root, Screen(skip_bad=False))
     screen = Screen(skip_bad=True)
@@ -139,7 +139,7 @@ def test_a_folder_with_neither_metadata_nor_caption_files_names_both_ways(tmp_pa
     from kubetune_trainer.data.video_captions import read_video_captions
 
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ConfigError, match=r"has no metadata.jsonl and no images \(.png, .jpg.*\) with a caption "
+    with pytest.raises(ConfigError, match=r"has no metadata.jsonl or metadata.csv and no images \(.png, .jpg.*\) with a caption "
                                           r"NAME.txt beside them; the captions layout needs images plus "
                                           r"metadata.jsonl lines of \{\"file_name\": ..., \"text\": ...\}, or each"):
         read_captions(tmp_path / "empty", Screen(skip_bad=False))
@@ -149,3 +149,32 @@ def test_a_folder_with_neither_metadata_nor_caption_files_names_both_ways(tmp_pa
     (tmp_path / "empty" / "walk.txt").write_text("a person walking")
     [clip] = read_video_captions(tmp_path / "empty", Screen(skip_bad=False))
     assert (clip.path.name, clip.caption) == ("walk.mp4", "a person walking")
+
+
+def test_a_metadata_csv_reads_as_metadata_jsonl_reads_and_a_missing_column_is_named(tmp_path):
+    import csv
+
+    source = write_set(tmp_path / "jsonl", [("a.png", (64, 64)), ("b.png", (64, 64))], keys=("image", "prompt"))
+    root = tmp_path / "csv"
+    (root / "images").mkdir(parents=True)
+    rows = [json.loads(line) for line in (source / "metadata.jsonl").read_text().splitlines()]
+    rows[1]["prompt"] = 'a "quoted", two-line\ncaption'  # what a spreadsheet writes quoted
+    for row in rows:
+        (root / "images" / row["image"]).write_bytes((source / "images" / row["image"]).read_bytes())
+    with open(root / "metadata.csv", "w", newline="", encoding="utf-8-sig") as table:  # Excel's BOM
+        writer = csv.DictWriter(table, ["image", "prompt"])
+        writer.writeheader()
+        writer.writerows(rows)
+    samples = read_captions(root, Screen(skip_bad=False), image_column="image", caption_column="prompt")
+    assert [(s.path, s.caption) for s in samples] == [(root / "images" / "a.png", "a photo of a.png"),
+                                                       (root / "images" / "b.png", 'a "quoted", two-line\ncaption')]
+    with pytest.raises(ConfigError, match=r"metadata.csv: no column 'file_name' \(spec.data.imageColumn\); its "
+                                          r"header has 'image', 'prompt': name the right one in spec.data.imageColumn"):
+        read_captions(root, Screen(skip_bad=False))
+    (root / "metadata.jsonl").write_text("")
+    with pytest.raises(ConfigError, match=r"has both metadata.jsonl and metadata.csv; keep the one"):
+        read_captions(root, Screen(skip_bad=False), image_column="image", caption_column="prompt")
+    (root / "metadata.jsonl").unlink()
+    (root / "metadata.csv").write_bytes(b"image,prompt\na.png,caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"metadata.csv: not UTF-8 text \(byte 22\); save it as UTF-8"):
+        read_captions(root, Screen(skip_bad=False), image_column="image", caption_column="prompt")

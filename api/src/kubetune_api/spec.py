@@ -397,8 +397,8 @@ class DataSpec(_Model):
     model_config = ConfigDict(json_schema_extra=entries(DATA_RULES))
 
     layout: Layout = Field(
-        description="captions: images + metadata.jsonl of {file_name, text}, or without metadata.jsonl each "
-        "image NAME.png with its caption in NAME.txt; edit-pairs: "
+        description="captions: images + metadata.jsonl (or metadata.csv) of {file_name, text}, or without "
+        "either each image NAME.png with its caption in NAME.txt; edit-pairs: "
         "control_images/NAME.png (or NAME_0.png, NAME_1.png, ... for several reference images) + "
         "training_images/NAME.png with NAME.txt prompts; pmg: data.json of user histories; "
         "image-folder: CLASS/NAME.png; video-captions: video clips (.mp4, .webm, .mov) + metadata.jsonl of "

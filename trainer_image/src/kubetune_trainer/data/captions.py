@@ -1,16 +1,21 @@
-"""The captions layout: images plus metadata.jsonl lines of {"file_name": ..., "text": ...}, or, in a
-folder without metadata.jsonl, each image with its caption in NAME.txt beside it (data.caption_files).
+"""The captions layout: images plus metadata.jsonl lines of {"file_name": ..., "text": ...} (or a
+metadata.csv with those columns), or, in a folder without either, each image with its caption in
+NAME.txt beside it (data.caption_files).
 
-metadata.jsonl's keys are spec.data.imageColumn and captionColumn (file_name and text by default, the
-Hugging Face image-folder convention). An image's name is relative to metadata.jsonl's folder, or to
-an images/ folder beside it (the layout of the SDXL LoRA guide's data sets).
+The metadata's keys are spec.data.imageColumn and captionColumn (file_name and text by default, the
+Hugging Face image-folder convention, which takes metadata.csv as it takes metadata.jsonl). An
+image's name is relative to the metadata's folder, or to an images/ folder beside it (the layout of
+the SDXL LoRA guide's data sets).
 """
 from __future__ import annotations
 
+import csv
+import io
 import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -38,32 +43,27 @@ IMAGES_FOLDER = "images"
 def read_captions(root: Path, screen: Screen, image_column: str = "file_name",
                   caption_column: str = "text", folder: str = IMAGES_FOLDER,
                   layout: str = "captions", suffixes: tuple[str, ...] = IMAGE_SUFFIXES) -> list[CaptionedImage]:
-    """Read metadata.jsonl; name the file and line of anything wrong (or skip it: screen). A file is
-    looked for beside metadata.jsonl, then in `folder` (the video-captions layout reads clips the same
-    way, from videos/). Without metadata.jsonl, every file of `suffixes` with its NAME.txt."""
+    """Read metadata.jsonl (or metadata.csv); name the file and line of anything wrong (or skip it:
+    screen). A file is looked for beside the metadata, then in `folder` (the video-captions layout
+    reads clips the same way, from videos/). Without either, every file of `suffixes` with its NAME.txt."""
     keys = f'{{"{image_column}": ..., "{caption_column}": ...}}'
     what = "images" if folder == IMAGES_FOLDER else "clips"
-    metadata = data_file(root, "metadata.jsonl")
-    if metadata is None:
+    jsonl, table = data_file(root, "metadata.jsonl"), data_file(root, "metadata.csv")
+    if jsonl and table:
+        raise ConfigError(f"spec.data.uri: {root} has both metadata.jsonl and metadata.csv; keep the one that "
+                          "describes the data set")
+    if jsonl is None and table is None:
         return _from_caption_files(root, screen, suffixes, what, layout, keys)
+    records = _jsonl_records(jsonl, screen, keys) if jsonl else _csv_records(table, (image_column, caption_column))
     samples = []
-    for number, line in enumerate(metadata.read_bytes().splitlines(), start=1):
-        where = f"{metadata}:{number}"
+    for where, record in records:
         try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as err:
-            screen.reject(where, f"not UTF-8 text (byte {err.start}); save metadata.jsonl as UTF-8")
-            continue
-        if not text.strip():
-            continue
-        try:
-            record = json.loads(text)
             file_name, caption = record[image_column], record[caption_column]
         except KeyError as err:
             screen.reject(where, f"no key {err} (expected {keys}; spec.data.imageColumn and captionColumn "
                                  f"name other keys: this line has {', '.join(map(repr, record)) or 'none'})")
             continue
-        except (json.JSONDecodeError, TypeError) as err:
+        except TypeError as err:
             screen.reject(where, f"expected {keys} ({err})")
             continue
         if not isinstance(file_name, str) or not isinstance(caption, str):
@@ -86,8 +86,44 @@ def read_captions(root: Path, screen: Screen, image_column: str = "file_name",
             continue
         samples.append(CaptionedImage(path, caption))
     if not samples:
-        raise ConfigError(f"{metadata} lists no usable {what}")
+        raise ConfigError(f"{jsonl or table} lists no usable {what}")
     return samples
+
+
+def _jsonl_records(metadata: Path, screen: Screen, keys: str) -> Iterator[tuple[str, object]]:
+    """("FILE:LINE", the line's JSON value) of each line that is not blank; a line that is not UTF-8
+    or not JSON goes to the screen."""
+    for number, line in enumerate(metadata.read_bytes().splitlines(), start=1):
+        where = f"{metadata}:{number}"
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as err:
+            screen.reject(where, f"not UTF-8 text (byte {err.start}); save metadata.jsonl as UTF-8")
+            continue
+        if not text.strip():
+            continue
+        try:
+            yield where, json.loads(text)
+        except json.JSONDecodeError as err:
+            screen.reject(where, f"expected {keys} ({err})")
+
+
+def _csv_records(metadata: Path, columns: tuple[str, str]) -> Iterator[tuple[str, dict]]:
+    """("FILE:LINE", the row by its header's names) of each row of metadata.csv (Hugging Face's
+    image-folder takes it as it takes metadata.jsonl; Excel writes a byte-order mark, dropped). A
+    file that is not UTF-8 or lacks a named column is refused whole: no row of it can be read."""
+    try:
+        text = metadata.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{metadata}: not UTF-8 text (byte {err.start}); save it as UTF-8") from None
+    rows = csv.DictReader(io.StringIO(text, newline=""))
+    header = rows.fieldnames or []
+    for column, field in zip(columns, ("imageColumn", "captionColumn")):
+        if column not in header:
+            raise ConfigError(f"{metadata}: no column {column!r} (spec.data.{field}); its header has "
+                              f"{', '.join(map(repr, header)) or 'no columns'}: name the right one in spec.data.{field}")
+    for row in rows:
+        yield f"{metadata}:{rows.line_num}", row
 
 
 def _from_caption_files(root: Path, screen: Screen, suffixes: tuple[str, ...], what: str, layout: str,
@@ -97,10 +133,10 @@ def _from_caption_files(root: Path, screen: Screen, suffixes: tuple[str, ...], w
     samples = [CaptionedImage(path, caption) for path, caption in read_caption_files(root, screen, suffixes, what)]
     if not samples:
         raise ConfigError(
-            f"spec.data.uri: {root} has no metadata.jsonl and no {what} ({', '.join(suffixes)}) with a caption "
+            f"spec.data.uri: {root} has no metadata.jsonl or metadata.csv and no {what} ({', '.join(suffixes)}) with a caption "
             f"NAME.txt beside them; the {layout} layout needs {what} plus metadata.jsonl lines of {keys}, or "
             "each of them with its NAME.txt")
-    log.info("%s has no metadata.jsonl: %d %s captioned by their NAME.txt files", root, len(samples), what)
+    log.info("%s has no metadata.jsonl or metadata.csv: %d %s captioned by their NAME.txt files", root, len(samples), what)
     return samples
 
 
