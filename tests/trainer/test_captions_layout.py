@@ -178,3 +178,6 @@ def test_a_metadata_csv_reads_as_metadata_jsonl_reads_and_a_missing_column_is_na
     (root / "metadata.csv").write_bytes(b"image,prompt\na.png,caf\xe9\n")
     with pytest.raises(ConfigError, match=r"metadata.csv: not UTF-8 text \(byte 22\); save it as UTF-8"):
         read_captions(root, Screen(skip_bad=False), image_column="image", caption_column="prompt")
+    (root / "metadata.csv").write_text("image,prompt\na.png," + "x" * 200_000 + "\n")
+    with pytest.raises(ConfigError, match=r"metadata.csv: not readable as CSV after line 1 \(field larger than field limit"):
+        read_captions(root, Screen(skip_bad=False), image_column="image", caption_column="prompt")

@@ -122,8 +122,11 @@ def _csv_records(metadata: Path, columns: tuple[str, str]) -> Iterator[tuple[str
         if column not in header:
             raise ConfigError(f"{metadata}: no column {column!r} (spec.data.{field}); its header has "
                               f"{', '.join(map(repr, header)) or 'no columns'}: name the right one in spec.data.{field}")
-    for row in rows:
-        yield f"{metadata}:{rows.line_num}", row
+    try:
+        for row in rows:
+            yield f"{metadata}:{rows.line_num}", row
+    except csv.Error as err:  # a field over the csv module's limit (131,072 characters)
+        raise ConfigError(f"{metadata}: not readable as CSV after line {rows.line_num} ({err})") from None
 
 
 def _from_caption_files(root: Path, screen: Screen, suffixes: tuple[str, ...], what: str, layout: str,
@@ -133,10 +136,11 @@ def _from_caption_files(root: Path, screen: Screen, suffixes: tuple[str, ...], w
     samples = [CaptionedImage(path, caption) for path, caption in read_caption_files(root, screen, suffixes, what)]
     if not samples:
         raise ConfigError(
-            f"spec.data.uri: {root} has no metadata.jsonl or metadata.csv and no {what} ({', '.join(suffixes)}) with a caption "
-            f"NAME.txt beside them; the {layout} layout needs {what} plus metadata.jsonl lines of {keys}, or "
-            "each of them with its NAME.txt")
-    log.info("%s has no metadata.jsonl or metadata.csv: %d %s captioned by their NAME.txt files", root, len(samples), what)
+            f"spec.data.uri: {root} has no metadata.jsonl or metadata.csv and no {what} ({', '.join(suffixes)}) "
+            f"with a caption NAME.txt beside them; the {layout} layout needs {what} plus metadata.jsonl lines of "
+            f"{keys}, or each of them with its NAME.txt")
+    log.info("%s has no metadata.jsonl or metadata.csv: %d %s captioned by their NAME.txt files", root,
+             len(samples), what)
     return samples
 
 
