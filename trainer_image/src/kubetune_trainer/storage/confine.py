@@ -14,9 +14,12 @@ class UnsafePath(ValueError):
 
 
 def relative_parts(root: Path, name: str, what: str) -> tuple[str, ...]:
-    """NAME's parts, unless it is absolute or climbs with '..' (a check on the text alone)."""
+    """NAME's parts, unless it is absolute, climbs with '..' or holds a backslash (a check on the text alone)."""
+    if "\\" in name:  # a Windows path ("images\\a.png"); as a name it could climb ("..\\x") on another reader
+        raise UnsafePath(f"{what} {name!r} holds a backslash: separate folders with '/' "
+                         f"({name.replace(chr(92), '/')!r})")
     parts = PurePosixPath(name).parts
-    if not name or PurePosixPath(name).is_absolute() or ".." in parts or "\\" in name:
+    if not name or PurePosixPath(name).is_absolute() or ".." in parts:
         raise UnsafePath(f"{what} {name!r} leaves {root}: names must be relative, without '..'")
     return parts
 
