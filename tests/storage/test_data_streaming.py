@@ -258,5 +258,9 @@ def test_caption_files_stream_as_local_ones_read_and_a_restart_sees_a_fixed_capt
 
     for name in ("set-a/000.png", "set-a/000.txt"):  # a sample taken out of the bucket
         s3.delete_object(parse_s3(f"s3://{bucket}/kohya/{name}"))
+    copy = root / "set-b" / "shard.tar.members" / "0001.png"  # where another process copies a shard's member
+    copy.parent.mkdir()
+    copy.write_bytes(b"a member's bytes")
     assert Path(stream.open_stream(f"s3://{bucket}/kohya")) == root  # restarted again
     assert [name for name, _ in samples(root)] == ["set-a/001.png", "set-b/002.png", "set-b/003.png"]
+    assert not (root / "set-a" / "000.png").exists() and copy.read_bytes() == b"a member's bytes"

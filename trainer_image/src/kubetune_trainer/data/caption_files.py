@@ -16,17 +16,18 @@ from pathlib import Path
 
 from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.storage.confine import UnsafePath, inside
-from kubetune_trainer.storage.stream import NotARegularFile, regular_file
+from kubetune_trainer.storage.stream import MEMBERS_SUFFIX, NotARegularFile, regular_file
 
 CAPTION_SUFFIX = ".txt"
 
 
 def media_files(root: Path, suffixes: tuple[str, ...]) -> list[Path]:
-    """Every file under root whose suffix is one of `suffixes`, hidden ones left out, in path order
-    (the same order on every node, whatever order the file system lists them in)."""
+    """Every file under root whose suffix is one of `suffixes`, hidden ones and the copies of
+    streamed containers' members (CONTAINER.members/) left out, in path order (the same order on
+    every node, whatever order the file system lists them in)."""
     found = []
     for folder, subfolders, files in os.walk(root):
-        subfolders[:] = [name for name in subfolders if not name.startswith(".")]
+        subfolders[:] = [name for name in subfolders if not name.startswith(".") and not name.endswith(MEMBERS_SUFFIX)]
         found += [Path(folder, name) for name in files
                   if not name.startswith(".") and os.path.splitext(name)[1].lower() in suffixes]
     return sorted(found, key=lambda path: path.relative_to(root).parts)
@@ -43,8 +44,9 @@ def read_caption_files(root: Path, screen: Screen, suffixes: tuple[str, ...], wh
             inside(root, caption_file, "caption file")
             caption = regular_file(caption_file).read_bytes().decode("utf-8-sig").strip()
         except FileNotFoundError:
-            screen.reject(str(path), f"no caption {caption_file.name} beside it (without metadata.jsonl or metadata.csv, each of "
-                                     f"the {what} needs NAME{CAPTION_SUFFIX}; an empty one is an empty caption)")
+            screen.reject(str(path), f"no caption {caption_file.name} beside it (without metadata.jsonl or "
+                                     f"metadata.csv, each of the {what} needs NAME{CAPTION_SUFFIX}; an empty one is "
+                                     "an empty caption)")
             continue
         except (NotARegularFile, UnsafePath) as err:
             screen.reject(str(caption_file if isinstance(err, NotARegularFile) else path), str(err))

@@ -17,7 +17,7 @@ from kubetune_api.spec import VIDEO_LAYOUTS, TrainingJobSpec, data_columns
 from kubetune_trainer.data import node_index
 from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.errors import ConfigError
-from kubetune_trainer.storage.members import MEMBERS_SUFFIX
+from kubetune_trainer.storage.stream import MEMBERS_SUFFIX
 
 INDEX_THREADS = 8  # containers are indexed in parallel: a streamed one costs a few ranged GETs
 

@@ -23,7 +23,7 @@ from typing import BinaryIO, Protocol
 from kubetune_trainer.storage import stream
 from kubetune_trainer.storage.confine import confined
 
-MEMBERS_SUFFIX = ".members"
+
 class Locator(Protocol):
     """Where an image is inside its container. A locator whose read brings others' bytes along (a
     parquet row: its row group's column) also has `read_with` (one key per such read) and
@@ -44,7 +44,7 @@ class Member:
 
 def member_path(container: Path, name: str) -> Path:
     """Where the member NAME of CONTAINER is addressed (NAME from the container: confined)."""
-    return confined(container.with_name(container.name + MEMBERS_SUFFIX), name, f"name in {container}")
+    return confined(container.with_name(container.name + stream.MEMBERS_SUFFIX), name, f"name in {container}")
 
 
 def container_size(container: Path) -> int:

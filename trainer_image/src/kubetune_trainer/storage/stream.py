@@ -46,6 +46,8 @@ VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov", ".webm", ".mkv")
 # placeholders too, and their images are read out of them by ranges (storage.members).
 CONTAINER_SUFFIXES = (".parquet", ".tar")
 STREAMED_SUFFIXES = IMAGE_SUFFIXES + VIDEO_SUFFIXES + CONTAINER_SUFFIXES
+# A streamed container's members are copied into CONTAINER.members/ beside it (storage.members).
+MEMBERS_SUFFIX = ".members"
 FETCH_THREADS = 8
 # The small files are fetched before the first step, a request each: a set whose captions are NAME.txt
 # files has as many as images, and each waits a round trip (s3's client pools PARALLEL_FILES * 4).
@@ -209,10 +211,12 @@ def open_stream(uri: str) -> str:
 def _remove_unlisted(root: Path, listed: dict[str, s3.StoredObject]) -> int:
     """Remove the files of an earlier container's tree whose objects are gone from the bucket: the
     layouts that walk a folder (caption files NAME.txt, image-folder) would train on them. Hidden
-    files (_replace's partial writes) and s3.download_file's NAME.part are other processes' writes
-    in flight, left alone."""
+    files (_replace's partial writes), s3.download_file's NAME.part and the members copied out of
+    containers (CONTAINER.members/, which another process of the node may be filling now) are not
+    objects of the listing, and are left alone."""
     removed = 0
-    for folder, _, files in os.walk(root):
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = [name for name in subfolders if not name.endswith(MEMBERS_SUFFIX)]
         for name in files:
             path = Path(folder, name)
             if not name.startswith(".") and not name.endswith(".part") and \
