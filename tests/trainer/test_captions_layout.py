@@ -1,7 +1,7 @@
 """The captions layout as people lay it out: other keys than file_name/text (spec.data.imageColumn,
 captionColumn), images in an images/ folder beside metadata.jsonl (the SDXL LoRA guide's data sets),
-no metadata.jsonl but each image's caption in NAME.txt (kohya, ai-toolkit, musubi-tuner), and a
-warning for images smaller than the training size."""
+a metadata.csv instead of metadata.jsonl, neither but each image's caption in NAME.txt (kohya,
+ai-toolkit, musubi-tuner), and a warning for images smaller than the training size."""
 from __future__ import annotations
 
 import json
