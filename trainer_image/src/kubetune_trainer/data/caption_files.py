@@ -11,33 +11,21 @@ image that leads out of the data set is refused as everywhere else (storage.conf
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from kubetune_trainer.data.data_files import files_with
 from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.storage.confine import UnsafePath, inside
-from kubetune_trainer.storage.stream import MEMBERS_SUFFIX, NotARegularFile, regular_file
+from kubetune_trainer.storage.stream import NotARegularFile, regular_file
 
 CAPTION_SUFFIX = ".txt"
-
-
-def media_files(root: Path, suffixes: tuple[str, ...]) -> list[Path]:
-    """Every file under root whose suffix is one of `suffixes`, hidden ones and the copies of
-    streamed containers' members (CONTAINER.members/) left out, in path order (the same order on
-    every node, whatever order the file system lists them in)."""
-    found = []
-    for folder, subfolders, files in os.walk(root):
-        subfolders[:] = [name for name in subfolders if not name.startswith(".") and not name.endswith(MEMBERS_SUFFIX)]
-        found += [Path(folder, name) for name in files
-                  if not name.startswith(".") and os.path.splitext(name)[1].lower() in suffixes]
-    return sorted(found, key=lambda path: path.relative_to(root).parts)
 
 
 def read_caption_files(root: Path, screen: Screen, suffixes: tuple[str, ...], what: str) -> list[tuple[Path, str]]:
     """(file, caption) of every `what` (images, clips) under root with NAME.txt beside it; one
     without, or whose caption cannot be read, goes to the screen."""
     samples = []
-    for path in media_files(root, suffixes):
+    for path in files_with(root, suffixes):
         caption_file = path.with_suffix(CAPTION_SUFFIX)
         try:
             inside(root, path, "data file")

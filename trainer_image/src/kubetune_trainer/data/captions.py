@@ -121,7 +121,8 @@ def _csv_records(metadata: Path, columns: tuple[str, str]) -> Iterator[tuple[str
     for column, field in zip(columns, ("imageColumn", "captionColumn")):
         if column not in header:
             raise ConfigError(f"{metadata}: no column {column!r} (spec.data.{field}); its header has "
-                              f"{', '.join(map(repr, header)) or 'no columns'}: name the right one in spec.data.{field}")
+                              f"{', '.join(map(repr, header)) or 'no columns'}: name the right one in "
+                              f"spec.data.{field}")
     try:
         for row in rows:
             yield f"{metadata}:{rows.line_num}", row

@@ -1,14 +1,28 @@
 """A data set's own files (metadata.jsonl, a pmg JSON list, an edit pair's instruction) and the text
 they hold, read by the rules every layout shares: a file inside the data set (a symbolic link out of
 it is refused, storage.confine), a regular file (a FIFO would block the reader for ever), and text
-that is text (a JSON escape like "\\ud800" decodes to a lone surrogate, which no tokenizer takes)."""
+that is text (a JSON escape like "\\ud800" decodes to a lone surrogate, which no tokenizer takes);
+and the files of a kind a layout finds by walking the data set (files_with)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.storage.confine import UnsafePath, confined
-from kubetune_trainer.storage.stream import NotARegularFile, regular_file
+from kubetune_trainer.storage.stream import MEMBERS_SUFFIX, NotARegularFile, regular_file
+
+
+def files_with(root: Path, suffixes: tuple[str, ...]) -> list[Path]:
+    """Every file under root whose suffix (any case) is one of SUFFIXES, in path order (the same on
+    every node, whatever order the file system lists them in). Hidden files and folders, the copies
+    of streamed containers' members (CONTAINER.members/) and folders behind symbolic links are left out."""
+    found = []
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = [name for name in subfolders if not name.startswith(".") and not name.endswith(MEMBERS_SUFFIX)]
+        found += [Path(folder, name) for name in files
+                  if not name.startswith(".") and os.path.splitext(name)[1].lower() in suffixes]
+    return sorted(found, key=lambda path: path.relative_to(root).parts)
 
 
 def data_file(root: Path, name: str) -> Path | None:

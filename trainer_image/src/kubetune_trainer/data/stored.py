@@ -15,9 +15,9 @@ from typing import Callable
 
 from kubetune_api.spec import VIDEO_LAYOUTS, TrainingJobSpec, data_columns
 from kubetune_trainer.data import node_index
+from kubetune_trainer.data.data_files import files_with
 from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.errors import ConfigError
-from kubetune_trainer.storage.stream import MEMBERS_SUFFIX
 
 INDEX_THREADS = 8  # containers are indexed in parallel: a streamed one costs a few ranged GETs
 
@@ -53,9 +53,7 @@ def data_files(root: Path, suffix: str) -> list[Path]:
     """The data set's files with SUFFIX, by name (the order of its samples), member copies aside."""
     if not root.is_dir():
         raise FileNotFoundError(f"spec.data.uri: {root} is not a directory")
-    return sorted(p for p in root.rglob(f"*{suffix}") if p.is_file()
-                  and not any(part.endswith(MEMBERS_SUFFIX) or part.startswith(".")
-                              for part in p.relative_to(root).parts))
+    return files_with(root, (suffix,))
 
 
 def read_containers(root: Path, screen: Screen, suffix: str, what: str, index: Callable[[Path], list],

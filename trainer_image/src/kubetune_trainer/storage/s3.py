@@ -25,6 +25,8 @@ PATH_STYLE = TrainerEnv.NAMES["s3_path_style"]
 
 log = logging.getLogger(__name__)
 PARALLEL_FILES = 8
+# Connections the client keeps: up to this many threads fetch at once without waiting for one.
+POOL_CONNECTIONS = PARALLEL_FILES * 4
 MULTIPART_CHUNK = 64 * 1024 * 1024
 # An object up to this size is fetched in one GET held in memory (s3.download_file): at most this
 # much per fetching thread.
@@ -73,7 +75,7 @@ def _client(endpoint: str | None, region: str | None, path_style_setting: str | 
     config = Config(
         retries={"max_attempts": max_attempts(), "mode": "adaptive"},
         s3={"addressing_style": "path" if path_style else "auto"},
-        max_pool_connections=PARALLEL_FILES * 4,
+        max_pool_connections=POOL_CONNECTIONS,
     )
     # A session of its own: boto3's default session caches the credentials it first resolved, so a
     # client made after the environment changed (a test's second S3 server) would sign with old keys.

@@ -50,8 +50,8 @@ STREAMED_SUFFIXES = IMAGE_SUFFIXES + VIDEO_SUFFIXES + CONTAINER_SUFFIXES
 MEMBERS_SUFFIX = ".members"
 FETCH_THREADS = 8
 # The small files are fetched before the first step, a request each: a set whose captions are NAME.txt
-# files has as many as images, and each waits a round trip (s3's client pools PARALLEL_FILES * 4).
-SMALL_FILE_THREADS = s3.PARALLEL_FILES * 4
+# files has as many as images, and each waits a round trip: as many at once as the client has connections.
+SMALL_FILE_THREADS = s3.POOL_CONNECTIONS
 
 
 @dataclass
