@@ -15,7 +15,7 @@ LINT_STAMP := $(LINT_VENV)/.installed
 # Python may cache their bytecode here (an empty value is unset for Python).
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: demo test unit e2e install cluster-bins browser crd manifests lint lint-tools bench clean
+.PHONY: demo test test-time unit e2e install cluster-bins browser crd manifests lint lint-tools bench clean
 
 # The Python environment: one virtualenv in the checkout, rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -71,8 +71,15 @@ e2e: $(STAMP) cluster-bins
 
 # Two workers: the control-plane tests (one control plane per machine) run in one, in file order,
 # while the other takes the unit, trainer and storage tests (tests/conftest.py schedules them).
+# The budget is 45 minutes on a 2-core machine with warm caches (README, "Testing"): every run ends
+# with its 30 slowest tests and its total, so that a test that grows shows at once.
 test: $(STAMP) cluster-bins browser lint-tools
-	CHECKOV=$(abspath $(LINT_VENV))/bin/checkov $(PY) -m pytest tests -q -ra -n 2
+	CHECKOV=$(abspath $(LINT_VENV))/bin/checkov $(PY) -m pytest tests -q -ra -n 2 --durations=30
+
+# `make test`, measured: wall and CPU per file and per test, the Python processes each test started and
+# their imports, control-plane starts, each worker's busy and idle time (benchmarks/test_time.py).
+test-time: $(STAMP) cluster-bins browser lint-tools
+	$(PY) benchmarks/test_time.py run --records out/test-time-$$(date +%Y%m%d-%H%M%S)
 
 bench: $(STAMP) cluster-bins
 	$(PY) benchmarks/trainer_throughput.py
