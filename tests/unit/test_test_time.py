@@ -35,11 +35,13 @@ def test_processes_servers_and_control_planes_go_to_the_test_running_when_they_s
     procs = tmp_path / "procs"
     # A trainer started by gw1's test at 10 s; a pod (no worker in its environment) at 10 s: e2e's.
     write_lines(procs / "11.jsonl", [start(11, 10.0, ["-m", "kubetune_trainer"], "gw1"),
-                                     {"event": "exit", "pid": 11, "time": 20.0, "cpu_s": 9.0, "import_s": 6.0}])
+                                     {"event": "exit", "pid": 11, "time": 20.0, "cpu_s": 9.0, "import_s": 6.0,
+                                      "import_cpu_s": 5.0}])
     # The pod's sandbox execs the container's command in the same process: one process, the second argv.
     write_lines(procs / "12.jsonl", [start(12, 10.0, ["-m", "kubetune_dev.sandbox"]),
                                      start(12, 10.1, ["-m", "kubetune_trainer.entrypoint"]),
-                                     {"event": "exit", "pid": 12, "time": 30.0, "cpu_s": 7.0, "import_s": 5.0}])
+                                     {"event": "exit", "pid": 12, "time": 30.0, "cpu_s": 7.0, "import_s": 5.0,
+                                      "import_cpu_s": 4.0}])
     # A loader worker forked from the pod's process, killed (no exit line), during test_two.
     write_lines(procs / "13.jsonl", [start(13, 45.0, ["-m", "kubetune_trainer.entrypoint"], forked=True)])
     # The control plane starts during test_one and burns 4 s of CPU before its first scan, 6 s more by the next.
@@ -61,16 +63,19 @@ def test_processes_servers_and_control_planes_go_to_the_test_running_when_they_s
     assert by_id["test_one"].cpu_s == 2.0 + 7.0 + 4.0
     text = report(tmp_path)
     assert "| gw0    |     2 |     89 |     11 |" in text, text
-    assert "| kubetune_trainer.entrypoint |     1 |        5 |     7 |" in text, text
+    assert "| kubetune_trainer.entrypoint |     1 |                 5 / 4 |     7 |" in text, text
 
 
 def test_the_census_records_a_process_of_the_run_with_its_import_time_and_not_one_outside_it(tmp_path):
     (tmp_path / "procs").mkdir()
-    code = ("import sys; from kubetune_dev import process_census as c; c.install(sys.argv[1], int(sys.argv[2])); "
-            "import json, email.mime.text")
-    inside = subprocess.run([sys.executable, "-c", code, str(tmp_path), str(os.getpid())], check=True)
-    outside = subprocess.run([sys.executable, "-c", code, str(tmp_path), "999999999"], check=True)
+    # -S: no site, so no census a measured run of this suite put in the virtualenv (it would record these
+    # interpreters into its own records first); the module is read from the checkout.
+    source = Path(process_census.__file__).parents[1]
+    code = (f"import sys; sys.path.insert(0, {str(source)!r}); from kubetune_dev import process_census as c; "
+            "c.install(sys.argv[1], int(sys.argv[2])); import json, email.mime.text")
+    inside = subprocess.run([sys.executable, "-S", "-c", code, str(tmp_path), str(os.getpid())], check=True)
+    outside = subprocess.run([sys.executable, "-S", "-c", code, str(tmp_path), "999999999"], check=True)
     assert inside.returncode == outside.returncode == 0
     [record] = read_processes(tmp_path)
-    assert record.kind == "python -c" and record.cpu_s > 0 and record.import_s > 0
+    assert record.kind == "python -c" and record.cpu_s > 0 and record.import_s > 0 and record.import_cpu_s > 0
     assert process_census._descends_from(os.getpid()) and not process_census._descends_from(999999999)

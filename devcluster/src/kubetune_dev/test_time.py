@@ -24,6 +24,8 @@ import pytest
 RECORDS_VARIABLE = "KUBETUNE_TEST_TIME"
 # The Go programs whose start is a control plane's (kubetune_dev.cluster starts one API server each).
 CONTROL_PLANE_COMMAND = "kube-apiserver"
+# A test that takes longer than this says why in its docstring (README, Testing).
+LONG_TEST_SECONDS = 60
 
 
 def _records() -> Path:
@@ -97,7 +99,8 @@ def pytest_runtest_protocol(item, nextitem):
     worker = _worker()
     _append(f"tests-{worker}.jsonl", {"nodeid": item.nodeid, "worker": worker, "start": start, "end": end,
                                       "own_cpu_s": round(own_after - own, 3),
-                                      "waited_children_cpu_s": round(children_after - children, 3)})
+                                      "waited_children_cpu_s": round(children_after - children, 3),
+                                      "docstring": bool(getattr(getattr(item, "function", None), "__doc__", None))})
     session = json.loads((_records() / "session.json").read_text())
     _append("servers.jsonl", {"time": end, "worker": worker, "processes": non_python_processes(session["start"])})
 
@@ -115,6 +118,7 @@ class Process:
     end: float | None = None
     cpu_s: float | None = None
     import_s: float | None = None
+    import_cpu_s: float | None = None
 
     @property
     def kind(self) -> str:
@@ -139,6 +143,7 @@ class Test:
     end: float
     own_cpu_s: float
     waited_children_cpu_s: float
+    docstring: bool = False  # whether the test function says what it is about (and, past a minute, why)
     processes: list[Process] = field(default_factory=list)
     server_cpu_s: float = 0.0
     control_planes: int = 0
@@ -175,6 +180,7 @@ def read_processes(records: Path) -> list[Process]:
                 processes.append(current)
             elif current is not None:
                 current.end, current.cpu_s, current.import_s = event["time"], event["cpu_s"], event["import_s"]
+                current.import_cpu_s = event.get("import_cpu_s")
     return processes
 
 
@@ -240,11 +246,15 @@ def table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines + [_row(r, widths) for r in rows])
 
 
+def _imports(processes: list[Process]) -> str:
+    """Their import seconds: wall / CPU."""
+    return f"{sum(p.import_s or 0 for p in processes):.0f} / {sum(p.import_cpu_s or 0 for p in processes):.0f}"
+
+
 def _summary(tests: list[Test]) -> list:
     processes = [p for t in tests for p in t.processes]
-    imports = sum(p.import_s or 0 for p in processes)
     return [len(tests), f"{sum(t.wall_s for t in tests):.0f}", f"{sum(t.cpu_s for t in tests):.0f}",
-            len(processes), f"{imports:.0f}", sum(t.control_planes for t in tests)]
+            len(processes), _imports(processes), sum(t.control_planes for t in tests)]
 
 
 def report(records: Path, top: int = 40) -> str:
@@ -252,7 +262,7 @@ def report(records: Path, top: int = 40) -> str:
     unheld = attribute(tests, processes, records)
     session = json.loads((records / "session.json").read_text())
     wall = session.get("end", max((t.end for t in tests), default=session["start"])) - session["start"]
-    columns = ["tests", "wall s", "CPU s", "Python processes", "their import s", "control planes"]
+    columns = ["tests", "wall s", "CPU s", "Python processes", "their import s (wall / CPU)", "control planes"]
     out = [f"session wall {wall:.0f} s ({wall / 60:.1f} min), {len(tests)} tests, "
            f"{len(processes)} Python processes recorded ({sum(1 for p in processes if p.end is None)} without an "
            f"exit record: killed, or still running at the end), {len(unheld)} started outside any test"]
@@ -269,14 +279,19 @@ def report(records: Path, top: int = 40) -> str:
     out += ["", "### By file (wall order)", table(["file", *columns], [[k, *_summary(v)] for k, v in by_file])]
     slowest = sorted(tests, key=lambda t: -t.wall_s)[:top]
     out += ["", f"### The {top} slowest tests", table(["test", "wall s", "CPU s", "Python processes",
-                                                        "their import s", "control planes"], [
-        [t.nodeid, f"{t.wall_s:.1f}", f"{t.cpu_s:.0f}", len(t.processes),
-         f"{sum(p.import_s or 0 for p in t.processes):.0f}", t.control_planes] for t in slowest])]
+                                                        "their import s (wall / CPU)", "control planes"], [
+        [t.nodeid, f"{t.wall_s:.1f}", f"{t.cpu_s:.0f}", len(t.processes), _imports(t.processes), t.control_planes]
+        for t in slowest])]
+    long = [t for t in tests if t.wall_s > LONG_TEST_SECONDS]
+    unexplained = sorted({t.nodeid.split("[")[0] for t in long if not t.docstring})
+    out += ["", f"### Tests over {LONG_TEST_SECONDS} s: {len(long)}, of which {len(unexplained)} without a docstring "
+                "saying why (README, Testing)", *[f"- {name}" for name in unexplained]]
     kinds = _group([p for t in tests for p in t.processes] + unheld, lambda p: p.kind)
-    out += ["", "### Python processes by what they ran", table(["ran", "count", "import s", "CPU s", "mean import s"], [
-        [k, len(v), f"{sum(p.import_s or 0 for p in v):.0f}", f"{sum(p.cpu_s or 0 for p in v):.0f}",
-         f"{sum(p.import_s or 0 for p in v) / max(1, sum(1 for p in v if p.import_s is not None)):.2f}"]
-        for k, v in sorted(kinds.items(), key=lambda kv: -sum(p.cpu_s or 0 for p in kv[1]))])]
+    out += ["", "### Python processes by what they ran (CPU as recorded at a normal exit)", table(
+        ["ran", "count", "import s (wall / CPU)", "CPU s", "mean import CPU s"], [
+            [k, len(v), _imports(v), f"{sum(p.cpu_s or 0 for p in v):.0f}",
+             f"{sum(p.import_cpu_s or 0 for p in v) / max(1, sum(1 for p in v if p.import_cpu_s is not None)):.2f}"]
+            for k, v in sorted(kinds.items(), key=lambda kv: -sum(p.cpu_s or 0 for p in kv[1]))])]
     return "\n".join(out)
 
 
