@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 import threading
 import time
@@ -21,6 +20,7 @@ from kubetune_trainer.storage.uri import parse_s3
 from tests.trainer.conftest import (family_job, run_dir, run_trainer_expecting_failure, tiny_sd15,  # noqa: F401
                                     trained_weights, trainer_env, write_manifest)
 from tests.trainer.test_distributed import max_difference, train
+from tests import warm_python
 
 pytestmark = pytest.mark.slow
 
@@ -181,7 +181,7 @@ def test_the_cache_stage_of_a_streamed_set_fetches_each_image_once_within_the_bu
     command = [sys.executable, "-m", "kubetune_cli.main", "train", "-f", str(write_manifest(manifest, tmp_path)),
                "--nproc", "2", "--cache-only"]
     with DiskWatcher(tmp_path / "cache" / "stream") as disk:
-        result = subprocess.run(command, env={**trainer_env(), **env}, capture_output=True, text=True, timeout=600)
+        result = warm_python.run(command, env={**trainer_env(), **env}, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     fetched = [int(n) for n in re.findall(r"data stream: (\d+) images fetched", result.stderr)]
     assert fetched == [8], "rank 0 (the one that logs) fetched its half, each image once"

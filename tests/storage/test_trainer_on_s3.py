@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 
 import pytest
@@ -16,6 +15,7 @@ from kubetune_trainer.storage.uri import parse_s3
 from tests.trainer.conftest import (captions_data, family_job, run_trainer, tiny_job, tiny_sd15,  # noqa: F401
                                     trainer_env, write_manifest)
 from tests.trainer.test_distributed import train
+from tests import warm_python
 
 pytestmark = pytest.mark.slow
 
@@ -110,8 +110,7 @@ def test_embeddings_one_node_cached_from_an_s3_model_are_hit_by_another_node_tha
 
     cache_stage = [sys.executable, "-m", "kubetune_cli.main", "train", "-f", str(write_manifest(manifest, tmp_path)),
                    "--nproc", "2", "--cache-only"]
-    staged = subprocess.run(cache_stage, env={**trainer_env(), **node("node-1")}, capture_output=True, text=True,
-                            timeout=600)
+    staged = warm_python.run(cache_stage, env={**trainer_env(), **node("node-1")}, timeout=600)
     assert staged.returncode == 0, staged.stderr[-4000:]
     log = train(manifest, tmp_path / "node-2", nproc=2, extra_env=node("node-2"))
     assert re.search(r"embedding cache: [1-9]\d* hits, 0 misses", log), log[-3000:]

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests import warm_python
+
 
 @pytest.fixture(scope="session")
 def tiny_sd15(tiny_model) -> Path:
@@ -61,14 +63,21 @@ def trainer_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
+def run_trainer_on(config: Path, env: dict[str, str] | None = None, timeout: float = 600
+                   ) -> subprocess.CompletedProcess:
+    """`python -m kubetune_trainer --config CONFIG`, its output captured: forked from this worker's
+    pre-imported interpreter (tests/warm_python.py) where the environment allows, else a fresh process.
+    Tests of how a process starts or stops (signals, a launcher) use subprocess themselves."""
+    return warm_python.run(trainer_command(config), env=env or trainer_env(), timeout=timeout)
+
+
 def run_dir(checkpoints_uri: Path, version: int = 0, job: str = "tiny") -> Path:
     """Where a local run of `job` writes: <checkpoints.uri>/default/<job>/v<N> (kubetune_api.layout)."""
     return checkpoints_uri / "default" / job / f"v{version}"
 
 
 def run_trainer(manifest: dict, directory: Path) -> subprocess.CompletedProcess:
-    result = subprocess.run(trainer_command(write_manifest(manifest, directory)), env=trainer_env(),
-                            capture_output=True, text=True, timeout=600)
+    result = run_trainer_on(write_manifest(manifest, directory))
     assert result.returncode == 0, result.stderr[-4000:]
     return result
 
@@ -157,8 +166,7 @@ def family_job(family: str, layout: str, model_dir: Path, data_dir: Path, out: P
 
 def run_trainer_expecting_failure(manifest: dict, directory: Path) -> str:
     """Run the trainer, assert it refused the job (exit 2), return its stderr."""
-    result = subprocess.run(trainer_command(write_manifest(manifest, directory)), env=trainer_env(),
-                            capture_output=True, text=True, timeout=600)
+    result = run_trainer_on(write_manifest(manifest, directory))
     assert result.returncode == 2, result.stderr[-4000:]
     return result.stderr
 

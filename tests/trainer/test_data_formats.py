@@ -4,7 +4,6 @@ the file and its row or member (or skipped under spec.data.skipBad), before anyt
 from __future__ import annotations
 
 import io
-import subprocess
 import tarfile
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from kubetune_trainer.restore_data import loose_samples, write_parquet, write_we
 from kubetune_trainer.storage.members import MEMBERS
 from kubetune_trainer.storage.stream import image_size, read_bytes
 from kubetune_trainer.tiny_data import write_tiny_data
-from tests.trainer.conftest import family_job, tiny_sd15, trainer_command, trainer_env, write_manifest  # noqa: F401
+from tests.trainer.conftest import family_job, run_trainer_on, tiny_sd15, write_manifest  # noqa: F401
 from tests.trainer.test_hostile_input import no_traceback
 
 FAMILY_OF = {"captions": "sd15", "image-folder": "classifier", "edit-pairs": "qwen-image-edit-plus"}
@@ -185,8 +184,7 @@ def test_the_trainer_refuses_a_bad_row_in_one_line_before_writing_anything(tiny_
     root = write_parquet("captions", write_tiny_data("captions", tmp_path / "loose", count=8, size=32), tmp_path / "pq")
     file = non_image_row(root)
     manifest = family_job("sd15", "captions", tiny_sd15, root, tmp_path / "out", data={"format": "parquet"})
-    result = subprocess.run(trainer_command(write_manifest(manifest, tmp_path)), env=trainer_env(),
-                            capture_output=True, text=True, timeout=300)
+    result = run_trainer_on(write_manifest(manifest, tmp_path), timeout=300)
     assert result.returncode == 2, result.stderr[-3000:]
     assert f"{file} row 1: cannot be read as an image" in result.stderr and "spec.data.skipBad" in result.stderr
     assert no_traceback(result.stderr)

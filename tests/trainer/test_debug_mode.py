@@ -2,10 +2,10 @@
 checkpoints go to s3:// uploads nothing (its S3 endpoint is a closed port: any upload would fail)."""
 from __future__ import annotations
 
-import subprocess
 import sys
 
 from kubetune_api.ports import free_listen_port
+from tests import warm_python
 from tests.trainer.conftest import run_dir, trainer_env, write_manifest
 
 
@@ -16,9 +16,8 @@ def test_a_debug_run_trains_three_steps_locally_with_anomaly_detection(tiny_job,
     workdir.mkdir()
     env = {**trainer_env(), "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_listen_port()}",
            "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y", "AWS_DEFAULT_REGION": "us-east-1"}
-    result = subprocess.run([sys.executable, "-m", "kubetune_cli.main", "train", "--debug", "-f",
-                             str(write_manifest(manifest, tmp_path))], cwd=workdir, env=env,
-                            capture_output=True, text=True, timeout=600)
+    result = warm_python.run([sys.executable, "-m", "kubetune_cli.main", "train", "--debug", "-f",
+                              str(write_manifest(manifest, tmp_path))], cwd=workdir, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "autograd anomaly detection is on" in result.stderr
     run = run_dir(workdir / "kubetune-debug")

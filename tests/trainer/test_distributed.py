@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 from kubetune_api.ports import free_listen_port
 from kubetune_trainer.preemption import RETRYABLE_EXIT_CODE
+from tests import warm_python
 from tests.trainer.conftest import family_job, run_dir, trained_weights, trainer_env, write_manifest
 
 pytestmark = pytest.mark.slow
@@ -37,19 +38,27 @@ RELATIVE_TOLERANCE = 1e-3
 TOLERANCE = 2e-4  # for runs that differ only in how the same steps were split over time (resumes)
 
 
+def kubetune_command(manifest: dict, directory: Path, nproc: int) -> list[str]:
+    """`kubetune train -f JOB --nproc N`, as a user runs it."""
+    return [sys.executable, "-m", "kubetune_cli.main", "train", "-f", str(write_manifest(manifest, directory)),
+            "--nproc", str(nproc)]
+
+
 def kubetune_train(manifest: dict, directory: Path, nproc: int, extra_env: dict | None = None,
                    **popen) -> subprocess.Popen:
-    """`kubetune train -f JOB --nproc N`, as a user runs it."""
-    command = [sys.executable, "-m", "kubetune_cli.main", "train", "-f", str(write_manifest(manifest, directory)),
-               "--nproc", str(nproc)]
-    return subprocess.Popen(command, env={**trainer_env(), **(extra_env or {})}, text=True, **popen)
+    """kubetune_command in a fresh process, for the tests that signal it or watch its log as it runs."""
+    return subprocess.Popen(kubetune_command(manifest, directory, nproc), env={**trainer_env(), **(extra_env or {})},
+                            text=True, **popen)
 
 
 def train(manifest: dict, directory: Path, nproc: int, extra_env: dict | None = None) -> str:
-    process = kubetune_train(manifest, directory, nproc, extra_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, stderr = process.communicate(timeout=600)
-    assert process.returncode == 0, stderr[-4000:]
-    return stderr
+    """kubetune_command run to its end: its stderr. `kubetune train` itself is forked from the worker's
+    pre-imported interpreter (tests/warm_python.py); with --nproc N it is the launcher, whose N trainer
+    processes start as on a user's machine."""
+    result = warm_python.run(kubetune_command(manifest, directory, nproc), env={**trainer_env(), **(extra_env or {})},
+                             timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result.stderr
 
 
 def stop_after(process: subprocess.Popen, marker: str, target_pid: int | None = None) -> str:

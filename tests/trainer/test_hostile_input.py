@@ -18,7 +18,7 @@ from kubetune_cli.main import cli
 from kubetune_trainer.tiny_data import write_tiny_data
 from tests.storage.conftest import s3_server  # noqa: F401 - a fixture, for the missing-bucket row
 from tests.trainer.conftest import (copy_of_run, family_job, run_dir, run_trainer, run_trainer_expecting_failure,
-                                    trainer_command, trainer_env, write_manifest)
+                                    run_trainer_on, trainer_command, trainer_env, write_manifest)
 
 pytestmark = pytest.mark.slow
 
@@ -95,8 +95,7 @@ def spoiled(tmp_path):
 @pytest.mark.parametrize("what,spoil,words", BAD_CAPTIONS, ids=[w for w, _, _ in BAD_CAPTIONS])
 def test_a_bad_sample_is_refused_before_training_naming_the_file(what, spoil, words, spoiled, tiny_sd15, tmp_path):
     manifest = family_job("sd15", "captions", tiny_sd15, spoiled(spoil), tmp_path / "out")
-    result = subprocess.run(trainer_command(write_manifest(manifest, tmp_path)), env=trainer_env(),
-                            capture_output=True, text=True, timeout=300)
+    result = run_trainer_on(write_manifest(manifest, tmp_path), timeout=300)
     assert result.returncode == 2, result.stderr[-3000:]
     for word in words:
         assert word in result.stderr, result.stderr[-3000:]
@@ -122,8 +121,7 @@ def test_an_empty_or_undecodable_instruction_of_an_edit_pair_is_named(tiny_model
     (data / "training_images" / "0002.txt").write_text("   \n")
     (data / "training_images" / "0004.txt").write_bytes(b"make it \xff red")
     manifest = family_job("flux-kontext", "edit-pairs", tiny_model("flux-kontext"), data, tmp_path / "out")
-    result = subprocess.run(trainer_command(write_manifest(manifest, tmp_path)), env=trainer_env(),
-                            capture_output=True, text=True, timeout=300)
+    result = run_trainer_on(write_manifest(manifest, tmp_path), timeout=300)
     assert result.returncode == 2 and "0002.txt: is empty" in result.stderr, result.stderr[-2000:]
     manifest["spec"]["data"]["skipBad"] = True
     result = run_trainer(manifest, tmp_path)
@@ -198,8 +196,7 @@ def test_an_override_that_is_not_yaml_is_one_line_naming_the_flag(tmp_path):
 def test_a_missing_local_model_path_is_named_not_taken_for_a_hub_id(tiny_job, tmp_path):
     manifest = tiny_job()
     manifest["spec"]["model"]["pretrained"] = str(tmp_path / "no-such-model")
-    result = subprocess.run(trainer_command(write_manifest(manifest, tmp_path)), env=trainer_env(),
-                            capture_output=True, text=True, timeout=300)
+    result = run_trainer_on(write_manifest(manifest, tmp_path), timeout=300)
     assert result.returncode == 2
     assert f"spec.model.pretrained: {tmp_path / 'no-such-model'} does not exist" in result.stderr
     assert no_traceback(result.stderr)
@@ -819,8 +816,7 @@ def test_fifos_in_an_edit_pairs_set_are_named_not_waited_on(tmp_path):
 def test_a_fifo_among_the_images_is_refused_by_the_trainer_not_waited_on(spoiled, tiny_sd15, tmp_path):
     manifest = family_job("sd15", "captions", tiny_sd15, spoiled(lambda root: fifo(root / "0002.png")),
                           tmp_path / "out")
-    result = subprocess.run(trainer_command(write_manifest(manifest, tmp_path)), env=trainer_env(),
-                            capture_output=True, text=True, timeout=300)
+    result = run_trainer_on(write_manifest(manifest, tmp_path), timeout=300)
     assert result.returncode == 2, result.stderr[-3000:]
     assert "0002.png is a FIFO (named pipe), not a regular file" in result.stderr, result.stderr[-3000:]
     assert no_traceback(result.stderr) and not (tmp_path / "out").exists()
@@ -882,8 +878,7 @@ def test_the_trainer_names_a_broken_model_folder_before_loading_it(tiny_job, tin
     what, breaks, words = next(row for row in BROKEN_MODELS if row[0] == "an absurd layer count")
     manifest = tiny_job()
     manifest["spec"]["model"]["pretrained"] = str(broken_model(what, breaks, tiny_sd15, tmp_path))
-    result = subprocess.run(trainer_command(write_manifest(manifest, tmp_path)), env=trainer_env(),
-                            capture_output=True, text=True, timeout=300)
+    result = run_trainer_on(write_manifest(manifest, tmp_path), timeout=300)
     assert result.returncode == 2, result.stderr[-3000:]
     for word in words:
         assert word in result.stderr, result.stderr[-3000:]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests import warm_python
 from tests.trainer.conftest import trainer_env
 
 pytestmark = pytest.mark.slow
@@ -33,9 +34,8 @@ def write_sweep(tmp_path: Path, model: Path, data: Path, name: str, parameters: 
 
 
 def kubetune_sweep(path: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kubetune_cli.main", "sweep", "-f", str(path),
-                           "--workdir", str(tmp_path / "sweep"), *extra],
-                          env=trainer_env(), capture_output=True, text=True, timeout=900)
+    return warm_python.run([sys.executable, "-m", "kubetune_cli.main", "sweep", "-f", str(path),
+                            "--workdir", str(tmp_path / "sweep"), *extra], env=trainer_env(), timeout=900)
 
 
 def rows(table: str) -> list[tuple[int, str, str]]:

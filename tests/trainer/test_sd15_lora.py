@@ -11,8 +11,8 @@ import subprocess
 import pytest
 import torch
 
-from tests.trainer.conftest import (copy_of_run, run_dir, run_trainer, run_trainer_expecting_failure, trained_weights,
-                                   trainer_command, trainer_env, write_manifest)
+from tests.trainer.conftest import (copy_of_run, run_dir, run_trainer, run_trainer_expecting_failure, run_trainer_on,
+                                   trained_weights, trainer_command, trainer_env, write_manifest)
 from tests.unit.test_checkpoints import newest_step
 
 pytestmark = pytest.mark.slow
@@ -92,7 +92,7 @@ def test_a_pod_killed_at_a_random_step_resumes_its_run_to_the_same_weights(tiny_
     out = run_dir(interrupted_dir / "out")
     assert not (out / "pytorch_lora_weights.safetensors").exists()
 
-    resumed = subprocess.run(trainer_command(config), env=pod_env, capture_output=True, text=True, timeout=600)
+    resumed = run_trainer_on(config, env=pod_env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     resumed_at = int(re.search(r"resumed from \S+ at step (\d+)", resumed.stderr).group(1))
     assert resumed_at % 3 == 0 and kill_after - 3 <= resumed_at <= kill_after, (kill_after, resumed_at)
@@ -182,7 +182,7 @@ def test_resuming_with_a_different_rank_is_refused(sd15_run, tmp_path):
     manifest["spec"]["checkpoints"]["resumeFrom"] = "latest"
     manifest["spec"]["adapter"]["rank"] = 8
     config = write_manifest(manifest, tmp_path)
-    result = subprocess.run(trainer_command(config), env=trainer_env(), capture_output=True, text=True)
+    result = run_trainer_on(config)
     assert result.returncode == 2
     assert "checkpoint-2 does not match the model being trained (spec.adapter type, rank" in result.stderr
     assert "of another shape" in result.stderr
@@ -192,7 +192,7 @@ def test_resuming_with_a_different_rank_is_refused(sd15_run, tmp_path):
 def test_fp16_on_a_cpu_job_is_refused_naming_the_option(tiny_job, tmp_path):
     manifest = tiny_job(mixedPrecision="fp16")
     config = write_manifest(manifest, tmp_path)
-    result = subprocess.run(trainer_command(config), env=trainer_env(), capture_output=True, text=True)
+    result = run_trainer_on(config)
     assert result.returncode == 2
     assert ("spec.training.mixedPrecision fp16 needs a CUDA GPU: this job has spec.resources.gpusPerNode 0"
             in result.stderr), result.stderr

@@ -6,7 +6,6 @@ or skipped under spec.data.skipBad."""
 from __future__ import annotations
 
 import io
-import subprocess
 import tarfile
 from pathlib import Path
 
@@ -26,8 +25,7 @@ from kubetune_trainer.restore_data import write_parquet, write_webdataset
 from kubetune_trainer.storage.members import MEMBERS
 from kubetune_trainer.storage.stream import read_bytes
 from kubetune_trainer.tiny_data import write_tiny_data
-from tests.trainer.conftest import family_job, run_dir, run_trainer, trained_weights, trainer_command, trainer_env, \
-    write_manifest
+from tests.trainer.conftest import family_job, run_dir, run_trainer, run_trainer_on, trained_weights, write_manifest
 from tests.trainer.test_hostile_input import no_traceback
 
 LAYOUT = LAYOUTS["video-captions"]
@@ -130,8 +128,7 @@ def test_the_trainer_refuses_a_row_that_is_not_a_video_in_one_line_before_writin
     file = spoil_parquet_row(stored, 0)
     manifest = family_job("wan", "video-captions", tiny_model("wan"), stored, tmp_path / "out",
                           data={"format": "parquet", "frames": 5})
-    result = subprocess.run(trainer_command(write_manifest(manifest, tmp_path)), env=trainer_env(),
-                            capture_output=True, text=True, timeout=300)
+    result = run_trainer_on(write_manifest(manifest, tmp_path), timeout=300)
     assert result.returncode == 2, result.stderr[-3000:]
     assert f"{file} row 0: cannot be read as a video" in result.stderr, result.stderr[-3000:]
     assert no_traceback(result.stderr)
