@@ -4,7 +4,8 @@ A lost pod (preemption, eviction, node failure) stops the whole job: every rank 
 checkpoint together and exits 143, which the child job retries (a PyTorchJob's ExitCode policy; a
 TrainJob's runtime restarts its JobSet); the re-created pods continue the same run version. A
 suspended job may change its size and resumes from the same checkpoint on the new number of
-processes. Each test runs once per backend, except the loss of the node that is not rank 0's (below).
+processes. One job per backend goes through all of it (LOST_NODES: a PyTorchJob also loses the node that
+is not rank 0's).
 """
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ from tests.e2e.waiting import eventually
 
 pytestmark = pytest.mark.e2e
 
-MAX_STEPS, EVERY = 24, 5  # stopped at step 8 or a few later: 16 steps of margin before the end
-PAST_FIRST_CHECKPOINT = 8  # the step at which a test stops the job
+# Stopped at step 8 or a few later, again 8 or more steps after each resume, suspended 3 or more after
+# the last: at most ~28 steps used, 12 of margin before the end.
+MAX_STEPS, EVERY = 40, 5
+PAST_FIRST_CHECKPOINT = 8  # steps after a (re)start at which the test stops the job: past a checkpoint
 
 
 def two_by_two(inputs: dict, name: str) -> dict:
@@ -149,74 +152,108 @@ def stopped_and_resumed(first_log: str, resumed_log: str) -> tuple[int, int]:
     return int(stopped.group(1)), int(resumed.group(1))
 
 
-def test_a_2x2_job_whose_rank_0_pod_is_deleted_continues_its_run(
+# What the job loses, in order. A PyTorchJob's controller re-creates a lost replica itself, so it
+# loses node 0's pod (its Master) and then node 1's (a Worker); a JobSet restarts all of a TrainJob's
+# nodes whichever pod failed, so losing node 1 would take a TrainJob the way losing node 0 does.
+LOST_NODES = {"pytorchjob": (0, 1), "trainjob": (0,)}
+
+
+def test_a_2x2_job_that_loses_pods_then_is_resized_to_1x2_continues_one_run_to_the_end(
         control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3, s3, pods):
-    lose_a_pod_mid_run(0, control_plane, api_client, core, job_namespace, inputs_in_s3, s3, pods)
+    """One job carries each story in turn (one job instead of one per story: each costs four trainer
+    processes' start and a run to the end, ~80-120 s on the test machine; the whole test takes ~3 min):
 
-
-# PyTorchJob only. A JobSet restarts all of a TrainJob's nodes whichever pod failed, so losing node 1
-# takes the TrainJob the way losing node 0 does (the test above); a PyTorchJob's controller instead
-# re-creates the lost replica itself, here a Worker rather than the Master, which this test covers.
-@pytest.mark.parametrize("backend", ["pytorchjob"], indirect=True)
-def test_a_2x2_job_whose_other_pod_is_deleted_continues_its_run(
-        control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3, s3, pods):
-    lose_a_pod_mid_run(1, control_plane, api_client, core, job_namespace, inputs_in_s3, s3, pods)
-
-
-def lose_a_pod_mid_run(lost: int, control_plane, api_client, core, job_namespace, inputs_in_s3, s3, pods) -> None:
-    """Node LOST's pod deleted mid-run: both nodes checkpoint and exit 143 (the deleted one on SIGTERM,
-    the other because its ranks agree to stop with them), both are re-created, and the run ends in the
-    same version having lost no step beyond the last checkpoint."""
-    name = f"lost-node-{lost}"
+    * a node's pod deleted mid-run: both nodes checkpoint and exit 143 (the deleted one on SIGTERM, the
+      other because its ranks agree to stop with them), both are re-created, and the run goes on in
+      the same version from the step they stopped at, having lost nothing;
+    * then suspended: the pods take a last checkpoint and go; resized while suspended to 1 node x 2
+      processes, the child and the trainer config follow with an Event saying so; resumed, one pod of
+      2 processes continues the same run from the checkpoint 4 processes wrote, to the end.
+    """
+    name = "preempted"
+    lost_nodes = LOST_NODES[backend]
     started = time.monotonic()
     kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(two_by_two(inputs_in_s3, name)))
-    seen = wait_for_step(api_client, core, control_plane, job_namespace, name, PAST_FIRST_CHECKPOINT)
-    victim = pods.pods(name, lost)[-1][0]
-    core.delete_namespaced_pod(victim, job_namespace)
+    resumed = 0
+    for lost in lost_nodes:
+        resumed = lose_a_pod_mid_run(lost, resumed, control_plane, api_client, core, job_namespace, name, pods)
+    suspend_resize_and_resume(resumed, backend, control_plane, api_client, core, job_namespace, name, pods)
 
     final = wait_until_finished(api_client, job_namespace, name)
-    logs = {node: trainer_logs(control_plane, job_namespace, name, node, pods) for node in (0, 1)}
-    assert final["status"]["phase"] == "Succeeded", (final["status"], logs[0][-1][-3000:], logs[1][-1][-3000:])
+    rank0_logs = trainer_logs(control_plane, job_namespace, name, 0, pods)
+    assert final["status"]["phase"] == "Succeeded", (final["status"], rank0_logs[-1][-3000:])
     assert_one_run_to_the_end(s3, job_namespace, name)
-
-    # Each node stopped once with 143 (the kubelet reports a deleted pod's exit too) and was
-    # re-created by its controller as a new pod: no container restarts in place.
+    # Each stop was the whole pod's (143; the kubelet reports a deleted pod's exit too), and each node
+    # was re-created by its controller as a new pod: no container restarts in place. After the resize
+    # only node 0 runs, to the end.
+    stops = len(lost_nodes) + 1
     for node in (0, 1):
-        eventually(lambda: len(pods.exit_codes(name, node)) == 2 and pods.exit_codes(name, node)[1], timeout=30,
-                   message=lambda: f"node {node} ended twice: {pods.exit_codes(name, node)}")
-        assert pods.exit_codes(name, node) == [{143}, {0}], node
+        ended = stops + 1 if node == 0 else stops
+        eventually(lambda: len(pods.exit_codes(name, node)) == ended and all(pods.exit_codes(name, node)),
+                   timeout=30, message=lambda: f"node {node} ended {ended} times: {pods.exit_codes(name, node)}")
+        assert pods.exit_codes(name, node) == [{143}] * stops + ([{0}] if node == 0 else []), node
         assert pods.max_restarts(name, node) == 0
-    # Both nodes stopped at the same step boundary; the new pods resumed there.
-    signalled, other = logs[lost], logs[1 - lost]
-    stopped, resumed = stopped_and_resumed(signalled[0], logs[0][1])  # rank 0 (node 0) logs the resume
-    assert re.search(rf"stopped\b.* after step {stopped};", other[0]), other[0][-3000:]
+    assert len(pods.pods(name, 1)) == stops, "no second node after the resize"
+    stopped, resumed = stopped_and_resumed(rank0_logs[-2], rank0_logs[-1])
+    assert resumed == stopped
+    assert "the checkpoint was written by 4 process(es), this run has 2" in rank0_logs[-1], rank0_logs[-1][-3000:]
+    assert f"training resized: {MAX_STEPS} steps, 2 process(es)" in rank0_logs[-1], rank0_logs[-1][-3000:]
+    print(f"\n{name}: {time.monotonic() - started:.0f} s")
+
+
+def lose_a_pod_mid_run(lost: int, resumed: int, control_plane, api_client, core, namespace: str, name: str,
+                       pods: PodHistory) -> int:
+    """Past a checkpoint after step RESUMED, node LOST's pod deleted: both nodes stop at one step
+    boundary and their new pods resume there. Returns that step."""
+    seen = wait_for_step(api_client, core, control_plane, namespace, name, resumed + PAST_FIRST_CHECKPOINT)
+    rounds = len(pods.pods(name, 0))  # the pods running now are each node's ROUNDS-th
+    assert len(pods.pods(name, 1)) == rounds, [pods.pods(name, node) for node in (0, 1)]
+    core.delete_namespaced_pod(pods.pods(name, lost)[-1][0], namespace)
+
+    def resumed_logs():
+        """Both nodes' logs once their stopped pods have ended and rank 0's new pod has resumed."""
+        if not all(len(pods.exit_codes(name, node)) >= rounds and pods.exit_codes(name, node)[rounds - 1]
+                   and len(pods.pods(name, node)) > rounds for node in (0, 1)):
+            return None
+        try:
+            logs = {node: trainer_logs(control_plane, namespace, name, node, pods) for node in (0, 1)}
+        except FileNotFoundError:  # a new pod's container has not started yet
+            return None
+        return logs if len(logs[0]) > rounds and "resumed from" in logs[0][rounds] else None
+
+    logs = eventually(resumed_logs, timeout=300, interval=1, message=lambda: f"node {lost}'s pod deleted at step "
+                      f"{seen}: both nodes stopped and rank 0 resumed; pods {[pods.pods(name, n) for n in (0, 1)]}, "
+                      f"exit codes {[pods.exit_codes(name, n) for n in (0, 1)]}")
+    signalled, other = logs[lost][rounds - 1], logs[1 - lost][rounds - 1]
+    stopped, resumed = stopped_and_resumed(signalled, logs[0][rounds])  # rank 0 (node 0) logs the resume
+    assert re.search(rf"stopped\b.* after step {stopped};", other), other[-3000:]
     assert resumed == stopped and resumed >= seen - EVERY, (seen, stopped, resumed)
-    print(f"\n{name}: {time.monotonic() - started:.0f} s; step {seen} seen, stopped after {stopped}, "
-          f"resumed at {resumed}")
+    print(f"\n{name}: node {lost}'s pod deleted; step {seen} seen, stopped after {stopped}, resumed at {resumed}")
+    return resumed
 
 
-def test_a_suspended_2x2_job_resized_to_1x2_resumes_its_run_on_2_processes(
-        control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3, s3, pods):
-    name = "resized"
-    started = time.monotonic()
-    kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(two_by_two(inputs_in_s3, name)))
-    wait_for_step(api_client, core, control_plane, job_namespace, name, PAST_FIRST_CHECKPOINT)
+def suspend_resize_and_resume(resumed: int, backend: str, control_plane, api_client, core, namespace: str, name: str,
+                              pods: PodHistory) -> None:
+    wait_for_step(api_client, core, control_plane, namespace, name, resumed + 3)
+    running = {node: len(pods.pods(name, node)) for node in (0, 1)}  # each node's pod now is its RUNNING-th
 
     # Suspend: the pods take a last checkpoint and go.
-    kubectl(control_plane, "patch", "tj", name, "-n", job_namespace, "--type=merge", "-p", '{"spec": {"suspend": true}}')
-    eventually(lambda: phase(api_client, job_namespace, name) == "Suspended"
-               and not core.list_namespaced_pod(job_namespace, label_selector=f"kubetune.dev/trainingjob={name}").items,
+    kubectl(control_plane, "patch", "tj", name, "-n", namespace, "--type=merge", "-p", '{"spec": {"suspend": true}}')
+    eventually(lambda: phase(api_client, namespace, name) == "Suspended"
+               and not core.list_namespaced_pod(namespace, label_selector=f"kubetune.dev/trainingjob={name}").items,
                timeout=180, interval=1, message="Suspended with no pods left")
-
-    assert pods.exit_codes(name, 0) == [{143}] and pods.exit_codes(name, 1) == [{143}]
+    for node in (0, 1):
+        eventually(lambda: len(pods.exit_codes(name, node)) == running[node] and pods.exit_codes(name, node)[-1],
+                   timeout=30, message=lambda: f"node {node}'s suspended pod ended: {pods.exit_codes(name, node)}")
+        assert pods.exit_codes(name, node)[-1] == {143}, node
 
     # Resize while suspended: the child (patched, or for a TrainJob replaced) and the trainer config
     # follow, with an Event saying so.
-    kubectl(control_plane, "patch", "tj", name, "-n", job_namespace, "--type=merge",
+    kubectl(control_plane, "patch", "tj", name, "-n", namespace, "--type=merge",
             "-p", '{"spec": {"resources": {"nodes": 1}}}')
 
     def child_resized():
-        child = get_child(api_client, backend, job_namespace, name)
+        child = get_child(api_client, backend, namespace, name)
         if not child:
             return None
         spec = child["spec"]
@@ -234,25 +271,15 @@ def test_a_suspended_2x2_job_resized_to_1x2_resumes_its_run_on_2_processes(
     # the retry sees), then says so in the Event: once the Event is there, both have followed. A
     # replaced TrainJob can be seen a moment before its config is patched.
     def resized_events():
-        return json.loads(kubectl(control_plane, "get", "events", "-n", job_namespace, "--field-selector",
+        return json.loads(kubectl(control_plane, "get", "events", "-n", namespace, "--field-selector",
                                   f"involvedObject.name={name},involvedObject.kind=TrainingJob,reason=Resized",
                                   "-o", "json").stdout)["items"]
 
     events = eventually(resized_events, timeout=60, message="a Resized event")
-    config = yaml.safe_load(core.read_namespaced_config_map(f"{name}-config", job_namespace).data["trainingjob.yaml"])
+    config = yaml.safe_load(core.read_namespaced_config_map(f"{name}-config", namespace).data["trainingjob.yaml"])
     assert config["spec"]["resources"]["nodes"] == 1 and config["spec"]["distributed"]["processesPerNode"] == 2
     assert [e["message"] for e in events] == [
         "resized from 2x2 processes to 1x2 processes; the run continues from its latest checkpoint"]
 
-    # Resume: one pod of 2 processes continues the same run from the checkpoint 4 processes wrote.
-    kubectl(control_plane, "patch", "tj", name, "-n", job_namespace, "--type=merge", "-p", '{"spec": {"suspend": false}}')
-    final = wait_until_finished(api_client, job_namespace, name)
-    rank0_logs = trainer_logs(control_plane, job_namespace, name, 0, pods)
-    assert final["status"]["phase"] == "Succeeded", (final["status"], rank0_logs[-1][-3000:])
-    assert_one_run_to_the_end(s3, job_namespace, name)
-    assert len(rank0_logs) == 2 and len(pods.pods(name, 1)) == 1, "no second node after the resize"
-    stopped, resumed = stopped_and_resumed(rank0_logs[0], rank0_logs[1])
-    assert resumed == stopped
-    assert "the checkpoint was written by 4 process(es), this run has 2" in rank0_logs[1], rank0_logs[1][-3000:]
-    assert f"training resized: {MAX_STEPS} steps, 2 process(es)" in rank0_logs[1], rank0_logs[1][-3000:]
-    print(f"\n{name}: {time.monotonic() - started:.0f} s; stopped after {stopped}, resumed at {resumed}")
+    # Resume: one pod of 2 processes continues the same run.
+    kubectl(control_plane, "patch", "tj", name, "-n", namespace, "--type=merge", "-p", '{"spec": {"suspend": false}}')
