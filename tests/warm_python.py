@@ -40,7 +40,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 # Read when a process runs, not when a library is imported: a request may differ from the server in these.
-RUN_TIME_VARIABLES = ("AWS_", "KUBETUNE_", "PYTEST_CURRENT_TEST")
+# TORCHINDUCTOR_CACHE_DIR: torch writes its default into os.environ the first time a process asks for
+# its compile cache, so a test worker's environment gains it halfway through the session.
+RUN_TIME_VARIABLES = ("AWS_", "KUBETUNE_", "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR")
 PACKAGES = ("kubetune_api", "kubetune_trainer", "kubetune_cli")
 MAX_MESSAGE = 1 << 20
 
@@ -86,6 +88,10 @@ SERVER_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 def _server_for(env: dict[str, str]) -> _Server | None:
     if not _same_at_import(SERVER_ENV, env):
+        if os.environ.get("KUBETUNE_WARM_DEBUG"):
+            names = sorted(k for k in set(SERVER_ENV) | set(env) if SERVER_ENV.get(k) != env.get(k))
+            with open(os.environ["KUBETUNE_WARM_DEBUG"], "a") as log:
+                log.write(f"{os.environ.get('PYTEST_CURRENT_TEST')}: cold, differs in {names}\n")
         return None
     with _lock:
         if "server" not in _servers:
