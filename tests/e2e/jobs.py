@@ -113,7 +113,7 @@ def rank0_pod_logs(control_plane, backend: str, namespace: str, name: str) -> li
     PyTorchJob: the Master, re-created under the same name; TrainJob: node 0 of the JobSet's node
     Job, a new name per (re)start.
     """
-    pattern = f"{name}-master-0_*" if backend == "pytorchjob" else f"{name}-node-0-0-*"
-    dirs = sorted(control_plane.kubelet_state.glob(f"pods/{namespace}_{pattern}"), key=lambda d: d.stat().st_mtime)
+    pattern = f"{name}-master-0" if backend == "pytorchjob" else f"{name}-node-0-0-*"
+    dirs = control_plane.pod_dirs(namespace, pattern)
     container = backend_of(backend).container
     return [(d / "logs" / f"{container}.log").read_text() for d in dirs if (d / "logs" / f"{container}.log").exists()]

@@ -158,7 +158,8 @@ def test_kueue_admits_queued_pytorchjobs_one_at_a_time_within_the_quota(control_
         return {w["metadata"]["ownerReferences"][0]["name"]: true_conditions(w) for w in items}
     # One CPU of quota: the first is admitted and runs, the second waits in the queue.
     eventually(lambda: "Admitted" in workloads().get("first", set()), timeout=60, message="first admitted")
-    assert get("first")["spec"]["runPolicy"]["suspend"] is False
+    # Kueue unsuspends an admitted job in a later pass of its job reconciler than the one that admitted it.
+    eventually(lambda: get("first")["spec"]["runPolicy"]["suspend"] is False, timeout=30, message="first unsuspended")
     assert "QuotaReserved" not in workloads()["second"] and get("second")["spec"]["runPolicy"]["suspend"] is True
 
     def succeeded(name):

@@ -186,7 +186,9 @@ def test_a_higher_priority_job_preempts_a_running_one_which_resumes_from_its_che
         control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3, queue,
         priority_classes):
     queue(cpus=1, preemption={"withinClusterQueue": "LowerPriority"})
-    every, max_steps = 5, 30
+    # Enough steps that low is still training when it is preempted: it trains ~7 steps a second here,
+    # and 30 (the end ~3 s after it passed step 8) were once all done before Kueue's eviction reached it.
+    every, max_steps = 5, 150
     low = queued_job(inputs_in_s3, "low", maxSteps=max_steps)
     low["spec"]["checkpoints"]["everySteps"] = every
     low["spec"]["scheduling"]["workloadPriorityClass"] = "e2e-low"
@@ -208,6 +210,7 @@ def test_a_higher_priority_job_preempts_a_running_one_which_resumes_from_its_che
                .get("status") == "True", timeout=120, interval=1, message="low preempted")
     eventually(lambda: phase(api_client, job_namespace, "low") == "Suspended", timeout=120, interval=1,
                message=lambda: f"low shown Suspended while preempted; operator log:\n{operator_log(control_plane, core)}")
+    assert step_of("low") < max_steps, "low ended before it was preempted: give it more steps"
     preempted = eventually(lambda: queued(api_client, job_namespace, "low").get("reason") == "Preempted"
                            and queued(api_client, job_namespace, "low"), timeout=120, interval=1,
                            message=lambda: f"low Queued=Preempted; operator log:\n{operator_log(control_plane, core)}")

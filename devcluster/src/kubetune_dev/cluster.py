@@ -463,9 +463,18 @@ class Cluster:
         roots = [p for p in self.status().values() if p]
         return sorted(self.pod_pids().union(*(tree(root) for root in roots)))
 
+    def pod_dirs(self, namespace: str, pod_pattern: str) -> list[Path]:
+        """The kubelet's directories of the pods whose names match POD_PATTERN (a glob), oldest first.
+
+        Ordered by the pod's start (its address file, written once when the kubelet starts it), not by
+        the directory's own time: the kubelet removes a finished pod's volumes later, which moves that.
+        """
+        dirs = [d for d in self.kubelet_state.glob(f"pods/{namespace}_{pod_pattern}_*") if (d / "ip").exists()]
+        return sorted(dirs, key=lambda d: (d / "ip").stat().st_mtime_ns)
+
     def pod_log(self, pod: str, namespace: str, container: str | None) -> Path:
         """The log file of a container (the newest pod of that name; the only container by default)."""
-        dirs = sorted(self.kubelet_state.glob(f"pods/{namespace}_{pod}_*"), key=lambda d: d.stat().st_mtime)
+        dirs = self.pod_dirs(namespace, pod)
         if not dirs:
             component_log = self.logs / f"{pod}.log"
             if component_log.exists():  # `kubetune dev logs kube-apiserver` works too

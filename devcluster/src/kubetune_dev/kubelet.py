@@ -158,7 +158,7 @@ class Kubelet:
         pod_dir = self.pods_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
         pod_dir.mkdir(parents=True, exist_ok=True)
         ip_file = pod_dir / "ip"
-        if not ip_file.exists():
+        if not ip_file.exists():  # written once: its time is the pod's start (Cluster.pod_dirs)
             ip_file.write_text(self.addresses.next())
         runner = PodRunner(self.api, pod, pod_dir, ip_file.read_text(), self.base_env)
         # The pod's address is published before any container runs, so names resolve early.
