@@ -75,6 +75,8 @@ def family_inputs(s3, tmp_path_factory):
 
 def test_every_new_family_trains_through_the_operator_and_its_lora_lands_in_s3(
         control_plane, api_client, core, backend, operator_release, job_namespace, family_inputs, s3):
+    """Over a minute: every new family's tiny job at once through one operator, one pod each loading its model
+    side by side on two cores; one e2e for the whole matrix instead of a job per family."""
     for family in NEW_FAMILIES:
         kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-",
                 input=yaml.safe_dump(tiny_cpu_job(family, family_inputs[family])))

@@ -76,6 +76,8 @@ def webhook_refuses_disagreeing_queues(control_plane, namespace, inputs_in_s3) -
 
 def test_the_webhook_answers_through_its_service_across_certificate_rotations(
         control_plane, api_client, core, short_lived_certificates, job_namespace, inputs_in_s3):
+    """Over a minute: it waits out a real rotation (a 60 s certificate, replaced after 40 s) and asks the webhook
+    before and after."""
     first = eventually(lambda: (s := served_serial(core)) in trusted_serials(api_client) and s, timeout=60,
                        message=lambda: "the served certificate is never in the caBundle; operator log:\n"
                                        + operator_log(control_plane, core))

@@ -75,6 +75,8 @@ def mirror_release(control_plane, hub):
 @pytest.mark.parametrize("backend", ["pytorchjob"], indirect=True)
 def test_a_2_node_job_restarted_twice_downloads_each_file_from_the_hub_stand_in_once(
         control_plane, api_client, core, backend, mirror_release, job_namespace, inputs_in_s3, s3, hub):
+    """Over a minute: a 2-node job started three times (two restarts at checkpointed steps), since what it shows
+    is that a restart downloads nothing again."""
     core.create_namespaced_secret(job_namespace, {"metadata": {"name": "hf-token"}, "stringData": {"HF_TOKEN": TOKEN}})
     name = "hub-model"
     manifest = example_job(inputs_in_s3, name, f"runs/{name}", maxSteps=MAX_STEPS, batchSize=1)

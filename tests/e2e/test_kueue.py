@@ -113,6 +113,7 @@ def trainer_pods_running(core, namespace: str) -> set[str]:
 @pytest.mark.parametrize("backend", ["pytorchjob"], indirect=True)
 def test_four_jobs_on_a_queue_for_two_run_two_at_a_time_and_all_succeed(
         control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3, queue):
+    """Over a minute: two rounds of two trainer pods, the least that shows a queue admitting jobs as others end."""
     cluster_queue = queue(cpus=2)
     names = [f"queued-{i}" for i in range(4)]
     for index, name in enumerate(names):  # half of them queued by Kueue's label: the same request
@@ -185,6 +186,8 @@ def priority_classes(api_client):
 def test_a_higher_priority_job_preempts_a_running_one_which_resumes_from_its_checkpoint(
         control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3, queue,
         priority_classes):
+    """Over a minute: three trainer pods one after another (low, high, low resumed), and low trains long enough
+    to still run when Kueue's eviction reaches it."""
     queue(cpus=1, preemption={"withinClusterQueue": "LowerPriority"})
     # Enough steps that low is still training when it is preempted: it trains ~7 steps a second here,
     # and 30 (the end ~3 s after it passed step 8) were once all done before Kueue's eviction reached it.

@@ -41,6 +41,8 @@ def kubetune_cli(env: dict, *args: str) -> str:
 
 def test_an_applied_example_trains_to_succeeded_and_its_lora_lands_in_s3(
         control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3, s3, tmp_path):
+    """Over a minute on TrainJob: the README's main path, a 30-step run watched while it trains (status.progress
+    moving), then its LoRA, report and metrics in S3."""
     manifest = example_job(inputs_in_s3, "sd15-e2e", "runs/sd15-e2e", maxSteps=30)
     kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(manifest))
 

@@ -136,6 +136,8 @@ def events(core, namespace: str, kind: str, name: str, reason: str) -> list[str]
 
 def test_an_operator_killed_mid_job_and_mid_sweep_creates_nothing_twice_and_loses_nothing(
         control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3, queue):
+    """Over a minute: a job and a three-trial sweep on the queue while the operator is killed twice; the job's
+    200 steps keep it running across both restarts."""
     queue(cpus=3)  # the job and two trials at once
     job = queued_job(inputs_in_s3, JOB, maxSteps=JOB_STEPS)
     job["spec"]["checkpoints"]["everySteps"] = JOB_EVERY

@@ -63,6 +63,7 @@ def low_job(inputs: dict, name: str, every: int) -> dict:
 
 def test_kueue_preempts_the_job_that_loses_least_when_the_operator_boosts_unsaved_work(
         control_plane, api_client, core, preemption_cost, job_namespace, inputs_in_s3, queue, priority_classes):
+    """Over a minute: three jobs (two side by side, then a higher priority one) and the evicted one's resume."""
     queue(cpus=2, preemption={"withinClusterQueue": "LowerPriority"})
     ns = job_namespace
 

@@ -65,6 +65,7 @@ def mlflow(control_plane):
 
 def test_a_random_sweep_runs_four_trials_two_at_a_time_names_the_best_and_logs_them_to_mlflow(
         control_plane, api_client, core, operator_release, job_namespace, inputs_in_s3, mlflow, tmp_path):
+    """Over a minute: four trials, each a trainer pod, two at a time, logging to a real MLflow server."""
     manifest = sweep_manifest("lr-rank", inputs_in_s3, {
         "training.learningRate": {"logUniform": [1.0e-4, 1.0e-2]}, "adapter.rank": {"choice": [2, 4, 8]}},
         objective={"metric": "loss"}, algorithm="random", maxTrials=4, parallelTrials=2)

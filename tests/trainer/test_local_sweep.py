@@ -70,6 +70,8 @@ def test_a_random_sweep_runs_its_trials_two_at_a_time_and_names_the_best(tiny_sd
 
 
 def test_the_median_rule_stops_a_clearly_worse_trial(tiny_sd15, captions_data, tmp_path):
+    """Over a minute: three 20-step trials one after another; the rule judges a trial only once two others have a
+    value at its step, and it must be seen stopping the bad one before its end."""
     # A strong offset noise makes the loss far higher at every step: the median rule must stop it.
     # Three trials: the rule judges a trial once two others have a value at its step.
     path = write_sweep(tmp_path, tiny_sd15, captions_data, "offset",
