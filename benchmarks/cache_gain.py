@@ -71,7 +71,7 @@ def write_model(family: str, out: Path) -> Path:
     """Real VAE and text encoders with random weights, a toy UNet conditioned like the real one."""
     import torch
 
-    from kubetune_trainer.reference_models import architecture, build, write_config_only
+    from kubetune_trainer.models.reference_models import architecture, build, write_config_only
 
     if (out / "unet" / "diffusion_pytorch_model.safetensors").exists():
         return out
@@ -88,7 +88,7 @@ def write_model(family: str, out: Path) -> Path:
 def write_data(out: Path, count: int, resolution: int) -> Path:
     from PIL import Image
 
-    from kubetune_trainer.tiny_data import write_tiny_data
+    from kubetune_trainer.data.tiny_data import write_tiny_data
 
     if (out / "metadata.jsonl").exists():
         return out

@@ -30,8 +30,8 @@ CLIP_L_VISION = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers
 def write_clip_l(out_dir: Path) -> Path:
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
 
-    from kubetune_trainer.reference_models import CLIP_L_TEXT
-    from kubetune_trainer.tiny_models import tiny_clip_tokenizer
+    from kubetune_trainer.models.reference_models import CLIP_L_TEXT
+    from kubetune_trainer.models.tiny_models import tiny_clip_tokenizer
 
     text = {k: v for k, v in CLIP_L_TEXT.items() if k != "projection_dim"}
     model = CLIPModel(CLIPConfig(text_config=text, vision_config=CLIP_L_VISION, projection_dim=768))
@@ -59,7 +59,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here; run it on a GPU machine (benchmarks/gpu_suite.sh)")
-    from kubetune_trainer.evaluation import ClipScorer
+    from kubetune_trainer.results.evaluation import ClipScorer
 
     rng = np.random.default_rng(0)
     images = [Image.fromarray(rng.integers(0, 256, (512, 512, 3), dtype=np.uint8)) for _ in range(args.images)]

@@ -145,7 +145,7 @@ def main(argv=None) -> None:
     if args.case:
         print(json.dumps(load(args)))
         return
-    from kubetune_trainer.restore_data import write_parquet, write_webdataset
+    from kubetune_trainer.data.restore_data import write_parquet, write_webdataset
     from kubetune_trainer.storage import s3
     from kubetune_trainer.storage.uri import parse_s3
 

@@ -165,10 +165,10 @@ def main(argv=None) -> None:
         sys.exit(f"--cases: unknown {sorted(unknown)}; the cases are {list(CASES)}")
     work = args.workdir or Path(tempfile.mkdtemp(prefix="kubetune-stream-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    from kubetune_trainer.restore_data import write_parquet, write_webdataset
+    from kubetune_trainer.data.restore_data import write_parquet, write_webdataset
     from kubetune_trainer.storage import s3
     from kubetune_trainer.storage.uri import parse_s3
-    from kubetune_trainer.tiny_models import write_tiny_model
+    from kubetune_trainer.models.tiny_models import write_tiny_model
 
     model = work / "sd15" if (work / "sd15").is_dir() else write_tiny_model("sd15", work / "sd15", seed=0)
     data = work / f"data-{args.images}-{args.side}"

@@ -138,7 +138,7 @@ def mid_size_model(directory: Path) -> Path:
     import torch
     from diffusers import UNet2DConditionModel
 
-    from kubetune_trainer.tiny_models import write_tiny_model
+    from kubetune_trainer.models.tiny_models import write_tiny_model
 
     if (directory / "unet" / "config.json").exists():
         return directory
@@ -155,8 +155,8 @@ def mid_size_model(directory: Path) -> Path:
 
 
 def scaling(args, workdir: Path) -> None:
-    from kubetune_trainer.tiny_data import write_tiny_data
-    from kubetune_trainer.tiny_models import write_tiny_model
+    from kubetune_trainer.data.tiny_data import write_tiny_data
+    from kubetune_trainer.models.tiny_models import write_tiny_model
 
     model = workdir / "tiny-sd15"
     if not model.exists():
@@ -179,7 +179,7 @@ def scaling(args, workdir: Path) -> None:
 
 
 def strategies(args, workdir: Path) -> None:
-    from kubetune_trainer.tiny_data import write_tiny_data
+    from kubetune_trainer.data.tiny_data import write_tiny_data
 
     model = mid_size_model(workdir / "mid-sd15")
     data = workdir / "captions-mid"

@@ -1,4 +1,4 @@
-"""Seconds per generated image, per family, through kubetune_trainer.generation (what `kubetune generate`
+"""Seconds per generated image, per family, through kubetune_trainer.results.generation (what `kubetune generate`
 and every validation's samples cost).
 
     .venv/bin/python benchmarks/generate.py                          # every image family's tiny model, CPU
@@ -7,7 +7,7 @@ and every validation's samples cost).
     .venv/bin/python benchmarks/generate.py --tiny-configs --family sd15 --steps 2     # that path, on the CPU
 
 Each family's tiny model (or, with --full-size, its real architecture from configs with random
-weights built on the device: kubetune_trainer.random_weights, as gpu_lora_step.py does) and generated data
+weights built on the device: kubetune_trainer.models.random_weights, as gpu_lora_step.py does) and generated data
 at the resolution; a LoRA job on it; the base model loaded once (Generator), one warm-up draw, then
 --repeats draws of --images images each with --steps denoising steps. Edit families edit the
 generated control images, PMG draws for its held-out users, the others draw from prompts. Prints one
@@ -65,7 +65,7 @@ def job(family: str, model: Path, data: Path, resolution: int, images: int, devi
 
 
 def request_for(family: str, data: Path, images: int, steps: int):
-    from kubetune_trainer.generation import EDIT_LAYOUT, Request
+    from kubetune_trainer.results.generation import EDIT_LAYOUT, Request
 
     layout = FAMILIES[family].layouts[0]
     if layout == EDIT_LAYOUT:  # the generated pairs' control images, each with an instruction
@@ -77,9 +77,9 @@ def request_for(family: str, data: Path, images: int, steps: int):
 
 
 def measure(family: str, args, workdir: Path) -> tuple[float, float]:
-    from kubetune_trainer.reference_models import write_config_only
-    from kubetune_trainer.tiny_data import write_tiny_data
-    from kubetune_trainer.tiny_models import write_tiny_model
+    from kubetune_trainer.models.reference_models import write_config_only
+    from kubetune_trainer.data.tiny_data import write_tiny_data
+    from kubetune_trainer.models.tiny_models import write_tiny_model
 
     row = FAMILIES[family]
     resolution = args.resolution or ((row.native_resolution or row.profile.image_size) if args.full_size else 32)
@@ -96,7 +96,7 @@ def measure(family: str, args, workdir: Path) -> tuple[float, float]:
         write_tiny_data(layout, data, count=max(8, 2 * args.images), size=resolution)
     building = contextlib.nullcontext()
     if args.full_size or args.tiny_configs:  # every from_pretrained of a config-only folder builds the model
-        from kubetune_trainer.random_weights import built_from_configs
+        from kubetune_trainer.models.random_weights import built_from_configs
 
         building = built_from_configs(args.device)
     with building:
@@ -106,7 +106,7 @@ def measure(family: str, args, workdir: Path) -> tuple[float, float]:
 def timed(family: str, args, model: Path, data: Path, resolution: int) -> tuple[float, float]:
     import torch
 
-    from kubetune_trainer.generation import Generator
+    from kubetune_trainer.results.generation import Generator
 
     started = time.perf_counter()
     generator = Generator(job(family, model, data, resolution, args.images, args.device), args.device)

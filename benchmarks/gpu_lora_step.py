@@ -19,7 +19,7 @@
 
 Writes the family's configs only (reference_models.write_config_only: no weight file, so FLUX.2
 [dev]'s ~112 GB and Qwen-Image's ~58 GB need no disk) and generated data at the resolution, then
-runs the real trainer through kubetune_trainer.random_weights, which builds each model from its
+runs the real trainer through kubetune_trainer.models.random_weights, which builds each model from its
 configs with random weights on the GPU (speed and memory do not depend on the values) and hands
 it to the trainer as from_pretrained would (one GPU, bf16, LoRA rank 16, batch 1, no embedding
 cache, so the text encoders and VAE run every step), and prints seconds per step after the
@@ -100,7 +100,7 @@ def require_device(device: str) -> None:
 
 def drop_weights(folder: Path) -> None:
     """Leave a written model's configs, tokenizers and scheduler: its weights are built at start."""
-    from kubetune_trainer.random_weights import WEIGHT_SUFFIXES
+    from kubetune_trainer.models.random_weights import WEIGHT_SUFFIXES
 
     for path in folder.rglob("*"):
         if path.suffix in WEIGHT_SUFFIXES or path.name.endswith(".index.json"):
@@ -108,9 +108,9 @@ def drop_weights(folder: Path) -> None:
 
 
 def prepare(args, workdir: Path) -> tuple[Path, Path]:
-    from kubetune_trainer.reference_models import write_config_only
-    from kubetune_trainer.tiny_data import write_tiny_data
-    from kubetune_trainer.tiny_models import write_tiny_model
+    from kubetune_trainer.models.reference_models import write_config_only
+    from kubetune_trainer.data.tiny_data import write_tiny_data
+    from kubetune_trainer.models.tiny_models import write_tiny_model
 
     model = workdir / f"{args.family}-{'tiny' if args.tiny else 'full'}-configs"
     if not model.exists():
@@ -185,7 +185,7 @@ def main(argv=None) -> None:
         job = manifest(args, model, data, out)
         config = workdir / "job.yaml"
         config.write_text(yaml.safe_dump(job))
-        command = [sys.executable, "-m", "kubetune_trainer.random_weights", "--build-device", args.device,
+        command = [sys.executable, "-m", "kubetune_trainer.models.random_weights", "--build-device", args.device,
                    "--config", str(config)]
         for extra in ([["--cache-only"]] if args.cache else []) + [[]]:
             result = subprocess.run(command + extra, capture_output=True, text=True)

@@ -84,7 +84,7 @@ def evidence(variant: Variant, unet, optimizer) -> list[str]:
 
     found = []
     if variant.quantization == "fp8":
-        from kubetune_trainer.fp8 import Float8FrozenLinear
+        from kubetune_trainer.training.fp8 import Float8FrozenLinear
 
         count = sum(isinstance(m, Float8FrozenLinear) for m in unet.modules())
         found.append(f"{count} float8 Linear layers" if count else "")
@@ -104,7 +104,7 @@ def run_variant(variant: Variant, model_dir: Path, device: str, steps: int, batc
     import torch
 
     from kubetune_api.spec import AdapterSpec, TrainingSpec
-    from kubetune_trainer import optim, quantization
+    from kubetune_trainer.training import optim, quantization
     from kubetune_trainer.errors import ConfigError
     from kubetune_trainer.families.lora import DIFFUSERS_ATTENTION_TARGETS, attach_lora
 
@@ -255,8 +255,8 @@ def main(argv=None) -> int:
         print("gpu_quantization_check: needs a CUDA GPU (this machine has none); --device cpu only tries the script",
               file=sys.stderr)
         return 2
-    from kubetune_trainer.tiny_data import write_tiny_data
-    from kubetune_trainer.tiny_models import write_tiny_model
+    from kubetune_trainer.data.tiny_data import write_tiny_data
+    from kubetune_trainer.models.tiny_models import write_tiny_model
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kubetune-gpu-check-"))
     full_size = not args.tiny and args.device == "cuda"

@@ -14,7 +14,7 @@
 # empty, about 20 minutes); lora-wan-81f (issue 26: one Wan 14B expert on 81-frame 832x480 clips);
 # generate-sd15, generate-sdxl (issue 27: seconds per image at the real architectures).
 # Default: all.
-# Every model is built from its configs with random weights on the GPU (kubetune_trainer.random_weights):
+# Every model is built from its configs with random weights on the GPU (kubetune_trainer.models.random_weights):
 # nothing but configs is written, so the 20-32B families fit the lent machines' 64 GiB disks.
 # Writes OUT_DIR/device.txt (nvidia-smi -L, library versions) and one log per benchmark; prints
 # each benchmark's exit status. A benchmark cut by its cap prints "rc=124". The figures go into
@@ -99,7 +99,7 @@ run lora-flux2 300 benchmarks/gpu_lora_step.py --family flux2 --cache --quantiza
 # 81-frame 832x480 H.264 clips, with checkpointing; the published figure to compare: ~10 s/step on an H200.
 run lora-wan-81f 360 benchmarks/gpu_lora_step.py --family wan --frames 81 --resolution 832,480 --gradient-checkpointing
 
-# Generation (issue 27): seconds per image through kubetune_trainer.generation (validation's sampler),
+# Generation (issue 27): seconds per image through kubetune_trainer.results.generation (validation's sampler),
 # the real architectures with random weights built on the GPU, at their native sizes, 20 steps.
 run generate-sd15 180 benchmarks/generate.py --full-size --device cuda --family sd15 --steps 20 --images 2 --repeats 2
 run generate-sdxl 240 benchmarks/generate.py --full-size --device cuda --family sdxl --steps 20 --images 2 --repeats 2

@@ -59,8 +59,8 @@ def reporting_cost_per_step(steps: int, device) -> float:
     """Seconds the loop spends reporting one step (served + scraped every 100 ms)."""
     import torch
 
-    from kubetune_trainer.phase_clock import PhaseClock
-    from kubetune_trainer.reporting import Reporter
+    from kubetune_trainer.telemetry.phase_clock import PhaseClock
+    from kubetune_trainer.telemetry.reporting import Reporter
 
     port = free_listen_port()
     os.environ.update(KUBETUNE_METRICS_PORT=str(port), KUBETUNE_METRICS_ADDR="127.0.0.1")
@@ -160,8 +160,8 @@ def main(argv=None) -> None:
     per_step = reporting_cost_per_step(args.micro_steps, device)
     print(f"   {per_step * 1e6:.0f} µs per step")
 
-    from kubetune_trainer.tiny_data import write_tiny_data
-    from kubetune_trainer.tiny_models import write_tiny_model
+    from kubetune_trainer.data.tiny_data import write_tiny_data
+    from kubetune_trainer.models.tiny_models import write_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

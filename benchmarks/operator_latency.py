@@ -258,8 +258,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     from kubetune_dev.cluster import Cluster
-    from kubetune_trainer.tiny_data import write_tiny_data
-    from kubetune_trainer.tiny_models import write_tiny_model
+    from kubetune_trainer.data.tiny_data import write_tiny_data
+    from kubetune_trainer.models.tiny_models import write_tiny_model
 
     # One control plane per machine at a time (pod addresses are not per cluster): wait for the tests'.
     lock_path = Path(os.environ.get("KUBETUNE_CACHE", Path.home() / ".cache" / "kubetune")) / "control-plane.lock"

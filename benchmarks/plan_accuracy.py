@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/plan_accuracy.py                  # every case below
     .venv/bin/python benchmarks/plan_accuracy.py --cases sd15,classifier
 
-For each case: the real architecture (configs from kubetune_trainer.reference_models, random
+For each case: the real architecture (configs from kubetune_trainer.models.reference_models, random
 weights) is estimated for device=cpu by the planner, then measured in a fresh process: the
 models are materialised on the CPU in the dtypes the trainer uses (the trainer's own LoRA
 attachment), and two training steps run — the family's training forward (the planner's recipe,
@@ -103,7 +103,7 @@ def measure(name: str, model_dir: Path) -> dict:
     import torch
 
     from kubetune_trainer.families import definition_for
-    from kubetune_trainer.optim import build_optimizer
+    from kubetune_trainer.training.optim import build_optimizer
     from kubetune_trainer.planning.models import load_models, weight_dtype
 
     torch.manual_seed(0)
@@ -177,7 +177,7 @@ def main(argv=None) -> None:
     import logging
     import warnings
 
-    from kubetune_trainer.reference_models import write_config_only
+    from kubetune_trainer.models.reference_models import write_config_only
 
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)

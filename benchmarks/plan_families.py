@@ -39,7 +39,7 @@ def job(family: str, folder: Path, checkpointing: bool, fp8: bool, cached: bool)
 def main(argv: list[str]) -> None:
     from kubetune_trainer.planning import plan_job
     from kubetune_trainer.planning.estimate import Planner
-    from kubetune_trainer.reference_models import write_config_only
+    from kubetune_trainer.models.reference_models import write_config_only
 
     families = argv or list(FAMILIES)
     print("| family | setting | weights GiB | total GiB | fits 80 GB |")

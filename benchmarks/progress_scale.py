@@ -6,7 +6,7 @@
 A thousand trainers cannot run on one small machine, so one stand-in process (started by this
 script) plays all of them: it serves N rank-0 /metrics endpoints, each on its own loopback address
 as every pod has one here (127.77.x.y, the trainer metrics port), with the body a real trainer
-serves (kubetune_trainer.metrics, every gauge set), its step advancing once a second. The step a
+serves (kubetune_trainer.telemetry.metrics, every gauge set), its step advancing once a second. The step a
 reading carries says when that value was set, so the age of what the operator shows is known.
 
 The operator's side runs in this process, with what the operator runs:
@@ -61,7 +61,7 @@ def metrics_body() -> bytes:
     """What a real rank-0 trainer serves mid-run (every gauge set), with the step as SENTINEL."""
     from prometheus_client import generate_latest
 
-    from kubetune_trainer.metrics import TrainerMetrics
+    from kubetune_trainer.telemetry.metrics import TrainerMetrics
 
     metrics = TrainerMetrics("team-a", "sd15-lora", port=None)
     metrics.planned_steps.set(10_000)

@@ -54,7 +54,7 @@ def build_run(root: Path, steps: int, validations: int, size: int) -> Path:
     from PIL import Image
     from torch.utils.tensorboard import SummaryWriter
 
-    from kubetune_trainer.validation import image_grid
+    from kubetune_trainer.results.validation import image_grid
 
     run = root / "out" / "default" / "long" / "v0"
     (run / "logs").mkdir(parents=True)
@@ -104,9 +104,9 @@ def build_run(root: Path, steps: int, validations: int, size: int) -> Path:
 
 
 def time_phases(run: Path) -> dict[str, float]:
-    from kubetune_trainer.run_report import charts, page
-    from kubetune_trainer.run_report.facts import grids_in
-    from kubetune_trainer.run_report.events import read_scalars
+    from kubetune_trainer.results.run_report import charts, page
+    from kubetune_trainer.results.run_report.facts import grids_in
+    from kubetune_trainer.results.run_report.events import read_scalars
 
     started = time.perf_counter()
     scalars = read_scalars(run / "logs")

@@ -54,8 +54,8 @@ def parse_args(argv=None):
 
 
 def prepare_inputs(args, workdir: Path) -> tuple[Path, Path]:
-    from kubetune_trainer.tiny_data import write_tiny_data
-    from kubetune_trainer.tiny_models import write_tiny_model
+    from kubetune_trainer.data.tiny_data import write_tiny_data
+    from kubetune_trainer.models.tiny_models import write_tiny_model
 
     model = workdir / ("sd15-full" if args.full_size else "sd15-tiny")
     if not (model / "model_index.json").exists():
@@ -141,8 +141,8 @@ def family_adapter(family: str, rank: int) -> dict:
 
 def run_family(args, family: str, layout: str, workdir: Path, cached: bool) -> float:
     """Steady-state samples/s of one family's tiny model; `cached` fills the cache first (--cache-only)."""
-    from kubetune_trainer.tiny_data import write_tiny_data
-    from kubetune_trainer.tiny_models import write_tiny_model
+    from kubetune_trainer.data.tiny_data import write_tiny_data
+    from kubetune_trainer.models.tiny_models import write_tiny_model
 
     model, data = workdir / f"model-{family}", workdir / f"data-{layout}"
     if not model.exists():

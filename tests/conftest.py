@@ -28,7 +28,7 @@ def tiny_model(tmp_path_factory):
 
     def make(family: str) -> Path:
         if family not in made:
-            from kubetune_trainer.tiny_models import write_tiny_model
+            from kubetune_trainer.models.tiny_models import write_tiny_model
 
             made[family] = write_tiny_model(family, tmp_path_factory.mktemp(family), seed=0)
         return made[family]
@@ -42,7 +42,7 @@ def tiny_dataset(tmp_path_factory):
 
     def make(layout: str) -> Path:
         if layout not in made:
-            from kubetune_trainer.tiny_data import write_tiny_data
+            from kubetune_trainer.data.tiny_data import write_tiny_data
 
             made[layout] = write_tiny_data(layout, tmp_path_factory.mktemp(layout), count=8, size=32, seed=0)
         return made[layout]

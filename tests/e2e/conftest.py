@@ -20,8 +20,8 @@ import yaml
 from kubernetes import client, config
 
 from kubetune_dev.cluster import Cluster
-from kubetune_trainer.tiny_data import write_tiny_data
-from kubetune_trainer.tiny_models import write_tiny_model
+from kubetune_trainer.data.tiny_data import write_tiny_data
+from kubetune_trainer.models.tiny_models import write_tiny_model
 from tests.conftest import REPO
 from tests.e2e.jobs import BUCKET, OPERATOR_NAMESPACE, os_env
 

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from kubetune_api.spec import VIDEO_LAYOUTS
-from kubetune_trainer.tiny_data import write_tiny_data
-from kubetune_trainer.tiny_models import write_tiny_model
+from kubetune_trainer.data.tiny_data import write_tiny_data
+from kubetune_trainer.models.tiny_models import write_tiny_model
 from tests.conftest import REPO
 from tests.e2e.jobs import BUCKET, kubectl, operator_log, phase, rank0_pod_logs
 from tests.e2e.waiting import eventually

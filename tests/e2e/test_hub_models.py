@@ -20,7 +20,7 @@ from kubernetes import client
 
 from kubetune_api.contract import TrainerLog
 from kubetune_dev.hub_standin import HubStandIn
-from kubetune_trainer.tiny_models import write_tiny_model
+from kubetune_trainer.models.tiny_models import write_tiny_model
 from tests.e2e.conftest import install_chart, uninstall_chart
 from tests.e2e.jobs import BUCKET, example_job, kubectl, phase
 from tests.e2e.test_preemption import PodHistory, trainer_logs, wait_until_finished

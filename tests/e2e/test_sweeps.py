@@ -16,7 +16,7 @@ import yaml
 from kubernetes import client
 from safetensors.torch import load_file, save_file
 
-from kubetune_trainer.tiny_models import write_tiny_model
+from kubetune_trainer.models.tiny_models import write_tiny_model
 from kubetune_api.search import next_trial
 from kubetune_api.sweep import TrainingSweep
 from tests.e2e.jobs import (BUCKET, example_job, get_job, kubectl, operator_log, os_env, printed_columns,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kubetune_trainer.restore_data import write_parquet, write_webdataset
+from kubetune_trainer.data.restore_data import write_parquet, write_webdataset
 from tests.storage.test_data_streaming import fetched_images, streamed_job, upload
 from tests.trainer.conftest import captions_data, run_dir, tiny_sd15, trained_weights  # noqa: F401
 from tests.trainer.test_distributed import RELATIVE_TOLERANCE, max_difference, train

@@ -16,11 +16,11 @@ from click.testing import CliRunner
 from kubetune_api.hub import HubInput
 from kubetune_api.spec import TrainingJob
 from kubetune_dev.hub_standin import HubStandIn
-from kubetune_trainer import hub_stage
+from kubetune_trainer.models import hub_stage
 from kubetune_trainer.errors import ConfigError, InputsInFlux
 from kubetune_trainer.storage import hub, s3
 from kubetune_trainer.storage.uri import parse_s3
-from kubetune_trainer.tiny_models import write_tiny_model
+from kubetune_trainer.models.tiny_models import write_tiny_model
 
 TOKEN = "hf_standin_token"
 

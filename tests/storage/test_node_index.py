@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kubetune_trainer.restore_data import write_parquet, write_webdataset
+from kubetune_trainer.data.restore_data import write_parquet, write_webdataset
 from tests.storage.test_data_streaming import noise_captions, upload
 
 INDEX = textwrap.dedent("""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kubetune_trainer.restore_data import write_parquet, write_webdataset
+from kubetune_trainer.data.restore_data import write_parquet, write_webdataset
 from tests.storage.test_data_streaming import noise_captions, upload, wait_for
 
 ROWS, PER_GROUP = 24, 6

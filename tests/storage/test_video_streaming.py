@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from kubetune_trainer.data.video import probe
-from kubetune_trainer.restore_data import write_webdataset
+from kubetune_trainer.data.restore_data import write_webdataset
 from kubetune_trainer.storage.stream import open_stream, remote
-from kubetune_trainer.tiny_data import write_tiny_data
+from kubetune_trainer.data.tiny_data import write_tiny_data
 from tests.storage.test_data_streaming import fetched_images, upload
 from tests.trainer.conftest import family_job, run_dir, run_trainer_expecting_failure, trained_weights
 from tests.trainer.test_distributed import max_difference, train

@@ -139,7 +139,7 @@ def validated_sd15_run(tiny_sd15, captions_data, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_clip(tmp_path_factory) -> Path:
     """A random-weight CLIP model for spec.validation.clipModel, written once per session."""
-    from kubetune_trainer.tiny_models import write_tiny_clip
+    from kubetune_trainer.models.tiny_models import write_tiny_clip
 
     return write_tiny_clip(tmp_path_factory.mktemp("clip"), seed=0)
 
@@ -194,7 +194,7 @@ def trained_weights(checkpoint: Path) -> dict:
 def configs(tmp_path_factory):
     """Config-only folders (no weights) of every family's real architecture."""
     from kubetune_api.spec import LAYOUTS_BY_FAMILY
-    from kubetune_trainer.reference_models import write_config_only
+    from kubetune_trainer.models.reference_models import write_config_only
 
     root = tmp_path_factory.mktemp("configs")
     return {family: write_config_only(family, root / family) for family in LAYOUTS_BY_FAMILY}

@@ -7,7 +7,7 @@ import re
 import pytest
 from PIL import Image
 
-from kubetune_trainer.tiny_data import write_tiny_data
+from kubetune_trainer.data.tiny_data import write_tiny_data
 from tests.trainer.conftest import family_job, run_trainer
 
 pytestmark = pytest.mark.slow

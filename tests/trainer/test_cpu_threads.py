@@ -27,7 +27,7 @@ def test_a_pods_processes_share_the_threads_of_its_cpu_request(tiny_job, tmp_pat
     env.update(PYTHONUNBUFFERED="1", PET_NNODES="1", PET_NODE_RANK="0", PET_NPROC_PER_NODE=str(processes),
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_listen_port()), **pod_env)
     config = write_manifest(tiny_job(maxSteps=1), tmp_path)
-    result = subprocess.run([sys.executable, "-m", "kubetune_trainer.entrypoint", "--config", str(config)],
+    result = subprocess.run([sys.executable, "-m", "kubetune_trainer.pod", "--config", str(config)],
                             env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"({processes} process(es), {threads} CPU thread(s) each)" in result.stderr, result.stderr[-3000:]

@@ -16,10 +16,10 @@ from kubetune_api.spec import DATA_FORMATS, DataSpec
 from kubetune_trainer.data.layouts import LAYOUTS
 from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.errors import ConfigError
-from kubetune_trainer.restore_data import loose_samples, write_parquet, write_webdataset
+from kubetune_trainer.data.restore_data import loose_samples, write_parquet, write_webdataset
 from kubetune_trainer.storage.members import MEMBERS
 from kubetune_trainer.storage.stream import image_size, read_bytes
-from kubetune_trainer.tiny_data import write_tiny_data
+from kubetune_trainer.data.tiny_data import write_tiny_data
 from tests.trainer.conftest import family_job, run_trainer_on, tiny_sd15, write_manifest  # noqa: F401
 from tests.trainer.test_hostile_input import no_traceback
 

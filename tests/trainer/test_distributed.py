@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from kubetune_api.ports import free_listen_port
-from kubetune_trainer.preemption import RETRYABLE_EXIT_CODE
+from kubetune_trainer.process.preemption import RETRYABLE_EXIT_CODE
 from tests import warm_python
 from tests.trainer.conftest import family_job, run_dir, trained_weights, trainer_env, write_manifest
 
@@ -149,7 +149,7 @@ def two_nodes_of_two_processes(manifest: dict, directory: Path, working_dirs: li
     working_dirs: each node's own (relative paths in the manifest then name each node's files)."""
     config = write_manifest(manifest, directory)
     port = free_listen_port()
-    return [subprocess.Popen([sys.executable, "-m", "kubetune_trainer.entrypoint", "--config", str(config)],
+    return [subprocess.Popen([sys.executable, "-m", "kubetune_trainer.pod", "--config", str(config)],
                              env={**trainer_env(), "PET_NNODES": "2", "PET_NODE_RANK": str(rank),
                                   "PET_NPROC_PER_NODE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                                   "KUBETUNE_RUN_ID": "uid-2"},
@@ -241,7 +241,7 @@ def test_a_diverging_run_stops_every_rank_of_both_nodes_at_one_step_exits_3_and_
 
 def test_a_run_resumes_on_3_then_2_then_1_processes_training_each_sample_of_each_epoch_once(
         tiny_sd15, tiny_dataset, tmp_path):
-    from kubetune_trainer.tiny_data import write_tiny_data
+    from kubetune_trainer.data.tiny_data import write_tiny_data
 
     data = write_tiny_data("captions", tmp_path / "data12", count=12, size=32, seed=0)
     manifest = family_job("sd15", "captions", tiny_sd15, data, tmp_path / "out",
@@ -377,7 +377,7 @@ def test_a_gpu_job_on_a_node_without_a_gpu_fails_at_start_naming_the_field(tiny_
 
 
 def test_sigterm_during_the_cache_stage_ends_it_at_once_with_143(tiny_sd15, tmp_path):
-    from kubetune_trainer.tiny_data import write_tiny_data
+    from kubetune_trainer.data.tiny_data import write_tiny_data
 
     data = write_tiny_data("captions", tmp_path / "many", count=400, size=32, seed=1)
     manifest = family_job("sd15", "captions", tiny_sd15, data, tmp_path / "out", data={"cache": {"enabled": True}})

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kubetune_trainer.restore_data import write_parquet, write_webdataset
-from kubetune_trainer.tiny_data import write_tiny_data
+from kubetune_trainer.data.restore_data import write_parquet, write_webdataset
+from kubetune_trainer.data.tiny_data import write_tiny_data
 from tests.trainer.conftest import family_job, run_dir, trained_weights
 from tests.trainer.test_distributed import RELATIVE_TOLERANCE, max_difference, train
 

@@ -114,7 +114,7 @@ def test_the_predictions_are_the_trained_models_and_move_with_the_step(classifie
 
 
 def test_precision_and_recall_are_macro_averages_of_one_definition():
-    from kubetune_trainer.classification_metrics import classification_metrics, report
+    from kubetune_trainer.results.classification_metrics import classification_metrics, report
 
     labels = torch.tensor([0, 0, 0, 1, 1, 2])
     predicted = torch.tensor([0, 0, 1, 1, 2, 2])
@@ -238,7 +238,7 @@ def test_a_generating_family_scores_each_generated_image_against_its_held_out_im
     """With a stand-in generation: the held-out images themselves, the first one blurred."""
     from PIL import ImageFilter
 
-    from kubetune_trainer import run_evaluation
+    from kubetune_trainer.results import run_evaluation
     from kubetune_trainer.families.base import reference_path
 
     given = {}
@@ -273,9 +273,9 @@ def test_an_edit_is_scored_by_validations_clip_directional_against_its_control(t
     returns the control image unchanged has no direction (0)."""
     from kubetune_trainer.data.edit_pairs import read_edit_pairs
     from kubetune_trainer.data.screening import Screen
-    from kubetune_trainer.evaluation import ClipScorer
-    from kubetune_trainer.run_evaluation import score_generated
-    from kubetune_trainer.tiny_data import write_tiny_data
+    from kubetune_trainer.results.evaluation import ClipScorer
+    from kubetune_trainer.results.run_evaluation import score_generated
+    from kubetune_trainer.data.tiny_data import write_tiny_data
 
     pairs = read_edit_pairs(write_tiny_data("edit-pairs", tmp_path / "pairs", count=2, size=32), Screen(False))
     controls = [Image.open(pair.controls[0]).convert("RGB") for pair in pairs]
@@ -296,11 +296,11 @@ def test_a_video_familys_clips_are_scored_frame_by_frame_against_the_held_out_cl
     import av
 
     from kubetune_api.spec import TrainingJob
-    from kubetune_trainer import run_evaluation
-    from kubetune_trainer.clip_evaluation import reference_frames
-    from kubetune_trainer.evaluation import ClipScorer
-    from kubetune_trainer.generation import Generator
-    from kubetune_trainer.sample_clips import Clip
+    from kubetune_trainer.results import run_evaluation
+    from kubetune_trainer.results.clip_evaluation import reference_frames
+    from kubetune_trainer.results.evaluation import ClipScorer
+    from kubetune_trainer.results.generation import Generator
+    from kubetune_trainer.results.sample_clips import Clip
 
     job = TrainingJob.model_validate(family_job(
         "wan", "video-captions", tiny_model("wan"), tiny_dataset("video-captions"), tmp_path / "out",
@@ -355,7 +355,7 @@ def test_a_checkpoint_without_ready_weights_loads_from_its_sharded_state(classif
 
 
 def test_files_are_written_beside_their_place_and_renamed_never_through_a_link(tmp_path):
-    from kubetune_trainer.run_evaluation import write_files
+    from kubetune_trainer.results.run_evaluation import write_files
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

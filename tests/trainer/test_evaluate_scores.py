@@ -1,4 +1,4 @@
-"""`kubetune evaluate`'s model-given scores: lpips (--lpips-model, kubetune_trainer.lpips_distance) and hps
+"""`kubetune evaluate`'s model-given scores: lpips (--lpips-model, kubetune_trainer.results.lpips_distance) and hps
 (--hps-model, a human-preference model in CLIP form). Random weights written in the published layouts:
 a torchvision AlexNet features state_dict and LPIPS v0.1 linear weights (lin0.model.1.weight ...)."""
 from __future__ import annotations
@@ -42,7 +42,7 @@ def lpips_folder(tmp_path_factory):
 
 
 def test_lpips_is_zero_for_one_image_symmetric_and_grows_with_the_perturbation(lpips_folder):
-    from kubetune_trainer.lpips_distance import LpipsDistance
+    from kubetune_trainer.results.lpips_distance import LpipsDistance
 
     lpips = LpipsDistance(str(lpips_folder), torch.device("cpu"))
     torch.manual_seed(1)
@@ -56,7 +56,7 @@ def test_lpips_is_zero_for_one_image_symmetric_and_grows_with_the_perturbation(l
 
 def test_a_folder_that_is_not_lpips_weights_is_one_line_naming_the_option(lpips_folder, tiny_clip, tmp_path):
     from kubetune_trainer.errors import ConfigError
-    from kubetune_trainer.lpips_distance import LpipsDistance
+    from kubetune_trainer.results.lpips_distance import LpipsDistance
 
     swapped = tmp_path / "swapped"
     swapped.mkdir()
@@ -76,7 +76,7 @@ def test_a_folder_that_is_not_lpips_weights_is_one_line_naming_the_option(lpips_
 
 
 def test_lpips_weights_load_from_s3(lpips_folder, s3_server, tmp_path, monkeypatch):  # noqa: F811
-    from kubetune_trainer.run_evaluation import lpips_scorer
+    from kubetune_trainer.results.run_evaluation import lpips_scorer
     from kubetune_trainer.storage import s3
     from kubetune_trainer.storage.uri import parse_s3
 
@@ -105,7 +105,7 @@ def test_evaluate_adds_lpips_and_hps_columns_and_means(sd15_job, lpips_folder, t
     """With a stand-in generation (the held-out images, the first blurred): lpips 0 for the untouched image
     and above 0 for the blurred one; hps 100 x the preference model's image-prompt cosine (here the same
     tiny CLIP as --clip-model, so 100 x clip_text)."""
-    from kubetune_trainer import run_evaluation
+    from kubetune_trainer.results import run_evaluation
     from kubetune_trainer.families.base import reference_path
 
     def stand_in(job, weights, samples, device):
@@ -132,7 +132,7 @@ def test_evaluate_adds_lpips_and_hps_columns_and_means(sd15_job, lpips_folder, t
 @pytest.mark.parametrize("option", ["--lpips-model", "--hps-model"])
 def test_a_model_that_is_not_one_is_refused_before_anything_is_generated(sd15_job, tiny_sd15, option, tmp_path,
                                                                          monkeypatch):
-    from kubetune_trainer import run_evaluation
+    from kubetune_trainer.results import run_evaluation
 
     def never(*args):
         raise AssertionError("generated before the model was checked")
@@ -149,7 +149,7 @@ def test_a_video_jobs_clips_refuse_the_image_scores_by_option():
 
     from kubetune_trainer.data.video_captions import CaptionedClip
     from kubetune_trainer.errors import ConfigError
-    from kubetune_trainer.run_evaluation import refuse_image_scores_for_clips
+    from kubetune_trainer.results.run_evaluation import refuse_image_scores_for_clips
 
     clips = [CaptionedClip(Path("a.mp4"), "a cat")]
     refuse_image_scores_for_clips(clips, None, None)  # ssim and CLIP only: nothing to refuse

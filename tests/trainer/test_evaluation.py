@@ -3,7 +3,7 @@ same noise for a sample at every validation; CLIP score (text-to-image) and CLIP
 similarity (editing) are what their definitions say, repeat for the same weights and move with
 them; they reach the validation log line, keepBest and refuse a CLIP model that is not one.
 
-Validations run in process on the tiny models (kubetune_trainer.tiny_models), one run end to end."""
+Validations run in process on the tiny models (kubetune_trainer.models.tiny_models), one run end to end."""
 from __future__ import annotations
 
 import json
@@ -18,9 +18,9 @@ from PIL import Image
 
 from kubetune_api.spec import TrainingJob
 from kubetune_trainer.errors import ConfigError
-from kubetune_trainer.evaluation import ClipScorer
+from kubetune_trainer.results.evaluation import ClipScorer
 from kubetune_trainer.families import family_for
-from kubetune_trainer.validation import Validator
+from kubetune_trainer.results.validation import Validator
 from tests.trainer.conftest import family_job, run_dir, run_trainer, run_trainer_expecting_failure
 
 pytestmark = pytest.mark.slow
@@ -84,7 +84,7 @@ def shapes():
     """Two pairs of images: a shape, and the same shape in another colour (an edit)."""
     import random
 
-    from kubetune_trainer.tiny_data import draw_shape
+    from kubetune_trainer.data.tiny_data import draw_shape
 
     def drawn(colour, shape, seed):
         return draw_shape(colour, shape, 32, random.Random(seed))
@@ -157,7 +157,7 @@ def test_sd15_scores_its_held_out_captions_the_same_for_the_same_weights(caption
     # A model of its own, from a fixed seed: the shared tiny model's weights depend on which tests
     # drew from the global random state before it was written, and with some of them the tiny CLIP
     # scores the images 0 (a clamped negative cosine), which would hide what this test checks.
-    from kubetune_trainer.tiny_models import write_tiny_model
+    from kubetune_trainer.models.tiny_models import write_tiny_model
 
     torch.manual_seed(0)
     tiny_sd15 = write_tiny_model("sd15", tmp_path / "sd15")
@@ -244,7 +244,7 @@ def noisy(image, strength: float, seed: int = 0):
 
 
 def test_ssim_is_one_for_the_same_image_and_falls_as_noise_grows(shapes):
-    from kubetune_trainer.evaluation import ssim
+    from kubetune_trainer.results.evaluation import ssim
 
     image = shapes[0][0]
     scores = ssim([image, noisy(image, 0.05), noisy(image, 0.3)], [image] * 3).per_image
@@ -254,7 +254,7 @@ def test_ssim_is_one_for_the_same_image_and_falls_as_noise_grows(shapes):
 
 
 def test_ssim_resizes_the_reference_to_the_generated_size(shapes):
-    from kubetune_trainer.evaluation import ssim
+    from kubetune_trainer.results.evaluation import ssim
 
     image = shapes[0][0]
     larger = image.resize((64, 64), Image.BICUBIC)
@@ -264,7 +264,7 @@ def test_ssim_resizes_the_reference_to_the_generated_size(shapes):
 
 def test_ssim_of_constant_images_follows_the_definition():
     """Two flat images: the structure terms are 1, the luminance term is (2ab + C1) / (a^2 + b^2 + C1)."""
-    from kubetune_trainer.evaluation import SSIM_K1, ssim
+    from kubetune_trainer.results.evaluation import SSIM_K1, ssim
 
     a, b = 0.2, 0.6
     flat = [Image.new("RGB", (16, 16), (round(255 * v),) * 3) for v in (a, b)]

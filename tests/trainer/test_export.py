@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from safetensors import safe_open
 
 from kubetune_cli.main import cli
-from kubetune_trainer.export import lora_files
+from kubetune_trainer.results.export import lora_files
 from kubetune_trainer.families import definition_for
 from kubetune_trainer.families.lora import LORA_FILE
 from tests.trainer.conftest import family_job, run_dir, run_trainer

@@ -19,10 +19,10 @@ from safetensors.torch import save_file
 
 from kubetune_api.families import FAMILIES
 from kubetune_api.spec import TrainingJob
-from kubetune_trainer.export import write_kohya
+from kubetune_trainer.results.export import write_kohya
 from kubetune_trainer.families import definition_for, family_for
 from kubetune_trainer.families.lora import LORA_FILE
-from kubetune_trainer.lora_keys import FLUX_KOHYA
+from kubetune_trainer.results.lora_keys import FLUX_KOHYA
 from tests.trainer.conftest import family_job
 
 pytestmark = pytest.mark.slow

@@ -101,7 +101,7 @@ def test_cached_run_matches_the_uncached_loss_and_the_second_epoch_hits(tiny_sd1
 
 def test_cache_only_fills_the_cache_without_training(tiny_sd15, captions_data, tmp_path):
     from kubetune_api.manifest import parse_manifest
-    from kubetune_trainer.launch import launch_local
+    from kubetune_trainer.process.start import launch_local
 
     manifest = family_job("sd15", "captions", tiny_sd15, captions_data, tmp_path / "out",
                           data={"cache": {"enabled": True}})

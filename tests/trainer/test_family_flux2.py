@@ -68,7 +68,7 @@ def epoch_cache_counts(stderr: str) -> list[tuple[int, int]]:
 ])
 def test_trains_from_the_cache_samples_and_its_lora_loads_whole_into_its_pipeline(
         family, layout, references, validation, tiny_model, tiny_dataset, tiny_clip, tmp_path):
-    from kubetune_trainer.tiny_data import write_tiny_data
+    from kubetune_trainer.data.tiny_data import write_tiny_data
 
     model = tiny_model(family)
     data = (write_tiny_data(layout, tmp_path / "data", count=8, size=32, references=references) if references
@@ -89,7 +89,7 @@ def test_trains_from_the_cache_samples_and_its_lora_loads_whole_into_its_pipelin
 @pytest.mark.parametrize("family, layout", [("flux2", "captions"), ("flux2-klein", "edit-pairs")])
 def test_fsdp_over_two_processes_trains_a_lora_that_loads_whole(family, layout, tiny_model, tiny_dataset, tmp_path):
     from kubetune_api.manifest import parse_manifest
-    from kubetune_trainer.launch import launch_local
+    from kubetune_trainer.process.start import launch_local
 
     model = tiny_model(family)
     manifest = family_job(family, layout, model, tiny_dataset(layout), tmp_path / "out",
@@ -132,7 +132,7 @@ def test_validation_on_edit_pairs_draws_the_held_out_pairs_without_a_clip_model(
     """As every edit family does (spec.validation.numSamples); on captions, held-out captions are drawn
     only for a CLIP model to score."""
     from kubetune_api.spec import TrainingJob
-    from kubetune_trainer.drawing import Draw
+    from kubetune_trainer.results.drawing import Draw
     from kubetune_trainer.families import family_for
 
     drawn = {}

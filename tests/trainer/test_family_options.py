@@ -19,11 +19,11 @@ from PIL import Image
 
 from kubetune_api import families as table
 from kubetune_api.spec import TrainingJob
-from kubetune_trainer.drawing import Draw
-from kubetune_trainer.evaluation import ClipScorer
+from kubetune_trainer.results.drawing import Draw
+from kubetune_trainer.results.evaluation import ClipScorer
 from kubetune_trainer.families import family_for
-from kubetune_trainer.randomness import SampleRandom
-from kubetune_trainer.tiny_data import write_tiny_data
+from kubetune_trainer.training.randomness import SampleRandom
+from kubetune_trainer.data.tiny_data import write_tiny_data
 from tests.family_options import SETTINGS, combinations, set_fields
 from tests.trainer.conftest import family_job
 
@@ -199,7 +199,7 @@ def test_the_guidance_scale_changes_the_sample_images(family, base_job, tiny_cli
 
 @pytest.mark.parametrize("family", table.honouring(table.QUANTIZATION))
 def test_quantization_asks_for_quantized_base_weights(family, base_job, tmp_path, monkeypatch):
-    from kubetune_trainer import quantization
+    from kubetune_trainer.training import quantization
 
     asked = []
     monkeypatch.setattr(quantization, "check_supported", lambda quant: None)  # CUDA-only: not on this CPU

@@ -13,8 +13,8 @@ from kubetune_api.manifest import ManifestError, parse_manifest
 from kubetune_api.spec import TrainingJob
 from kubetune_trainer.families import family_for
 from kubetune_trainer.families.qwen_parts import UNUSED_IN_LAST_BLOCK, text_inputs
-from kubetune_trainer.launch import launch_local
-from kubetune_trainer.randomness import SampleRandom
+from kubetune_trainer.process.start import launch_local
+from kubetune_trainer.training.randomness import SampleRandom
 from tests.trainer.conftest import family_job, run_dir, run_trainer
 from tests.trainer.qwen_checks import assert_lora_loads_whole
 

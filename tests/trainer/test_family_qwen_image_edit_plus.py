@@ -16,12 +16,12 @@ from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.data.layouts import LAYOUTS
 from kubetune_trainer.data.sampler import epoch_steps, shard_for_encoding
 from kubetune_trainer.data.screening import Screen
-from kubetune_trainer.drawing import Draw
+from kubetune_trainer.results.drawing import Draw
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.families import family_for
-from kubetune_trainer.launch import launch_local
-from kubetune_trainer.randomness import SampleRandom
-from kubetune_trainer.tiny_data import write_tiny_data
+from kubetune_trainer.process.start import launch_local
+from kubetune_trainer.training.randomness import SampleRandom
+from kubetune_trainer.data.tiny_data import write_tiny_data
 from tests.trainer.conftest import family_job, run_dir, run_trainer, run_trainer_expecting_failure
 from tests.trainer.qwen_checks import assert_lora_loads_whole
 from tests.trainer.test_family_qwen_image import cache_counts

@@ -93,7 +93,7 @@ def test_sd35_trains_from_its_cache_in_the_second_epoch_and_its_lora_loads_whole
 
 def test_sd35_trains_sharded_over_two_fsdp_processes_into_a_whole_lora(tiny_model, tiny_dataset, tmp_path):
     from kubetune_api.manifest import parse_manifest
-    from kubetune_trainer.launch import launch_local
+    from kubetune_trainer.process.start import launch_local
 
     model = tiny_model(FAMILY)
     manifest = family_job(FAMILY, LAYOUT, model, tiny_dataset(LAYOUT), tmp_path / "out",

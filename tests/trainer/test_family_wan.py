@@ -112,7 +112,7 @@ def test_the_chosen_expert_alone_trains_says_so_and_its_lora_loads_whole_into_it
 def test_a_lone_expert_trains_on_its_own_noise_levels_and_both_route_each_sample_to_its_expert(variant, tiny_dataset):
     from kubetune_api.spec import TrainingJob
     from kubetune_trainer.families import family_for
-    from kubetune_trainer.randomness import SampleRandom
+    from kubetune_trainer.training.randomness import SampleRandom
 
     keys = [(0, index) for index in range(64)]
     drawn = {}
@@ -139,8 +139,8 @@ def test_noise_levels_are_shifted_by_the_folder_s_scheduler_config_and_validatio
 
     from kubetune_api.spec import TrainingJob
     from kubetune_trainer.families import family_for
-    from kubetune_trainer.flow_matching import sample_sigmas, shifted
-    from kubetune_trainer.randomness import SampleRandom
+    from kubetune_trainer.training.flow_matching import sample_sigmas, shifted
+    from kubetune_trainer.training.randomness import SampleRandom
 
     def family(model):
         manifest = family_job(FAMILY, LAYOUT, model, tiny_dataset(LAYOUT), "/unused")
@@ -328,7 +328,7 @@ def test_two_processes_train_both_experts_by_default_and_publish_each_one_s_lora
     """One sample per process: the two processes' samples often go to different experts, each process
     running the other expert on its sample times zero (else FSDP's all-gathers or DDP's reducer hang)."""
     from kubetune_api.manifest import parse_manifest
-    from kubetune_trainer.launch import launch_local
+    from kubetune_trainer.process.start import launch_local
 
     manifest = family_job(FAMILY, LAYOUT, variant("a14b"), tiny_dataset(LAYOUT), tmp_path / "out",
                           distributed={"strategy": strategy}, training={"batchSize": 1})
@@ -411,7 +411,7 @@ def test_image_batches_and_video_batches_reach_the_vae_as_clips():
     ("vae", 0.127e9),            # Wan 2.1's causal 3D VAE
 ])
 def test_the_reference_architecture_has_the_published_sizes(component, published):
-    from kubetune_trainer.reference_models import architecture, build
+    from kubetune_trainer.models.reference_models import architecture, build
 
     with torch.device("meta"):
         model = build(architecture(FAMILY)[component])
@@ -439,7 +439,7 @@ def test_the_planner_builds_what_the_expert_choice_trains(tmp_path):
     from kubetune_api.spec import TrainingJobSpec
     from kubetune_trainer.errors import ConfigError
     from kubetune_trainer.planning.models import load_models
-    from kubetune_trainer.reference_models import write_config_only
+    from kubetune_trainer.models.reference_models import write_config_only
 
     one = write_config_only(FAMILY, tmp_path / "wan2.1")
     two = shutil.copytree(one, tmp_path / "wan2.2-a14b")

@@ -65,7 +65,7 @@ def test_a_cached_run_hits_in_its_second_epoch_samples_its_prompt_and_its_lora_l
 def test_fsdp_over_two_processes_trains_two_steps_and_publishes_a_lora_that_loads_whole(
         tiny_model, tiny_dataset, tmp_path, capfd):
     from kubetune_api.manifest import parse_manifest
-    from kubetune_trainer.launch import launch_local
+    from kubetune_trainer.process.start import launch_local
 
     model = tiny_model(FAMILY)
     manifest = family_job(FAMILY, LAYOUT, model, tiny_dataset(LAYOUT), tmp_path / "out",
@@ -100,7 +100,7 @@ def test_the_model_s_own_patch_size_sets_the_multiple_beyond_the_row_s_16(patch,
 def test_a_resolution_the_model_cannot_patchify_is_refused_naming_the_field_before_anything_is_written(
         tiny_dataset, tmp_path):
     """The published architecture's configs (no weights: the refusal comes before any is read)."""
-    from kubetune_trainer.reference_models import write_config_only
+    from kubetune_trainer.models.reference_models import write_config_only
 
     configs = write_config_only(FAMILY, tmp_path / "configs")
     manifest = family_job(FAMILY, LAYOUT, configs, tiny_dataset(LAYOUT), tmp_path / "out",
@@ -116,7 +116,7 @@ def test_a_resolution_the_model_cannot_patchify_is_refused_naming_the_field_befo
     ("vae", 0.084e9),            # the FLUX.1 autoencoder
 ])
 def test_the_reference_architecture_has_the_published_sizes(component, published):
-    from kubetune_trainer.reference_models import architecture, build
+    from kubetune_trainer.models.reference_models import architecture, build
 
     with torch.device("meta"):
         model = build(architecture(FAMILY)[component])

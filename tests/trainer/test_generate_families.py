@@ -1,4 +1,4 @@
-"""Every image family draws through kubetune_trainer.generation on its tiny model, in this one process:
+"""Every image family draws through kubetune_trainer.results.generation on its tiny model, in this one process:
 the base model, then weights saved by the family's own writer and loaded back by its reader (each
 trained parameter moved, as training would), from the job's own validation inputs (held-out captions,
 edit pairs, PMG users). A real run end to end, the CLI and its refusals: test_generate.py."""
@@ -31,7 +31,7 @@ def pixels(generated) -> np.ndarray:
 
 @pytest.mark.parametrize("family", IMAGE_FAMILIES)
 def test_each_family_draws_the_base_then_its_saved_weights(family, tiny_model, tiny_dataset, tmp_path):
-    from kubetune_trainer.generation import Generator, Request
+    from kubetune_trainer.results.generation import Generator, Request
 
     layout = FAMILIES[family].layouts[0]
     job = TrainingJob.model_validate(family_job(family, layout, tiny_model(family), tiny_dataset(layout),
@@ -58,7 +58,7 @@ def test_each_family_draws_the_base_then_its_saved_weights(family, tiny_model, t
 
 def test_an_edit_family_edits_the_control_images_given(tiny_model, tiny_dataset, tmp_path):
     """--control IMAGE --prompt TEXT: each given image edited by its instruction, not the held-out pairs."""
-    from kubetune_trainer.generation import Generator, Request
+    from kubetune_trainer.results.generation import Generator, Request
 
     data = tiny_dataset("edit-pairs")
     job = TrainingJob.model_validate(family_job("flux-kontext", "edit-pairs", tiny_model("flux-kontext"), data,

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from kubetune_cli.main import cli
-from kubetune_trainer.tiny_data import write_tiny_data
+from kubetune_trainer.data.tiny_data import write_tiny_data
 from tests.storage.conftest import s3_server  # noqa: F401 - a fixture, for the missing-bucket row
 from tests.trainer.conftest import (copy_of_run, family_job, run_dir, run_trainer, run_trainer_expecting_failure,
                                     run_trainer_on, trainer_command, trainer_env, write_manifest)
@@ -510,7 +510,7 @@ SILENT_SERVER_SCRIPT = """
 import logging, socket, sys, time
 logging.basicConfig(level=logging.INFO)
 from kubetune_api.spec import MlflowSpec
-from kubetune_trainer.tracking import MlflowTracker
+from kubetune_trainer.telemetry.tracking import MlflowTracker
 
 listener = socket.create_server(("127.0.0.1", 0))
 listener.listen(16)
@@ -528,7 +528,7 @@ print(f"closed after {time.monotonic() - started:.1f} s", file=sys.stderr)
 def test_an_mlflow_server_that_accepts_and_never_answers_holds_the_end_of_a_run_seconds_only(tmp_path):
     import time
 
-    from kubetune_trainer.tracking import CLOSE_SECONDS_UNREACHABLE
+    from kubetune_trainer.telemetry.tracking import CLOSE_SECONDS_UNREACHABLE
 
     started = time.monotonic()
     result = subprocess.run([sys.executable, "-c", SILENT_SERVER_SCRIPT], env=trainer_env(), capture_output=True,
@@ -785,7 +785,7 @@ def test_a_hostile_file_is_refused_naming_it_before_anything_is_decoded(what, sp
 
 
 def test_a_control_image_for_generate_is_bounded_from_its_header(tmp_path):
-    from kubetune_trainer.generation import GenerationError, Request, check_request
+    from kubetune_trainer.results.generation import GenerationError, Request, check_request
 
     header_only_png(tmp_path / "strip.png", 1, 20_000_000)
     with pytest.raises(GenerationError, match=r"--control .*strip.png: is 1x20000000 pixels, longer than 16 times"):

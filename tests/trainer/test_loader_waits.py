@@ -9,7 +9,7 @@ import time
 import pytest
 
 from kubetune_trainer import loop
-from kubetune_trainer.run_report import import_in_background
+from kubetune_trainer.results.run_report import import_in_background
 
 SLOW_MODULE = "kubetune_slow_report_dependency"
 

@@ -22,7 +22,7 @@ def trained_parameters(prefix_projection: bool = False, prefix_hidden_size: int 
     from transformers import LlamaConfig
 
     from kubetune_trainer.families.pmg import PmgAdapter
-    from kubetune_trainer.reference_models import architecture
+    from kubetune_trainer.models.reference_models import architecture
 
     llama = LlamaConfig(**architecture("pmg")["language_model"].config)
     unet = architecture("pmg")["unet"].config

@@ -6,7 +6,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from kubetune_api.ports import free_listen_port
-from kubetune_trainer.consistency import ReplicasDiverged, check_replicas_agree
+from kubetune_trainer.training.consistency import ReplicasDiverged, check_replicas_agree
 
 
 def gather(tensor: torch.Tensor) -> list[torch.Tensor]:

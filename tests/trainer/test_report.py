@@ -1,4 +1,4 @@
-"""The run report (kubetune_trainer.run_report): written by the trainer beside the weights and by
+"""The run report (kubetune_trainer.results.run_report): written by the trainer beside the weights and by
 `kubetune report`, and opened in a real headless Chromium (devcluster/chromium.sh, `make browser`):
 no broken picture, the curves drawn, every validation grid in step order, the spec shown."""
 from __future__ import annotations

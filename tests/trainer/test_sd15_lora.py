@@ -167,7 +167,7 @@ def test_a_resume_onto_other_base_weights_says_so_and_one_onto_the_same_does_not
 
 def test_two_processes_train_together_over_gloo(tiny_job, tmp_path):
     from kubetune_api.manifest import parse_manifest
-    from kubetune_trainer.launch import launch_local
+    from kubetune_trainer.process.start import launch_local
 
     manifest = tiny_job(maxSteps=2)
     assert launch_local(parse_manifest(manifest), nproc=2) == 0

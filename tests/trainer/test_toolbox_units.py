@@ -16,9 +16,9 @@ from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.data.sampler import Batching, epoch_steps, steps_per_epoch
 from kubetune_trainer.errors import ConfigError
-from kubetune_trainer.ema import EMA
-from kubetune_trainer.optim import build_lr_scheduler, build_optimizer, lr_multiplier, set_optimizer_mode
-from kubetune_trainer.tiny_data import write_tiny_data
+from kubetune_trainer.training.ema import EMA
+from kubetune_trainer.training.optim import build_lr_scheduler, build_optimizer, lr_multiplier, set_optimizer_mode
+from kubetune_trainer.data.tiny_data import write_tiny_data
 
 
 def training(**fields) -> TrainingSpec:
@@ -240,7 +240,7 @@ def test_missing_instruction_is_named(tmp_path):
 
 def test_a_resumed_run_trains_with_its_specs_learning_rate_and_keeps_the_optimizer_moments():
     # Population-based training resumes a strong trial's checkpoint with a perturbed learning rate.
-    from kubetune_trainer.optim import follow_spec_after_resume
+    from kubetune_trainer.training.optim import follow_spec_after_resume
 
     def build(lr, decay):
         weight = torch.nn.Parameter(torch.ones(3))

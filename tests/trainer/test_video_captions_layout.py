@@ -22,7 +22,7 @@ from kubetune_trainer.data.sampler import epoch_steps
 from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.data.video import write_clip
 from kubetune_trainer.errors import ConfigError
-from kubetune_trainer.tiny_data import write_tiny_data
+from kubetune_trainer.data.tiny_data import write_tiny_data
 
 LAYOUT = LAYOUTS["video-captions"]
 

@@ -21,10 +21,10 @@ from kubetune_trainer.data.layouts import LAYOUTS
 from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.data.video import probe
 from kubetune_trainer.errors import ConfigError
-from kubetune_trainer.restore_data import write_parquet, write_webdataset
+from kubetune_trainer.data.restore_data import write_parquet, write_webdataset
 from kubetune_trainer.storage.members import MEMBERS
 from kubetune_trainer.storage.stream import read_bytes
-from kubetune_trainer.tiny_data import write_tiny_data
+from kubetune_trainer.data.tiny_data import write_tiny_data
 from tests.trainer.conftest import family_job, run_dir, run_trainer, run_trainer_on, trained_weights, write_manifest
 from tests.trainer.test_hostile_input import no_traceback
 

@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from kubetune_trainer import attention
+from kubetune_trainer.training import attention
 from kubetune_trainer.errors import ConfigError
 
 CUDA = torch.device("cuda", 0)

@@ -81,8 +81,8 @@ def test_every_kubetune_variable_of_a_pod_is_a_contract_name_and_the_trainer_rea
     ({}, NodeEnv()),
 ], ids=["pytorchjob", "trainjob", "both", "elastic-and-auto", "rank-fallback", "local"])
 def test_a_pod_finds_its_place_from_either_controllers_environment(environ, expected):
-    from kubetune_trainer.entrypoint import node_place
-    from kubetune_trainer.launcher import NodePlace
+    from kubetune_trainer.pod import node_place
+    from kubetune_trainer.process.launcher import NodePlace
 
     assert NodeEnv.from_env(environ) == expected
     assert node_place(environ) == NodePlace(expected.processes, expected.nodes, expected.node_rank,
@@ -100,7 +100,7 @@ def test_no_backend_sets_a_variable_its_controller_reserves(example_manifest):
 # ---- the metrics the operator reads back ---------------------------------------------------------
 
 def test_the_trainer_serves_every_gauge_the_operator_reads():
-    from kubetune_trainer.metrics import TrainerMetrics
+    from kubetune_trainer.telemetry.metrics import TrainerMetrics
 
     metrics = TrainerMetrics("team-a", "sd15", port=None)
     served = {metric.name for metric in metrics.registry.collect()}
@@ -121,7 +121,7 @@ def test_a_validation_the_trainer_serves_reaches_the_status_the_operator_writes(
     """Over HTTP, as the operator polls: gauge names in, status.validation out."""
     from kubetune_operator.kube import read_trainer_gauges
     from kubetune_operator.status import status_from_metrics
-    from kubetune_trainer.metrics import TrainerMetrics
+    from kubetune_trainer.telemetry.metrics import TrainerMetrics
 
     metrics = TrainerMetrics("team-a", "sd15", port=0, addr="127.0.0.1")
     try:

@@ -1,7 +1,7 @@
 """How many CPU threads each trainer process of a pod takes when nobody set OMP_NUM_THREADS."""
 import pytest
 
-from kubetune_trainer.cpu_threads import cpu_allowance, thread_env, threads_per_process
+from kubetune_trainer.process.cpu_threads import cpu_allowance, thread_env, threads_per_process
 
 REQUEST, LIMIT = "KUBETUNE_CPU_REQUEST_MILLICORES", "KUBETUNE_CPU_LIMIT_MILLICORES"
 
@@ -30,12 +30,12 @@ def test_the_users_omp_num_threads_wins():
 
 
 def test_a_pods_entry_point_gives_each_of_its_trainers_their_share(example_manifest, tmp_path, monkeypatch):
-    """The wiring for several processes: entrypoint → launcher → each worker's environment, on an
+    """The wiring for several processes: the pod entry → launcher → each worker's environment, on an
     8-core node with a 4-CPU request split between two trainer processes."""
     import yaml
 
-    from kubetune_trainer import entrypoint
-    from kubetune_trainer.launcher import worker_env
+    from kubetune_trainer import pod
+    from kubetune_trainer.process.launcher import worker_env
 
     config = tmp_path / "job.yaml"
     example_manifest["spec"]["model"]["pretrained"] = "s3://models/sd15"  # a hub id would start the models stage
@@ -44,10 +44,10 @@ def test_a_pods_entry_point_gives_each_of_its_trainers_their_share(example_manif
     for name, value in {REQUEST: "4000", LIMIT: "64000", "PET_NNODES": "1", "PET_NODE_RANK": "0",
                         "PET_NPROC_PER_NODE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(entrypoint.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(pod.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     launched = []
-    monkeypatch.setattr(entrypoint, "launch", lambda command, place: launched.append(place) or 0)
+    monkeypatch.setattr(pod, "launch", lambda command, place: launched.append(place) or 0)
     with pytest.raises(SystemExit):
-        entrypoint.main(["--config", str(config)])
+        pod.main(["--config", str(config)])
     (place,) = launched
-    assert [worker_env(dict(entrypoint.os.environ), place, rank)["OMP_NUM_THREADS"] for rank in (0, 1)] == ["2", "2"]
+    assert [worker_env(dict(pod.os.environ), place, rank)["OMP_NUM_THREADS"] for rank in (0, 1)] == ["2", "2"]

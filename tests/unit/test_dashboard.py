@@ -22,7 +22,7 @@ def exported() -> set[str]:
     from prometheus_client import REGISTRY
 
     import kubetune_operator.metrics  # noqa: F401  (registers the operator's metrics)
-    from kubetune_trainer.metrics import TrainerMetrics
+    from kubetune_trainer.telemetry.metrics import TrainerMetrics
 
     trainer = TrainerMetrics("team-a", "sd15-lora", port=None)
     return dashboards.exported_names(REGISTRY) | dashboards.exported_names(trainer.registry)

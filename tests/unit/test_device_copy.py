@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from kubetune_trainer.device_copy import to_device
+from kubetune_trainer.training.device_copy import to_device
 
 
 class RecordingTensor:

@@ -10,10 +10,10 @@ import signal
 import pytest
 import yaml
 
-from kubetune_trainer import hub_stage
+from kubetune_trainer.models import hub_stage
 from kubetune_trainer.errors import ConfigError, InputsInFlux, TrainingDiverged
-from kubetune_trainer.exit_answer import exit_answer
-from kubetune_trainer.preemption import Preempted, StopRequest
+from kubetune_trainer.process.exit_answer import exit_answer
+from kubetune_trainer.process.preemption import Preempted, StopRequest
 
 
 @pytest.mark.parametrize("error, code, message", [
@@ -68,7 +68,7 @@ def test_after_a_stop_request_any_failure_is_the_stop(stopped):
 
 @pytest.fixture
 def models_stage(example_manifest, tmp_path, monkeypatch, capsys):
-    """models_stage(error): what `python -m kubetune_trainer.hub_stage` exits with, and prints, when placing fails so."""
+    """models_stage(error): what `python -m kubetune_trainer.models.hub_stage` exits with, and prints, when placing fails so."""
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump(example_manifest))
 

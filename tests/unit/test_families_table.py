@@ -52,7 +52,7 @@ def toy_family(monkeypatch):
     import types
 
     from kubetune_trainer.families import sd15
-    from kubetune_trainer.reference_models import CLIP_L_TEXT, SD_VAE, Component
+    from kubetune_trainer.models.reference_models import CLIP_L_TEXT, SD_VAE, Component
 
     unet = dict(sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 64),
                 down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
@@ -76,8 +76,8 @@ def test_a_family_added_as_a_row_and_a_module_is_in_every_derived_list(toy_famil
     from kubetune_api.fit import coarse_estimate
     from kubetune_trainer.families import definition_for, definitions, family_for
     from kubetune_trainer.planning.estimate import Planner
-    from kubetune_trainer.reference_models import architecture, write_config_only
-    from kubetune_trainer.tiny_models import write_tiny_model
+    from kubetune_trainer.models.reference_models import architecture, write_config_only
+    from kubetune_trainer.models.tiny_models import write_tiny_model
 
     assert definition_for(TOY_FAMILY) is toy_family and TOY_FAMILY in definitions()
     assert family_for(TOY_FAMILY) is toy_family.family
@@ -115,7 +115,7 @@ def test_every_layout_the_api_accepts_is_read_by_the_trainer_and_a_family_and_ha
 
     from kubetune_api.spec import Layout
     from kubetune_trainer.data.layouts import LAYOUTS
-    from kubetune_trainer.tiny_data import WRITERS
+    from kubetune_trainer.data.tiny_data import WRITERS
 
     accepted = set(get_args(Layout))
     assert set(LAYOUTS) == set(WRITERS) == accepted

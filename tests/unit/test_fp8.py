@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from kubetune_api.spec import AdapterSpec
-from kubetune_trainer import fp8
+from kubetune_trainer.training import fp8
 from kubetune_trainer.families.lora import DIFFUSERS_ATTENTION_TARGETS, attach_lora
-from kubetune_trainer.tiny_models import tiny_sd_unet
+from kubetune_trainer.models.tiny_models import tiny_sd_unet
 
 
 class Block(torch.nn.Module):

@@ -87,7 +87,7 @@ def test_which_inputs_are_hub_models(example_manifest, model, validation, fields
 
 
 def test_the_entry_point_gives_the_token_to_the_models_stage_and_to_no_trainer(hub_job, tmp_path, monkeypatch):
-    from kubetune_trainer import entrypoint
+    from kubetune_trainer import pod
 
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump(hub_job().model_dump(mode="json", by_alias=True, exclude_none=True)))
@@ -98,9 +98,9 @@ def test_the_entry_point_gives_the_token_to_the_models_stage_and_to_no_trainer(h
         seen.update(command=command, token=env.get(contract.HUB_TOKEN_ENV))
         return type("Done", (), {"returncode": 0})()
 
-    monkeypatch.setattr(entrypoint.subprocess, "run", run)
-    assert entrypoint.models_stage(config) == 0
-    assert seen == {"command": [sys.executable, "-m", "kubetune_trainer.hub_stage", "--config", str(config)],
+    monkeypatch.setattr(pod.subprocess, "run", run)
+    assert pod.models_stage(config) == 0
+    assert seen == {"command": [sys.executable, "-m", "kubetune_trainer.models.hub_stage", "--config", str(config)],
                     "token": "hf_secret"}
     import os
     assert contract.HUB_TOKEN_ENV not in os.environ, "the trainers started after it inherit no token"

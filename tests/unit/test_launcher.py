@@ -1,8 +1,8 @@
 """The node launcher: where each worker stands, and what the node's exit code says to a restart policy."""
 import pytest
 
-from kubetune_trainer.entrypoint import node_place
-from kubetune_trainer.launcher import NodePlace, node_exit_code, returncode_as_exit_code, worker_env
+from kubetune_trainer.pod import node_place
+from kubetune_trainer.process.launcher import NodePlace, node_exit_code, returncode_as_exit_code, worker_env
 
 
 def test_a_pod_reads_its_place_from_the_training_operators_environment():

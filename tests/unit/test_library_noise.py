@@ -3,7 +3,7 @@ import logging
 import subprocess
 import sys
 
-from kubetune_trainer import library_noise
+from kubetune_trainer.telemetry import library_noise
 
 
 class Collect(logging.Handler):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kubetune_trainer.families import definitions
-from kubetune_trainer.lora_keys import (DIFFUSION_MODEL, FLUX2_KOHYA, FLUX_KOHYA, KOHYA_UNET, WAN_ORIGINAL,
+from kubetune_trainer.results.lora_keys import (DIFFUSION_MODEL, FLUX2_KOHYA, FLUX_KOHYA, KOHYA_UNET, WAN_ORIGINAL,
                                        UnconvertibleLora, to_convention)
 
 

@@ -6,7 +6,7 @@ import urllib.request
 import pytest
 
 from kubetune_api.contract import OPERATOR_READ_QUERY
-from kubetune_trainer.metrics import TrainerMetrics
+from kubetune_trainer.telemetry.metrics import TrainerMetrics
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ def test_the_final_report_holds_what_the_operators_read_would_have(metrics):
 
 def test_a_finished_trainer_leaves_its_final_report_where_the_kubelet_keeps_it(tmp_path, monkeypatch):
     from kubetune_api.contract import TrainerEnv, read_final_report
-    from kubetune_trainer.reporting import Reporter
+    from kubetune_trainer.telemetry.reporting import Reporter
 
     reporter = Reporter(True, total_steps=10, start_step=0, log_dir=None, log_every=1, samples_per_step=4,
                         namespace="team-a", job_name="demo")

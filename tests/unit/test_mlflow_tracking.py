@@ -105,7 +105,7 @@ def test_the_crd_carries_the_uri_rule():
 # ---- what a run logs -------------------------------------------------------------------------------
 
 def test_parameters_are_the_training_fields_by_path_without_cluster_settings_or_secrets(example_manifest):
-    from kubetune_trainer.tracking import run_params
+    from kubetune_trainer.telemetry.tracking import run_params
 
     example_manifest["spec"]["s3"] = {"credentialsSecret": "team-s3-keys", "endpointUrl": "http://minio.storage:9000"}
     example_manifest["spec"]["scheduling"] = {"serviceAccountName": "trainer-irsa", "serviceAccountToken": True}
@@ -121,7 +121,7 @@ def test_parameters_are_the_training_fields_by_path_without_cluster_settings_or_
 
 
 def test_a_field_named_like_a_secret_is_never_a_parameter():
-    from kubetune_trainer.tracking import _flatten
+    from kubetune_trainer.telemetry.tracking import _flatten
 
     into: dict[str, str] = {}
     _flatten("model", {"family": "sd15", "hubToken": "hf_x", "auth": {"password": "p", "user": "u"},
@@ -130,7 +130,7 @@ def test_a_field_named_like_a_secret_is_never_a_parameter():
 
 
 def test_tags_name_the_run_and_its_parent(example_manifest):
-    from kubetune_trainer.tracking import PARENT_TAG, RUN_URI_TAG, run_tags
+    from kubetune_trainer.telemetry.tracking import PARENT_TAG, RUN_URI_TAG, run_tags
 
     example_manifest["metadata"]["labels"] = {"kubetune.dev/sweep": "lr"}
     job = parse_manifest(with_tracking(example_manifest, parentRunId="abc123"))
@@ -208,7 +208,7 @@ class FakeClient:
 def fake_mlflow(monkeypatch):
     import mlflow.tracking
 
-    from kubetune_trainer import tracking
+    from kubetune_trainer.telemetry import tracking
 
     FakeClient.instances, FakeClient.down_at_start, FakeClient.earlier_runs = [], False, []
     monkeypatch.setattr(mlflow.tracking, "MlflowClient", FakeClient)
@@ -218,7 +218,7 @@ def fake_mlflow(monkeypatch):
 
 
 def new_tracker(example_manifest):
-    from kubetune_trainer.tracking import MlflowTracker
+    from kubetune_trainer.telemetry.tracking import MlflowTracker
 
     job = parse_manifest(with_tracking(example_manifest))
     return MlflowTracker(job.spec.tracking.mlflow, "pets", {"training.learningRate": "0.0001", "adapter.rank": "8"},
@@ -247,7 +247,7 @@ def test_metrics_go_in_batches_of_at_most_a_thousand_and_the_weights_at_the_end(
 
 def test_validation_samples_are_sent_while_the_run_goes_on_under_samples_step(fake_mlflow, example_manifest, tmp_path,
                                                                              monkeypatch):
-    from kubetune_trainer import tracking
+    from kubetune_trainer.telemetry import tracking
 
     monkeypatch.setattr(tracking, "FLUSH_SECONDS", 0.1)
     tracker = new_tracker(example_manifest)
@@ -287,7 +287,7 @@ def test_a_server_that_is_down_is_warned_about_once_and_gets_everything_when_bac
 
 
 def test_a_server_that_stays_down_costs_the_end_of_the_run_little(fake_mlflow, example_manifest, caplog, monkeypatch):
-    from kubetune_trainer import tracking
+    from kubetune_trainer.telemetry import tracking
 
     fake_mlflow.down_at_start = True
     with caplog.at_level(logging.INFO, logger="kubetune.trainer"):
@@ -317,7 +317,7 @@ class RecordingTracker:
 
 
 def test_the_reporter_hands_the_tracker_logged_steps_validations_and_the_weights(tmp_path):
-    from kubetune_trainer.reporting import Reporter
+    from kubetune_trainer.telemetry.reporting import Reporter
 
     tracker = RecordingTracker()
     reporter = Reporter(True, total_steps=5, start_step=0, log_dir=None, log_every=2, samples_per_step=4,
@@ -338,7 +338,7 @@ def test_the_reporter_hands_the_tracker_logged_steps_validations_and_the_weights
 
 
 def test_only_the_main_process_reports_to_the_tracker():
-    from kubetune_trainer.reporting import Reporter
+    from kubetune_trainer.telemetry.reporting import Reporter
 
     tracker = RecordingTracker()
     reporter = Reporter(False, 5, 0, None, 1, 4, tracker=tracker)

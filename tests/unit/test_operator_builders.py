@@ -68,7 +68,7 @@ def test_the_container_runs_the_trainer_entrypoint_with_the_config_map(job_of):
     template = master(child)
     main = container(template)
     assert main["name"] == "pytorch" and main["image"] == SETTINGS.trainer_image
-    assert main["command"] == ["python", "-m", "kubetune_trainer.entrypoint"]
+    assert main["command"] == ["python", "-m", "kubetune_trainer.pod"]
     assert main["args"] == ["--config", "/etc/kubetune/trainingjob.yaml"]
     assert {"name": "pytorchjob-port", "containerPort": naming.master_port(UID), "protocol": "TCP"} in main["ports"]
     volumes = {v["name"]: v for v in template["spec"]["volumes"]}

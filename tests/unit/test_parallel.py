@@ -5,7 +5,7 @@ import pytest
 
 from kubetune_api.manifest import parse_manifest
 from kubetune_api.strategy import resolve_strategy
-from kubetune_trainer.parallel import shard_units
+from kubetune_trainer.training.parallel import shard_units
 
 
 def spec_of(example_manifest, **changes):

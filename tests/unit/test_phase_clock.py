@@ -3,8 +3,8 @@ device-wide synchronisation per mark. A fake GPU stands in for CUDA (its events 
 import pytest
 import torch
 
-from kubetune_trainer import phase_clock
-from kubetune_trainer.phase_clock import PhaseClock
+from kubetune_trainer.telemetry import phase_clock
+from kubetune_trainer.telemetry.phase_clock import PhaseClock
 
 CUDA = torch.device("cuda")  # a device descriptor only: nothing here touches a GPU
 

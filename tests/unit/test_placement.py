@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from kubetune_trainer.placement import use_channels_last
+from kubetune_trainer.training.placement import use_channels_last
 
 GPU = torch.device("cuda", 0)  # the layout changes in place; nothing is moved, so no GPU is needed
 

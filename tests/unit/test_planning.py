@@ -15,7 +15,7 @@ from kubetune_trainer.planning.estimate import MemoryEstimate, estimate_from_par
 from kubetune_trainer.planning.models import load_models
 from kubetune_api.fixes import suggest, with_overrides
 from kubetune_trainer.planning.weights import parameter_bytes
-from kubetune_trainer.reference_models import write_config_only
+from kubetune_trainer.models.reference_models import write_config_only
 
 GIB = 2**30
 LAYOUTS = {"sd15": "captions", "pmg": "pmg", "classifier": "image-folder"}

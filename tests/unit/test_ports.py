@@ -44,9 +44,9 @@ def test_a_port_already_chosen_for_another_component_is_not_chosen_again():
 
 
 def test_the_trainers_launcher_takes_its_rendezvous_port_from_below_the_range(monkeypatch, example_manifest):
-    from kubetune_trainer import launch
+    from kubetune_trainer.process import start
 
     chosen = []
-    monkeypatch.setattr(launch, "launch", lambda command, place, env: chosen.append(place.master_port) or 0)
-    assert launch.launch_local(launch.TrainingJob.model_validate(example_manifest), nproc=2) == 0
+    monkeypatch.setattr(start, "launch", lambda command, place, env: chosen.append(place.master_port) or 0)
+    assert start.launch_local(start.TrainingJob.model_validate(example_manifest), nproc=2) == 0
     assert len(chosen) == 1 and chosen[0] < ephemeral_ports().start

@@ -142,7 +142,7 @@ def serving(inbox: ProgressInbox):
 
 
 def test_the_trainers_pusher_reaches_the_inbox_and_a_failing_push_is_logged_once(caplog):
-    from kubetune_trainer.progress_push import ProgressPusher
+    from kubetune_trainer.telemetry.progress_push import ProgressPusher
 
     inbox = ProgressInbox(lambda ns, job: {"127.0.0.7"}, INTERVAL)  # the pod's own address, as in a pod
     with serving(inbox) as port:
@@ -172,7 +172,7 @@ def test_the_reconcile_reads_a_fresh_push_and_polls_when_it_is_stale(monkeypatch
 
 
 def test_a_finishing_trainer_pushes_its_final_gauges_instead_of_waiting_for_a_read(monkeypatch):
-    from kubetune_trainer.reporting import Reporter
+    from kubetune_trainer.telemetry.reporting import Reporter
 
     inbox = ProgressInbox(lambda ns, job: {"127.0.0.7"}, INTERVAL)
     with serving(inbox) as port:

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from kubetune_trainer import quantization
+from kubetune_trainer.training import quantization
 from kubetune_trainer.errors import ConfigError
-from kubetune_trainer.quantization import refusal
+from kubetune_trainer.training.quantization import refusal
 
 BOTH = frozenset({"bitsandbytes", "torchao"})
 
@@ -65,7 +65,7 @@ def test_nf4_quantizes_while_loading_in_the_compute_dtype():
 
 
 def test_fp8_quantizes_after_loading_and_nothing_else_does():
-    from kubetune_trainer.fp8 import is_float8
+    from kubetune_trainer.training.fp8 import is_float8
 
     for kind, float8 in (("fp8", True), ("nf4", False), (None, False)):
         model = torch.nn.Sequential(torch.nn.Linear(16, 16))

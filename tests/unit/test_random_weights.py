@@ -1,10 +1,10 @@
-"""The benchmark stand-in that builds models from config-only folders (kubetune_trainer.random_weights):
+"""The benchmark stand-in that builds models from config-only folders (kubetune_trainer.models.random_weights):
 what it builds matches what from_pretrained would have given, and it changes nothing else."""
 import pytest
 import torch
 
-from kubetune_trainer.random_weights import built_from_configs
-from kubetune_trainer.tiny_models import tiny_clip_text_encoder, tiny_vae
+from kubetune_trainer.models.random_weights import built_from_configs
+from kubetune_trainer.models.tiny_models import tiny_clip_text_encoder, tiny_vae
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import torch
 from kubetune_api.spec import TrainingSpec
 from kubetune_trainer.data.sampler import Batching, check_enough_samples, epoch_steps, steps_per_epoch
 from kubetune_trainer.loop import plan_steps
-from kubetune_trainer.optim import build_lr_scheduler, lr_multiplier
+from kubetune_trainer.training.optim import build_lr_scheduler, lr_multiplier
 from kubetune_trainer.checkpoint.training_state import Position, continue_position
 
 

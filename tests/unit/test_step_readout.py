@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from kubetune_trainer.step_readout import StepReadout
+from kubetune_trainer.telemetry.step_readout import StepReadout
 
 
 def one_process(row: torch.Tensor) -> torch.Tensor:

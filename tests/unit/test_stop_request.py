@@ -17,7 +17,7 @@ import pytest
 # handler runs at each point the first one could be interrupted. Prints what a run would see.
 NESTED_SIGNALS = textwrap.dedent("""
     import os, signal, sys
-    from kubetune_trainer.preemption import Preempted, StopRequest
+    from kubetune_trainer.process.preemption import Preempted, StopRequest
 
     stop = StopRequest().install()
     deferred = sys.argv[1] == "deferred"

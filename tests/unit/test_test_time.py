@@ -39,18 +39,18 @@ def test_processes_servers_and_control_planes_go_to_the_test_running_when_they_s
                                       "import_cpu_s": 5.0}])
     # The pod's sandbox execs the container's command in the same process: one process, the second argv.
     write_lines(procs / "12.jsonl", [start(12, 10.0, ["-m", "kubetune_dev.sandbox"]),
-                                     start(12, 10.1, ["-m", "kubetune_trainer.entrypoint"]),
+                                     start(12, 10.1, ["-m", "kubetune_trainer.pod"]),
                                      {"event": "exit", "pid": 12, "time": 30.0, "cpu_s": 7.0, "import_s": 5.0,
                                       "import_cpu_s": 4.0}])
     # A loader worker forked from the pod's process, killed (no exit line), during test_two.
-    write_lines(procs / "13.jsonl", [start(13, 45.0, ["-m", "kubetune_trainer.entrypoint"], forked=True)])
+    write_lines(procs / "13.jsonl", [start(13, 45.0, ["-m", "kubetune_trainer.pod"], forked=True)])
     # The control plane starts during test_one and burns 4 s of CPU before its first scan, 6 s more by the next.
     scans = [{"time": 40.0, "worker": "gw0", "processes": {"500": ["kube-apiserver", 5.0, 4.0]}},
              {"time": 90.0, "worker": "gw0", "processes": {"500": ["kube-apiserver", 5.0, 10.0]}}]
     write_lines(tmp_path / "servers.jsonl", scans)
 
     tests, processes = read_tests(tmp_path), read_processes(tmp_path)
-    assert [p.kind for p in processes] == ["kubetune_trainer", "kubetune_trainer.entrypoint", "forked child"]
+    assert [p.kind for p in processes] == ["kubetune_trainer", "kubetune_trainer.pod", "forked child"]
     unheld = attribute(tests, processes, tmp_path)
     by_id = {t.nodeid.split("::")[1]: t for t in tests}
 
@@ -63,7 +63,7 @@ def test_processes_servers_and_control_planes_go_to_the_test_running_when_they_s
     assert by_id["test_one"].cpu_s == 2.0 + 7.0 + 4.0
     text = report(tmp_path)
     assert "| gw0    |     2 |     89 |     11 |" in text, text
-    assert "| kubetune_trainer.entrypoint |     1 |                 5 / 4 |     7 |" in text, text
+    assert "| kubetune_trainer.pod |     1 |                 5 / 4 |     7 |" in text, text
 
 
 def test_the_census_records_a_process_of_the_run_with_its_import_time_and_not_one_outside_it(tmp_path):

@@ -28,7 +28,7 @@ def tiny_classifier():
 def test_a_lora_on_a_denoiser_trains_only_the_adapter_and_saves_the_pipelines_lora_file(tmp_path):
     from diffusers import StableDiffusionPipeline
 
-    from kubetune_trainer.tiny_models import tiny_sd_unet
+    from kubetune_trainer.models.tiny_models import tiny_sd_unet
 
     unet = tiny_sd_unet()
     trainable = diffusers_denoiser(unet, LORA, "unet", "StableDiffusionPipeline")
@@ -45,7 +45,7 @@ def test_a_lora_on_a_denoiser_trains_only_the_adapter_and_saves_the_pipelines_lo
 def test_a_whole_denoiser_trains_every_weight_and_saves_a_model_folder_only_at_the_end(tmp_path):
     from diffusers import UNet2DConditionModel
 
-    from kubetune_trainer.tiny_models import tiny_sd_unet
+    from kubetune_trainer.models.tiny_models import tiny_sd_unet
 
     trainable = diffusers_denoiser(tiny_sd_unet(), FULL, "unet", "StableDiffusionPipeline")
     assert not trainable.publishable  # a whole model is too big to write at every checkpoint
@@ -58,7 +58,7 @@ def test_a_whole_denoiser_trains_every_weight_and_saves_a_model_folder_only_at_t
 
 
 def test_the_planner_attaches_a_lora_without_a_pipeline_but_such_a_lora_cannot_be_saved(tmp_path):
-    from kubetune_trainer.tiny_models import tiny_sd_unet
+    from kubetune_trainer.models.tiny_models import tiny_sd_unet
 
     trainable = diffusers_denoiser(tiny_sd_unet(), LORA, "unet", pipeline=None, load_init=False)
     with pytest.raises(ValueError, match="without its pipeline"):
@@ -94,7 +94,7 @@ def test_a_whole_classifier_saves_a_transformers_model_folder(tmp_path):
                                            ("classifier", FULL)])
 def test_what_a_trainable_saved_its_reader_loads_into_a_fresh_model(kind, adapter, tmp_path):
     """Trainable.load, the counterpart of save: what generation and evaluation load a run's weights with."""
-    from kubetune_trainer.tiny_models import tiny_sd_unet
+    from kubetune_trainer.models.tiny_models import tiny_sd_unet
 
     def make():
         if kind == "classifier":

@@ -5,8 +5,8 @@ import torch
 
 from kubetune_api.contract import RECENT_LOSS_STEPS
 
-from kubetune_trainer.phase_clock import PhaseClock
-from kubetune_trainer.reporting import Reporter
+from kubetune_trainer.telemetry.phase_clock import PhaseClock
+from kubetune_trainer.telemetry.reporting import Reporter
 
 
 def value(reporter: Reporter, name: str, **labels) -> float:

@@ -58,7 +58,7 @@ CONFIG_MOUNT = "/etc/kubetune"
 CONFIG_KEY = "trainingjob.yaml"
 CONFIG_PATH = f"{CONFIG_MOUNT}/{CONFIG_KEY}"
 # The pod's main process: the node launcher (one trainer per GPU, or per processesPerNode on CPU).
-TRAINER_COMMAND = ("python", "-m", "kubetune_trainer.entrypoint")
+TRAINER_COMMAND = ("python", "-m", "kubetune_trainer.pod")
 TRAINER_ARGS = ("--config", CONFIG_PATH)
 # The cache stage: one process encodes every sample once before any node trains. Either its own
 # container (an init container of rank 0's pod), or the entry point's flag CACHE_STAGE_FIRST, which
@@ -67,14 +67,14 @@ CACHE_STAGE_COMMAND = ("python", "-m", "kubetune_trainer")
 CACHE_STAGE_ARGS = ("--config", CONFIG_PATH, "--cache-only")
 CACHE_STAGE_FIRST = "--cache-stage"
 # Hub models (kubetune_api.hub): the entry point runs the models stage (`python -m
-# kubetune_trainer.hub_stage`) before any trainer, the only process given the hub token, which
+# kubetune_trainer.models.hub_stage`) before any trainer, the only process given the hub token, which
 # reaches the pod under HUB_TOKEN_ENV from key HUB_TOKEN_KEY of spec.model.hubTokenSecret; the
 # entry point takes it out of the environment its trainers inherit. MODELS_MIRROR_ENV is the
 # chart's models.mirrorUri (spec.model.mirrorUri overrides it).
 HUB_TOKEN_ENV = "KUBETUNE_HUB_TOKEN"
 HUB_TOKEN_KEY = "HF_TOKEN"
 MODELS_MIRROR_ENV = "KUBETUNE_MODELS_MIRROR"
-MODELS_STAGE_COMMAND = ("python", "-m", "kubetune_trainer.hub_stage")
+MODELS_STAGE_COMMAND = ("python", "-m", "kubetune_trainer.models.hub_stage")
 MODELS_STAGE_ARGS = ("--config", CONFIG_PATH)
 
 # ---- the trainer's exit codes ------------------------------------------------------------------
@@ -323,10 +323,10 @@ class TrainerLog:
     change to one is a change to the other; tests/unit/test_contract.py checks they round-trip.
     """
 
-    # Every `log_every` steps (kubetune_trainer.reporting): step, planned steps, loss, lr, throughput.
+    # Every `log_every` steps (kubetune_trainer.telemetry.reporting): step, planned steps, loss, lr, throughput.
     STEP = "step %d/%d loss %.5f lr %.3e %.2f samples/s"
     STEP_PATTERN = re.compile(r"\bstep (\d+)/\d+ loss ([-+0-9.einfa]+)")
-    # After each validation (kubetune_trainer.validation): "<metric> <value>" pairs, comma-separated.
+    # After each validation (kubetune_trainer.results.validation): "<metric> <value>" pairs, comma-separated.
     VALIDATION = "validation at step %d: %s"
     VALIDATION_PATTERN = re.compile(r"validation at step (\d+): (.*)$")
     # At the end of a run (kubetune_trainer.run): the written weights' URIs, comma-separated.
@@ -370,7 +370,7 @@ GENERATE_ANNOTATION = f"{API_GROUP}/generate"
 GENERATIONS_STATUS = "generations"
 # On the batch Job that draws (and its pod): the request's id.
 GENERATION_LABEL = f"{API_GROUP}/generation"
-# The pod's command: kubetune_trainer.generation's __main__ draws a run's images into an S3 folder.
-GENERATION_COMMAND = ("python", "-m", "kubetune_trainer.generation")
+# The pod's command: kubetune_trainer.results.generation's __main__ draws a run's images into an S3 folder.
+GENERATION_COMMAND = ("python", "-m", "kubetune_trainer.results.generation")
 # Where the images of a request go, beside the run: <outputUri>/generated/<label>/
 GENERATED_FOLDER = "generated"

@@ -1,4 +1,4 @@
-"""`kubetune evaluate JOB`: score a trained run on data it did not train on (kubetune_trainer.run_evaluation).
+"""`kubetune evaluate JOB`: score a trained run on data it did not train on (kubetune_trainer.results.run_evaluation).
 
 JOB as `kubetune checkpoints` takes it; the run and step as kubetune_cli.trained picks them. The
 output folder must be new or empty (or --force); nothing is written until every figure is computed.
@@ -76,7 +76,7 @@ def evaluate(job: str, namespace: str | None, data: str | None, out_dir: str | N
         with configuration_errors():
             files = _evaluate(trained, spec, weights, data, pick_device(device), clip_model, described,
                                **scorers)
-    from kubetune_trainer.run_evaluation import write_files
+    from kubetune_trainer.results.run_evaluation import write_files
 
     write_files(out, files)
     summary = {k: v for k, v in json_of(files["metrics.json"]).items() if isinstance(v, float)}
@@ -106,7 +106,7 @@ def local_inputs(spec, data: str | None):
     """The job's spec with this machine's copies of its models and data, and of --data (checked to be
     in the job's layout)."""
     from kubetune_trainer.run import with_local_inputs
-    from kubetune_trainer.run_evaluation import read_data
+    from kubetune_trainer.results.run_evaluation import read_data
     from kubetune_trainer.storage.inputs import local_copy
 
     spec = with_local_inputs(spec)
@@ -121,7 +121,7 @@ def _evaluate(trained, spec, weights: Path, data: str | None, device, clip_model
     import torch
     import transformers
 
-    from kubetune_trainer import run_evaluation
+    from kubetune_trainer.results import run_evaluation
     from kubetune_trainer.families import family_for
     from kubetune_trainer.storage.inputs import local_copy
 

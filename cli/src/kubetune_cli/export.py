@@ -170,8 +170,8 @@ def export(job: str, format_: str, dtype: str | None, out_path: str | None, step
 
 def write(format_: str, definition, spec, name: str, run, step: int | str, pulled: Path, staging: Path,
           dtype: str) -> None:
-    from kubetune_trainer import export as exporting
-    from kubetune_trainer.lora_keys import UnconvertibleLora
+    from kubetune_trainer.results import export as exporting
+    from kubetune_trainer.results.lora_keys import UnconvertibleLora
 
     torch_dtype = exporting.DTYPES[dtype]
     files = weight_files(pulled, step)

@@ -1,6 +1,6 @@
 """`kubetune generate JOB`: images from a run's weights (or its base model), to look at.
 
-A shell over kubetune_trainer.generation: JOB and the step are picked as `kubetune checkpoints pull`
+A shell over kubetune_trainer.results.generation: JOB and the step are picked as `kubetune checkpoints pull`
 picks them (kubetune_cli.trained), the weights are pulled into a temporary folder, and the images,
 each with its prompt, seed and step in its PNG text, go to --out with a grid.png.
 """
@@ -71,7 +71,7 @@ def generate(job: str, namespace: str | None, step: str, version: int | None, pr
     chosen = "base" if base else resolve_step(COMMAND, run, step)
     trained = read_job(COMMAND, run)
     if on_cluster:
-        from kubetune_trainer.generation import draws_images
+        from kubetune_trainer.results.generation import draws_images
 
         if not draws_images(trained.spec.model.family):
             fail(COMMAND, f"{trained.spec.model.family} draws no images; use kubetune evaluate")
@@ -88,7 +88,7 @@ def generate(job: str, namespace: str | None, step: str, version: int | None, pr
     import torch
 
     from kubetune_trainer.errors import ConfigError
-    from kubetune_trainer.generation import GenerationError, Generator, Request, check_request, save_grid, save_images
+    from kubetune_trainer.results.generation import GenerationError, Generator, Request, check_request, save_grid, save_images
 
     request = Request(prompts=prompts, controls=controls, steps=steps, guidance=guidance, seed=seed, count=count)
     try:

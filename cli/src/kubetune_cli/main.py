@@ -136,7 +136,7 @@ def train(path: str, overrides: tuple[str, ...], nproc: int | None, cache_only: 
     except ManifestError as err:
         click.echo(f"{path}: invalid\n{err}", err=True)
         sys.exit(BAD_INPUT)
-    from kubetune_trainer.launch import launch_local
+    from kubetune_trainer.process.start import launch_local
 
     trainer_args = (("--cache-only",) if cache_only else ()) + ((ANOMALY_FLAG,) if debug else ())
     sys.exit(launch_local(job, nproc=nproc, trainer_args=trainer_args))
@@ -158,7 +158,7 @@ def dev() -> None:
                    "what `kubetune plan` reads).")
 def tiny_model(family: str, out_dir: str, seed: int, full_size: bool, config_only: bool) -> None:
     """Write a small random-weight model of a family, loadable with from_pretrained."""
-    from kubetune_trainer.tiny_models import write_tiny_model
+    from kubetune_trainer.models.tiny_models import write_tiny_model
 
     if config_only and not full_size:
         raise click.UsageError("--config-only writes the real architecture's configs: add --full-size")
@@ -174,7 +174,7 @@ def tiny_model(family: str, out_dir: str, seed: int, full_size: bool, config_onl
 @click.option("--seed", default=0, show_default=True, help="Seed of the random weights.")
 def tiny_clip(out_dir: str, seed: int) -> None:
     """Write a small random-weight CLIP model, usable as spec.validation.clipModel."""
-    from kubetune_trainer.tiny_models import write_tiny_clip
+    from kubetune_trainer.models.tiny_models import write_tiny_clip
 
     click.echo(f"wrote a tiny random-weight CLIP model to {write_tiny_clip(Path(out_dir), seed=seed)}")
 
@@ -187,7 +187,7 @@ def tiny_clip(out_dir: str, seed: int) -> None:
 @click.option("--seed", default=0, show_default=True, help="Seed of the generated content.")
 def tiny_data(layout: str, out_dir: str, count: int, size: int, seed: int) -> None:
     """Write a small generated data set in a layout (coloured shapes with captions)."""
-    from kubetune_trainer.tiny_data import write_tiny_data
+    from kubetune_trainer.data.tiny_data import write_tiny_data
 
     path = write_tiny_data(layout, Path(out_dir), count=count, size=size, seed=seed)
     click.echo(f"wrote {count} {layout} samples to {path}")

@@ -1,4 +1,4 @@
-"""`kubetune report JOB`: one HTML page to look at a run (kubetune_trainer.run_report), written here.
+"""`kubetune report JOB`: one HTML page to look at a run (kubetune_trainer.results.run_report), written here.
 
 The trainer writes the same page into the run's directory as the run ends; this writes it for any
 run, also one still training or one whose page the trainer could not write.
@@ -44,7 +44,7 @@ def report(job: str, namespace: str | None, version: int | None, out: str, force
     JOB: a TrainingJob name on the current cluster, or the URI (local or s3://) of a job directory or of
     one run (.../v<N>).
     """
-    from kubetune_trainer.run_report import write_report
+    from kubetune_trainer.results.run_report import write_report
 
     target = Path(out)
     check_out(target, force)

@@ -1,4 +1,4 @@
 """The kubetune trainer: the code of the trainer image."""
-from kubetune_trainer import library_noise
+from kubetune_trainer.telemetry import library_noise
 
 library_noise.install()

@@ -10,9 +10,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from kubetune_trainer.exit_answer import exit_answer
-from kubetune_trainer.parent_watch import watch_launcher
-from kubetune_trainer.preemption import CONFIG_ERROR_EXIT_CODE, StopRequest
+from kubetune_trainer.process.exit_answer import exit_answer
+from kubetune_trainer.process.parent_watch import watch_launcher
+from kubetune_trainer.process.preemption import CONFIG_ERROR_EXIT_CODE, StopRequest
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,8 +20,8 @@ from torch.utils.data import DataLoader
 from kubetune_api.spec import TrainingSpec
 from kubetune_trainer.data.sampler import Batching, Key
 from kubetune_trainer.errors import ConfigError
-from kubetune_trainer.phase_clock import PhaseClock
-from kubetune_trainer.randomness import SampleRandom
+from kubetune_trainer.telemetry.phase_clock import PhaseClock
+from kubetune_trainer.training.randomness import SampleRandom
 
 MicroBatch = tuple[list[Key], dict]  # the keys of its samples and the collated batch
 

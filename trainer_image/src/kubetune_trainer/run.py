@@ -26,38 +26,38 @@ from kubetune_api.contract import TrainerEnv, TrainerLog
 from kubetune_api.quantity import parse_quantity
 from kubetune_api.spec import TrainingJob, TrainingJobSpec
 from kubetune_api.strategy import resolve_strategy, unsharded_note
-from kubetune_trainer.attention import choose_attention
+from kubetune_trainer.training.attention import choose_attention
 from kubetune_trainer.checkpoint import files as checkpoints, runs, training_state
 from kubetune_trainer.checkpoint.resume import claim_run, local_start_checkpoint, place_run, run_id_from_env
 from kubetune_trainer.checkpoint.sharded import ShardedState, files_of_rank, full_trained_state
 from kubetune_trainer.checkpoint.store import CheckpointStore, local_path_for
 from kubetune_trainer.checkpoint.training_state import Position, SavedState
-from kubetune_trainer.compilation import CompileTimer, compile_regions
-from kubetune_trainer.consistency import check_replicas_agree
+from kubetune_trainer.training.compilation import CompileTimer, compile_regions
+from kubetune_trainer.training.consistency import check_replicas_agree
 from kubetune_trainer.data.cache import EmbeddingCache, open_store
 from kubetune_trainer.data.sampler import Batching, check_enough_samples, epoch_steps, shard_for_encoding, steps_per_epoch
 from kubetune_trainer.data.screening import image_paths
-from kubetune_trainer.ema import EMA
+from kubetune_trainer.training.ema import EMA
 from kubetune_trainer.errors import ConfigError, InputsInFlux, TrainingDiverged
 from kubetune_trainer.families import family_for
 from kubetune_trainer.loop import SampleLog, Stepper, iterate_steps, plan_steps, step_micro_batches
-from kubetune_trainer.phase_clock import PhaseClock
-from kubetune_trainer.optim import (PlateauScheduler, build_lr_scheduler, build_optimizer, follow_spec_after_resume,
+from kubetune_trainer.telemetry.phase_clock import PhaseClock
+from kubetune_trainer.training.optim import (PlateauScheduler, build_lr_scheduler, build_optimizer, follow_spec_after_resume,
                                     set_optimizer_mode)
-from kubetune_trainer.parallel import build_parallel
-from kubetune_trainer.placement import use_channels_last
-from kubetune_trainer.preemption import PREEMPTION_UPLOAD_SECONDS, Preempted, StopRequest
-from kubetune_trainer.profiling import maybe_profile
-from kubetune_trainer.reporting import Reporter
-from kubetune_trainer.hub_stage import hub_locations
+from kubetune_trainer.training.parallel import build_parallel
+from kubetune_trainer.training.placement import use_channels_last
+from kubetune_trainer.process.preemption import PREEMPTION_UPLOAD_SECONDS, Preempted, StopRequest
+from kubetune_trainer.telemetry.profiling import maybe_profile
+from kubetune_trainer.telemetry.reporting import Reporter
+from kubetune_trainer.models.hub_stage import hub_locations
 from kubetune_trainer.storage.inputs import local_copy, origin, version_of
 from kubetune_trainer.storage.members import MEMBERS
 from kubetune_trainer.storage.stream import Prefetcher, open_stream, streamed
 from kubetune_trainer.storage.uri import is_s3
 from kubetune_trainer.storage.uploader import UploadFailed
-from kubetune_trainer.step_readout import StepReadout, StepResult
-from kubetune_trainer.tracking import ABORT_SECONDS, tracker_for
-from kubetune_trainer.validation import Validator
+from kubetune_trainer.telemetry.step_readout import StepReadout, StepResult
+from kubetune_trainer.telemetry.tracking import ABORT_SECONDS, tracker_for
+from kubetune_trainer.results.validation import Validator
 
 log = logging.getLogger("kubetune.trainer")
 WEIGHT_DTYPES = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -96,7 +96,7 @@ def quiet_libraries() -> None:
 def with_local_inputs(spec: TrainingJobSpec, hub: dict[str, str] | None = None) -> TrainingJobSpec:
     """The spec with s3:// models and data replaced by this node's copies of them (the data by its
     streamed tree unless spec.data.streaming says to copy it whole). hub: where the job's hub
-    models were placed, by field (kubetune_trainer.hub_stage): their mirror or snapshot instead."""
+    models were placed, by field (kubetune_trainer.models.hub_stage): their mirror or snapshot instead."""
     placed = hub or {}
     data = spec.data.uri
     data = open_stream(data) if is_s3(data) and spec.data.streaming.enabled else local_copy(data)
@@ -135,7 +135,7 @@ def check_local_inputs(spec: TrainingJobSpec) -> None:
 def check_model_folder(spec: TrainingJobSpec) -> None:
     """A local spec.model.pretrained's config files, checked before the family loads them (model_folder)."""
     from kubetune_trainer.families import definition_for
-    from kubetune_trainer.model_folder import check_configs, model_folder
+    from kubetune_trainer.models.model_folder import check_configs, model_folder
 
     uri = spec.model.pretrained
     if not looks_local(uri):
@@ -319,7 +319,7 @@ class Run:
         """Optimizer steps until the plan is done; a stop request ends it at a step boundary."""
         self.stop.defer()  # from now on a SIGTERM waits for the step boundary
         if self.is_main:
-            from kubetune_trainer.run_report import import_in_background
+            from kubetune_trainer.results.run_report import import_in_background
 
             import_in_background()  # the report written as the run ends needs them
         self._cache_seen = (0, 0) if self.family.cache is None else (self.family.cache.hits, self.family.cache.misses)
@@ -697,7 +697,7 @@ class Run:
         """report.html beside the final weights, once everything else is uploaded (it lists the
         checkpoints as storage has them). A run that trained never fails for its report: a warning
         says so, and `kubetune report` writes one later."""
-        from kubetune_trainer.run_report import write_report
+        from kubetune_trainer.results.run_report import write_report
         from kubetune_trainer.checkpoint.catalog import describe_run
         from kubetune_trainer.storage.tree import LocalTree
 

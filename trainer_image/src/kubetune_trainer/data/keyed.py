@@ -14,7 +14,7 @@ from PIL import Image
 from kubetune_trainer.data.buckets import assign_buckets, buckets_of_sizes
 from kubetune_trainer.data.images import Crop, ImageTransform
 from kubetune_trainer.errors import ConfigError
-from kubetune_trainer.image_input import ImageRefused, to_rgb
+from kubetune_trainer.data.image_input import ImageRefused, to_rgb
 from kubetune_trainer.storage.stream import NotARegularFile, describe, open_image
 
 Sample = TypeVar("Sample")

@@ -7,7 +7,7 @@ processes, so the position of a run is (epoch, steps done in it) and a checkpoin
 processes resumes on M: each step's samples are the same, only split differently (Batching).
 
 A batch is a list of keys (epoch, index): every random choice a transform or the loss makes is
-derived from the key (randomness.py, data.keyed), not from a process's generator.
+derived from the key (training/randomness.py, data/keyed.py), not from a process's generator.
 
 With aspect-ratio buckets (`groups`: a bucket id per sample) every step's samples come from one
 bucket, so each process's micro-batch stacks into one tensor and all train on one shape.

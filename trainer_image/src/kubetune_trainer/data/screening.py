@@ -21,7 +21,7 @@ from typing import Any
 from PIL import Image
 
 from kubetune_trainer.errors import ConfigError
-from kubetune_trainer.image_input import ImageRefused, check_bounds, oriented_size, to_rgb
+from kubetune_trainer.data.image_input import ImageRefused, check_bounds, oriented_size, to_rgb
 from kubetune_trainer.storage.stream import NotARegularFile, describe, open_image
 
 CHECK_THREADS = 4  # decoding releases the GIL: a few threads keep the disk and the cores busy

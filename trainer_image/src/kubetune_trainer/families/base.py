@@ -19,10 +19,10 @@ from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.data.layouts import LAYOUTS, Layout
 from kubetune_trainer.data.keyed import split_held_out
 from kubetune_trainer.data.screening import Screen
-from kubetune_trainer.device_copy import to_device
-from kubetune_trainer.drawing import Draw
+from kubetune_trainer.training.device_copy import to_device
+from kubetune_trainer.results.drawing import Draw
 from kubetune_trainer.families.trainable import Trainable, enable_gradient_checkpointing
-from kubetune_trainer.randomness import SampleRandom
+from kubetune_trainer.training.randomness import SampleRandom
 from kubetune_trainer.storage.members import MEMBERS
 
 log = logging.getLogger("kubetune.trainer")
@@ -257,7 +257,7 @@ class ModelFamily(metaclass=_PlacesFrozenModels):
         return {"loss": total / sum(len(random) for _, random in batches)}
 
     # What `kubetune evaluate` measures: False, images generated from held-out prompts against the
-    # held-out images (kubetune_trainer.run_evaluation); True, the family's predictions against the
+    # held-out images (kubetune_trainer.results.run_evaluation); True, the family's predictions against the
     # labels (a family with predict() and load_trained(), the classifier).
     evaluates_predictions = False
 

@@ -36,8 +36,8 @@ if TYPE_CHECKING:
 
     from kubetune_api.spec import TrainingJobSpec
     from kubetune_trainer.families.base import ModelFamily
-    from kubetune_trainer.lora_keys import LoraKeyConvention
-    from kubetune_trainer.reference_models import Component
+    from kubetune_trainer.results.lora_keys import LoraKeyConvention
+    from kubetune_trainer.models.reference_models import Component
 
 Models = dict[str, "torch.nn.Module"]
 # The training forward for the planner: (models by component name, on the meta or a fake device;

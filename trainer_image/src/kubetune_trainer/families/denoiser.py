@@ -5,7 +5,7 @@ from collections.abc import Sequence
 
 import torch
 
-from kubetune_trainer import quantization
+from kubetune_trainer.training import quantization
 from kubetune_trainer.families.trainable import Trainable, diffusers_denoiser
 
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
-from kubetune_trainer import tiny_models
+from kubetune_trainer.models import tiny_models
 from kubetune_trainer.families import flux2_diffusion as flux
 from kubetune_trainer.families.definition import FamilyDefinition
-from kubetune_trainer.lora_keys import FLUX2_KOHYA
-from kubetune_trainer.reference_models import Component
+from kubetune_trainer.results.lora_keys import FLUX2_KOHYA
+from kubetune_trainer.models.reference_models import Component
 
 PIPELINE = "Flux2Pipeline"
 LAYERS = (10, 20, 30)  # the text encoder's hidden states stacked per token (of 40 layers; 0 is the embeddings)

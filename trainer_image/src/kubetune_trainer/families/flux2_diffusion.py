@@ -29,17 +29,17 @@ from typing import Any
 
 import torch
 
-from kubetune_trainer import diffusion, flow_matching, quantization
+from kubetune_trainer.training import diffusion, flow_matching, quantization
 from kubetune_trainer.data.cache import Encoder, model_identity
-from kubetune_trainer.device_copy import to_device
-from kubetune_trainer.drawing import Draw
+from kubetune_trainer.training.device_copy import to_device
+from kubetune_trainer.results.drawing import Draw
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.denoiser import load_denoiser, train_denoiser
 from kubetune_trainer.families.vae import load_vae, vae_name
 from kubetune_trainer.planning.forwards import mse, vae_scale
-from kubetune_trainer.randomness import SampleRandom
-from kubetune_trainer.reference_models import Component
+from kubetune_trainer.training.randomness import SampleRandom
+from kubetune_trainer.models.reference_models import Component
 
 MAX_TEXT_TOKENS = 512       # both pipelines pad every prompt to 512 tokens and pass no mask: train as they sample
 REFERENCE_TIME_STEP = 10    # reference i (from 0) sits at position-id time (i + 1) * 10; the target at 0

@@ -10,17 +10,19 @@ import torch
 
 from pathlib import Path
 
-from kubetune_trainer import diffusion, flow_matching, quantization, tiny_models
+from kubetune_trainer.training import diffusion, flow_matching, quantization
+
+from kubetune_trainer.models import tiny_models
 from kubetune_trainer.data.cache import Encoder, model_identity
-from kubetune_trainer.device_copy import to_device
+from kubetune_trainer.training.device_copy import to_device
 from kubetune_trainer.families.vae import load_vae, vae_name
 from kubetune_trainer.families import editing
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.denoiser import load_denoiser, train_denoiser
-from kubetune_trainer.lora_keys import FLUX_KOHYA
+from kubetune_trainer.results.lora_keys import FLUX_KOHYA
 from kubetune_trainer.planning.forwards import mse, vae_scale
-from kubetune_trainer.reference_models import CLIP_L_TEXT, T5_XXL_ENCODER, Component
+from kubetune_trainer.models.reference_models import CLIP_L_TEXT, T5_XXL_ENCODER, Component
 
 PIPELINE = "FluxKontextPipeline"
 GUIDANCE = 2.5  # the distilled guidance trained with: what FLUX.1 Kontext [dev] samples with by default

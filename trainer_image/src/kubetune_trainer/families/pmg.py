@@ -18,14 +18,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from kubetune_api.spec import PmgSpec
-from kubetune_trainer import tiny_models
-from kubetune_trainer.device_copy import to_device
+from kubetune_trainer.models import tiny_models
+from kubetune_trainer.training.device_copy import to_device
 from kubetune_trainer.families import stable_diffusion as sd
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.trainable import Trainable
 from kubetune_trainer.planning.forwards import CLIP_TOKENS, mse, vae_scale
-from kubetune_trainer.reference_models import Component
+from kubetune_trainer.models.reference_models import Component
 
 ADAPTER_FILE = "pmg_adapter.safetensors"
 ADAPTER_CONFIG = "pmg_adapter.json"

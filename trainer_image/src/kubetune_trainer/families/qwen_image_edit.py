@@ -17,12 +17,12 @@ from pathlib import Path
 
 import torch
 
-from kubetune_trainer import diffusion
+from kubetune_trainer.training import diffusion
 from kubetune_trainer.data.cache import Encoder
 from kubetune_trainer.families import editing, qwen_parts
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
-from kubetune_trainer.lora_keys import DIFFUSION_MODEL
+from kubetune_trainer.results.lora_keys import DIFFUSION_MODEL
 from kubetune_trainer.planning.forwards import qwen_text_tokens
 
 PIPELINE = "QwenImageEditPipeline"

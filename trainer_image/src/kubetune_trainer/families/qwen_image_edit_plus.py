@@ -24,12 +24,12 @@ from pathlib import Path
 import torch
 
 from kubetune_api.families import FAMILIES
-from kubetune_trainer import diffusion
+from kubetune_trainer.training import diffusion
 from kubetune_trainer.data.cache import Encoder, stack_padded
 from kubetune_trainer.families import editing, qwen_parts
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
-from kubetune_trainer.lora_keys import DIFFUSION_MODEL
+from kubetune_trainer.results.lora_keys import DIFFUSION_MODEL
 from kubetune_trainer.planning.forwards import QWEN_PROMPT_TOKENS, QWEN_TEMPLATE_TOKENS, qwen_image_tokens
 
 PIPELINE = "QwenImageEditPlusPipeline"

@@ -26,16 +26,18 @@ from pathlib import Path
 
 import torch
 
-from kubetune_trainer import flow_matching, quantization, tiny_models
+from kubetune_trainer.training import flow_matching, quantization
+
+from kubetune_trainer.models import tiny_models
 from kubetune_trainer.data.cache import Encoder, model_identity
-from kubetune_trainer.device_copy import to_device
+from kubetune_trainer.training.device_copy import to_device
 from kubetune_trainer.families.denoiser import load_denoiser, train_denoiser
 from kubetune_trainer.families.lora import DIFFUSERS_ATTENTION_TARGETS
 from kubetune_trainer.families.trainable import diffusers_denoiser
 from kubetune_trainer.families.vae import load_vae, vae_name
 from kubetune_trainer.planning.forwards import mse, vae_scale
-from kubetune_trainer.randomness import SampleRandom
-from kubetune_trainer.reference_models import QWEN25_VL_7B, QWEN_IMAGE_TRANSFORMER, QWEN_IMAGE_VAE, Component
+from kubetune_trainer.training.randomness import SampleRandom
+from kubetune_trainer.models.reference_models import QWEN25_VL_7B, QWEN_IMAGE_TRANSFORMER, QWEN_IMAGE_VAE, Component
 
 # The last block's text stream feeds nothing (the transformer returns the image stream only): these
 # get no gradient (to_add_out, txt_mlp: DDP would wait for theirs forever) or a zero one (add_q_proj:

@@ -31,16 +31,18 @@ from pathlib import Path
 
 import torch
 
-from kubetune_trainer import diffusion, flow_matching, quantization, tiny_models
+from kubetune_trainer.training import diffusion, flow_matching, quantization
+
+from kubetune_trainer.models import tiny_models
 from kubetune_trainer.data.cache import Encoder, model_identity
-from kubetune_trainer.device_copy import to_device
+from kubetune_trainer.training.device_copy import to_device
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.denoiser import load_denoiser, train_denoiser
 from kubetune_trainer.families.vae import load_vae, vae_name
 from kubetune_trainer.planning.forwards import CLIP_TOKENS, mse, vae_scale
-from kubetune_trainer.reference_models import CLIP_BIGG_TEXT, CLIP_L_TEXT, SD_VAE, T5_XXL_ENCODER, Component
+from kubetune_trainer.models.reference_models import CLIP_BIGG_TEXT, CLIP_L_TEXT, SD_VAE, T5_XXL_ENCODER, Component
 
 PIPELINE = "StableDiffusion3Pipeline"
 T5_TOKENS = 256  # StableDiffusion3Pipeline's max_sequence_length default (see above)

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import torch
 
-from kubetune_trainer import tiny_models
+from kubetune_trainer.models import tiny_models
 from kubetune_trainer.data.cache import Encoder
-from kubetune_trainer.device_copy import to_device
+from kubetune_trainer.training.device_copy import to_device
 from kubetune_trainer.families import stable_diffusion as sd
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.denoiser import train_denoiser
-from kubetune_trainer.lora_keys import KOHYA_UNET
+from kubetune_trainer.results.lora_keys import KOHYA_UNET
 from kubetune_trainer.planning.forwards import CLIP_TOKENS, mse, vae_scale
-from kubetune_trainer.reference_models import CLIP_BIGG_TEXT, CLIP_L_TEXT, SD_VAE, Component
+from kubetune_trainer.models.reference_models import CLIP_BIGG_TEXT, CLIP_L_TEXT, SD_VAE, Component
 
 PIPELINE = "StableDiffusionXLPipeline"
 

@@ -55,9 +55,10 @@ from pathlib import Path
 import torch
 
 from kubetune_api.spec import frame_counts
-from kubetune_trainer import diffusion, flow_matching, quantization, tiny_models
+from kubetune_trainer.training import diffusion, flow_matching, quantization
+from kubetune_trainer.models import tiny_models
 from kubetune_trainer.data.cache import Encoder, model_identity
-from kubetune_trainer.device_copy import to_device
+from kubetune_trainer.training.device_copy import to_device
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
@@ -65,10 +66,10 @@ from kubetune_trainer.families.denoiser import load_denoiser
 from kubetune_trainer.families.lora import DIFFUSERS_ATTENTION_TARGETS, LORA_FILE, load_lora_init, lora_layers
 from kubetune_trainer.families.trainable import Trainable, diffusers_denoiser, enable_gradient_checkpointing
 from kubetune_trainer.families.vae import load_vae, vae_name
-from kubetune_trainer.lora_keys import WAN_ORIGINAL
+from kubetune_trainer.results.lora_keys import WAN_ORIGINAL
 from kubetune_trainer.planning.forwards import mse
-from kubetune_trainer.reference_models import Component
-from kubetune_trainer.sample_clips import DEFAULT_FPS, Clip
+from kubetune_trainer.models.reference_models import Component
+from kubetune_trainer.results.sample_clips import DEFAULT_FPS, Clip
 
 log = logging.getLogger("kubetune.trainer")
 

@@ -19,17 +19,19 @@ from pathlib import Path
 
 import torch
 
-from kubetune_trainer import diffusion, flow_matching, quantization, tiny_models
+from kubetune_trainer.training import diffusion, flow_matching, quantization
+
+from kubetune_trainer.models import tiny_models
 from kubetune_trainer.data.cache import Encoder, model_identity
-from kubetune_trainer.device_copy import to_device
+from kubetune_trainer.training.device_copy import to_device
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.families.vae import load_vae, vae_name
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.denoiser import load_denoiser, train_denoiser
-from kubetune_trainer.lora_keys import DIFFUSION_MODEL
+from kubetune_trainer.results.lora_keys import DIFFUSION_MODEL
 from kubetune_trainer.planning.forwards import mse, vae_scale
-from kubetune_trainer.reference_models import QWEN3_4B, Component
+from kubetune_trainer.models.reference_models import QWEN3_4B, Component
 
 PIPELINE = "ZImagePipeline"
 MAX_TEXT_TOKENS = 512  # the pipeline's max_sequence_length: longer captions are truncated

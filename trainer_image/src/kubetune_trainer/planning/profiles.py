@@ -16,7 +16,7 @@ from kubetune_api.spec import LAYOUTS_BY_FAMILY, TrainingJobSpec
 from kubetune_trainer.planning.estimate import Planner
 from kubetune_trainer.planning.models import load_models
 from kubetune_trainer.planning.sharding import shard_units
-from kubetune_trainer.reference_models import write_config_only
+from kubetune_trainer.models.reference_models import write_config_only
 
 LOW, HIGH = 512, 1024          # the resolutions the diffusion families are calibrated at
 # A family without a native resolution (the classifier) trains at its model's own size only: its

@@ -28,12 +28,12 @@ def _is_lora(name: str) -> bool:
 def _quantized_layers(model: torch.nn.Module, quantization: str) -> dict[int, float]:
     """id(weight) -> bytes per element, for the frozen layers the quantizer stores in low precision.
 
-    nf4 (bitsandbytes through diffusers) replaces every nn.Linear's weight; fp8 (kubetune_trainer.fp8)
+    nf4 (bitsandbytes through diffusers) replaces every nn.Linear's weight; fp8 (kubetune_trainer.training.fp8)
     the weights of the Linear layers whose names it does not keep precise, plus a scale per row.
     Biases stay in the compute dtype. LoRA's own layers are added after quantization and stay fp32;
     the layers it wraps are named here as `<layer>.base_layer`, as they were named when quantized.
     """
-    from kubetune_trainer.fp8 import KEEP_PRECISE
+    from kubetune_trainer.training.fp8 import KEEP_PRECISE
 
     keep = KEEP_PRECISE + tuple(getattr(model, "_skip_layerwise_casting_patterns", None) or ())
     per_element = QUANTIZED_LINEAR_BYTES[quantization]

@@ -421,7 +421,7 @@ def size_from_header(head, whole) -> tuple[int, int]:
     else, with no head or a size further in, from whole() (all its bytes)."""
     from PIL import Image
 
-    from kubetune_trainer.image_input import oriented_size
+    from kubetune_trainer.data.image_input import oriented_size
 
     if head is not None:
         try:
@@ -435,7 +435,7 @@ def size_from_header(head, whole) -> tuple[int, int]:
 
 def image_size(path: Path) -> tuple[int, int]:
     """(width, height) of an image, of a streamed one from as few bytes as its source allows."""
-    from kubetune_trainer.image_input import oriented_size
+    from kubetune_trainer.data.image_input import oriented_size
 
     found = _stream_of(Path(path))
     if found is not None:
