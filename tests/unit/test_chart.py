@@ -32,6 +32,13 @@ def test_chart_lints_cleanly(helm):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_chart_renders_without_flags_as_gitops_tools_run_it_and_refuses_an_old_cluster(helm):
+    offline = subprocess.run([helm, "template", "kubetune", str(CHART)], capture_output=True, text=True)
+    assert offline.returncode == 0 and "kind: Deployment" in offline.stdout, offline.stderr
+    old = render(helm, "--kube-version", "v1.29.9")
+    assert old.returncode != 0 and "kubetune needs Kubernetes 1.30 or newer; this cluster runs v1.29.9" in old.stderr
+
+
 def test_install_manifest_is_the_rendered_chart(helm):
     rendered = render(helm, "--include-crds", "--skip-tests")
     assert rendered.returncode == 0, rendered.stderr
