@@ -36,6 +36,7 @@ def example_job(inputs: dict, name: str, run_prefix: str, **training) -> dict:
     spec["checkpoints"].update(uri=f"s3://{BUCKET}/{run_prefix}", everySteps=4)
     spec["resources"] = {"nodes": 1, "gpusPerNode": 0}
     spec["s3"] = {"credentialsSecret": "s3-credentials"}
+    spec.pop("volumes")  # its inputs and checkpoints are in S3: no claim to mount
     return manifest
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from kubetune_api.contract import final_report, read_final_report
 from kubetune_api.spec import TrainingJob
-from kubetune_operator import backend_check, credentials, decision
+from kubetune_operator import backend_check, claims, credentials, decision
 from kubetune_operator.backends import BACKENDS
 from kubetune_operator.decision import CreateChild, DeleteChild, Observed, PatchChildStatus, PatchWorkload, decide
 from kubetune_operator.network_policy import NetworkPolicySettings
@@ -531,6 +531,34 @@ def test_other_waiting_reasons_are_not_a_credentials_problem(example_manifest):
     spec = cpu_spec(example_manifest, s3={"credentialsSecret": "creds"})
     assert credentials.missing_secret_message([waiting_pod("pulling", "ContainerCreating")], spec, "team-a") is None
     assert credentials.missing_secret_message([], spec, "team-a") is None
+
+
+# ---- claims of spec.volumes: from what the scheduler says, never from a claim -------------------------------
+
+def unscheduled_pod(message: str) -> dict:
+    return {"status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                                                           "reason": "Unschedulable", "message": message}]}}
+
+
+def test_a_missing_or_unbound_claim_is_learned_from_the_scheduler_and_names_the_volume(example_manifest):
+    spec = cpu_spec(example_manifest)  # volumes data (claim datasets) and checkpoints (claim checkpoints)
+    problem = claims.claim_problem([unscheduled_pod('0/3 nodes are available: persistentvolumeclaim "datasets" '
+                                                    'not found. preemption: 0/3 nodes are available')], spec, "team-a")
+    assert problem == ("ClaimNotFound", "spec.volumes[data].persistentVolumeClaim.claimName: PersistentVolumeClaim "
+                       "'datasets' does not exist in namespace 'team-a'; create it (the trainer pods wait for it and "
+                       "start once it exists and is bound)")
+    observed = seen(config_map=started(spec), child=child_of(spec), claim_problem=problem)
+    status = {"phase": "Pending", "backend": "trainjob"}
+    decided = decide(spec, status, observed)
+    found = condition(decided.status, "VolumesReady")
+    assert (found["status"], found["reason"], found["message"]) == ("False", "ClaimNotFound", problem[1])
+    assert said(decided) == [("Warning", "ClaimNotFound")]
+    assert said(converged(spec, status, observed, decided)) == []
+
+    unbound = claims.claim_problem([unscheduled_pod("0/1 nodes are available: pod has unbound immediate "
+                                                    "PersistentVolumeClaims.")], spec, "team-a")
+    assert unbound[0] == "ClaimNotBound" and "(claims: checkpoints, datasets)" in unbound[1]
+    assert claims.claim_problem([waiting_pod("pulling", "ContainerCreating")], spec, "team-a") is None
 
 
 @pytest.mark.parametrize("backend,settings,edit,field", [

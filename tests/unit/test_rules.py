@@ -21,8 +21,18 @@ from tests.family_options import SETTINGS, with_family
 LEVELS = [(JOB_RULES, None), (TRAINING_RULES, "training"), (DISTRIBUTED_RULES, "distributed"),
           (SCHEDULING_RULES, "scheduling"), (PMG_RULES, "pmg"), (DATA_RULES, "data"), (MODEL_RULES, "model")]
 
+_PVC = {"persistentVolumeClaim": {"claimName": "datasets"}}
 VARIATIONS = [
     {},
+    # spec.volumes: one source each, a clean mountPath clear of the trainer's own, names and paths once.
+    {"spec.volumes": [{"name": "data", "mountPath": "/data"}]},
+    {"spec.volumes": [{"name": "data", "mountPath": "/data", **_PVC, "nfs": {"server": "s", "path": "/x"}}]},
+    {"spec.volumes": [{"name": "data", "mountPath": "/data/../etc", **_PVC}]},
+    {"spec.volumes": [{"name": "data", "mountPath": "/tmp", **_PVC}]},
+    {"spec.volumes": [{"name": "data", "mountPath": "/var/cache", **_PVC}]},
+    {"spec.volumes": [{"name": "data", "mountPath": "/", **_PVC}]},
+    {"spec.volumes": [{"name": "data", "mountPath": "/data", **_PVC}, {"name": "data", "mountPath": "/d", **_PVC}]},
+    {"spec.volumes": [{"name": "data", "mountPath": "/data", **_PVC}, {"name": "more", "mountPath": "/data", **_PVC}]},
     {"spec.model.revision": "v1.0"},
     {"spec.model.revision": "main", "spec.model.pretrained": "s3://models/sd15"},
     {"spec.model.revision": "main", "spec.model.pretrained": "./models/sd15"},

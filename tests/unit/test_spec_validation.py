@@ -235,6 +235,12 @@ def test_validate_command_reports_the_verdict(tmp_path, example_manifest):
     assert ok.exit_code == 0 and "valid TrainingJob 'sd15-lora-demo'" in ok.output
     bad = CliRunner().invoke(cli, ["validate", "-f", str(path), "--set", "spec.adapter.rank=0"])
     assert bad.exit_code == 2 and "spec.adapter.rank" in bad.output
+    # Valid for `kubetune train -f`, which reads local paths on this machine; a cluster's pods need volumes.
+    example_manifest["spec"].pop("volumes")
+    path.write_text(yaml.safe_dump(example_manifest))
+    local = CliRunner().invoke(cli, ["validate", "-f", str(path)])
+    assert local.exit_code == 0 and "valid TrainingJob 'sd15-lora-demo'" in local.output
+    assert f"{path}: on a cluster, kubectl apply refuses it: spec.data.uri: on a cluster a local path" in local.output
 
 
 def test_an_unquoted_no_gets_a_quoting_hint(example_manifest):

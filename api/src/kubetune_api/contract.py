@@ -57,6 +57,16 @@ TRIAL_REPORTED_ANNOTATION = "kubetune.dev/trial-reported"
 CONFIG_MOUNT = "/etc/kubetune"
 CONFIG_KEY = "trainingjob.yaml"
 CONFIG_PATH = f"{CONFIG_MOUNT}/{CONFIG_KEY}"
+# The trainer pod's writable cache (HOME, the hub cache, staged inputs): an emptyDir.
+CACHE_DIR = "/var/cache/kubetune"
+# Where the trainer pod keeps its own volumes, and why: a volume of the job (spec.volumes) mounted
+# at one of them, or over one (a parent), would hide what the trainer needs there.
+TRAINER_OWN_PATHS = {
+    CONFIG_MOUNT: "the job's config",
+    CACHE_DIR: "the trainer's cache",
+    "/tmp": "the trainer's scratch space",
+    "/dev/shm": "the data loaders' shared memory",
+}
 # The pod's main process: the node launcher (one trainer per GPU, or per processesPerNode on CPU).
 TRAINER_COMMAND = ("python", "-m", "kubetune_trainer.pod")
 TRAINER_ARGS = ("--config", CONFIG_PATH)

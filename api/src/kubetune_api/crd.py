@@ -18,6 +18,8 @@ import yaml
 from kubetune_api.contract import (API_GROUP, API_VERSION, KIND, PLURAL, SWEEP_KIND, SWEEP_PLURAL,
                                    SWEEP_SHORT_NAMES)
 from kubetune_api.contract import SHORT_NAMES as _SHORT_NAMES
+from kubetune_api.cluster_paths import CLUSTER_RULES
+from kubetune_api.rules import entries
 from kubetune_api.spec import TrainingJobSpec, TrainingJobStatus
 from kubetune_api.sweep import TrainingSweepSpec
 
@@ -163,12 +165,21 @@ def _crd(kind: str, plural: str, short_names: list[str], columns: list[dict], de
     }
 
 
+def job_spec_schema() -> dict[str, Any]:
+    """The TrainingJob spec's schema on a cluster: the typed model's, and the rules only a cluster has
+    (a local path lies under a mounted volume: kubetune_api.cluster_paths)."""
+    schema = openapi_schema(TrainingJobSpec)
+    schema["x-kubernetes-validations"] = [*schema.get("x-kubernetes-validations", []),
+                                          *entries(CLUSTER_RULES)["x-kubernetes-validations"]]
+    return schema
+
+
 def build_crd() -> dict[str, Any]:
     """The TrainingJob CustomResourceDefinition."""
     return _crd(KIND, PLURAL, SHORT_NAMES, PRINTER_COLUMNS,
                 "A fine-tuning run of an image-generation model, "
                 "run by the kubetune operator as a Kubeflow PyTorchJob or TrainJob.",
-                openapi_schema(TrainingJobSpec), openapi_schema(TrainingJobStatus))
+                job_spec_schema(), openapi_schema(TrainingJobStatus))
 
 
 def build_sweep_crd() -> dict[str, Any]:
@@ -178,7 +189,7 @@ def build_sweep_crd() -> dict[str, Any]:
     admission webhook checks with kubetune_api.sweep, and the operator again before any trial."""
     spec = openapi_schema(TrainingSweepSpec)
     spec["properties"]["template"]["properties"]["spec"] = {
-        **openapi_schema(TrainingJobSpec), "description": "A TrainingJob spec, as in any TrainingJob."}
+        **job_spec_schema(), "description": "A TrainingJob spec, as in any TrainingJob."}
     spec["x-kubernetes-validations"] = [{
         "rule": "self.maxTrials >= (has(self.parallelTrials) ? self.parallelTrials : 1)",
         "message": "spec.maxTrials is below spec.parallelTrials: raise maxTrials or lower parallelTrials"}]

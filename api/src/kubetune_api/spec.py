@@ -12,8 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Literal, Optional, Union, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from kubetune_api.contract import API_GROUP, API_GROUP_VERSION, API_VERSION, BACKENDS, CLIP_METRICS, KIND  # noqa: F401  (the contract names the API)
 from kubetune_api.contract import RECENT_LOSS_STEPS
@@ -21,22 +20,14 @@ from kubetune_api import families as table
 from kubetune_api.families import FAMILIES, FAMILY_NAMES
 from kubetune_api.hub import HUB_ID, looks_like_hub_id
 from kubetune_api.rules import Rule, enforce, entries
+from kubetune_api.spec_base import SpecModel
+from kubetune_api.volumes import MAX_VOLUMES, VOLUME_RULES, VolumeSpec
 
 # URI schemes the storage layer understands; a bare path (no scheme) is a local path.
 SUPPORTED_URI_SCHEMES = ("s3",)
 
 
-class _Model(BaseModel):
-    """Base: camelCase aliases, unknown fields forbidden, values checked on assignment too."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        validate_assignment=True,
-        # Strict like the API server: "4" is not a batch size and "true" is not a boolean.
-        strict=True,
-    )
+_Model = SpecModel  # the base of every block (kubetune_api.spec_base)
 
 
 _SCHEME_WITHOUT_SLASHES = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:(?!//)")
@@ -1234,6 +1225,7 @@ OWN_OPTIONS_RULES = [_own_options_rule(family.options, name) for name, family in
 
 
 JOB_RULES = [
+    *VOLUME_RULES,
     Rule(" || ".join(f"(self.model.family == '{family}' && self.data.layout in {list(layouts)})"
                      for family, layouts in LAYOUTS_BY_FAMILY.items()),
          lambda spec: spec.data.layout in LAYOUTS_BY_FAMILY[spec.model.family], LAYOUT_MESSAGE),
@@ -1277,6 +1269,11 @@ class TrainingJobSpec(_Model):
         default_factory=DistributedSpec, description="Data parallel (ddp) or sharded (fsdp) training.",
     )
     s3: S3Spec = Field(default_factory=S3Spec, description="S3 access for s3:// URIs.")
+    volumes: list[VolumeSpec] = Field(
+        default_factory=list, max_length=MAX_VOLUMES,
+        description="Volumes mounted in every pod of the job (PersistentVolumeClaims, NFS, hostPath, CSI, ConfigMaps): "
+        "on a cluster, a local path in the spec (model, data, cache, checkpoints) must lie under one of them.",
+    )
     tracking: TrackingSpec = Field(
         default_factory=TrackingSpec, description="Experiment tracking (MLflow) besides TensorBoard and Prometheus.",
     )

@@ -74,6 +74,10 @@ def validate(path: str, overrides: tuple[str, ...]) -> None:
         click.echo(f"{path}: invalid\n{err}", err=True)
         sys.exit(BAD_INPUT)
     click.echo(f"{path}: valid TrainingJob {job.metadata.name!r} (family {job.spec.model.family})")
+    from kubetune_api.cluster_paths import refusals
+
+    for message in refusals(job.spec):  # local paths are fine for `kubetune train -f`, not in a pod
+        click.echo(f"{path}: on a cluster, kubectl apply refuses it: {message}", err=True)
 
 
 def is_sweep(path: Path) -> bool:

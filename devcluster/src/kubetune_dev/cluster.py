@@ -197,7 +197,9 @@ class Cluster:
                 "--controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller,"
                 "serviceaccount-token-controller,root-ca-certificate-publisher-controller,"
                 "endpoints-controller,endpointslice-controller,replicaset-controller,deployment-controller,"
-                "job-controller,clusterrole-aggregation-controller",
+                "job-controller,clusterrole-aggregation-controller,"
+                # Binds PersistentVolumeClaims to PersistentVolumes (the kubelet mounts their host paths).
+                "persistentvolume-binder-controller",
                 f"--root-ca-file={pki / 'ca.crt'}", f"--service-account-private-key-file={pki / 'sa.key'}"],
                 # Pods need the default ServiceAccount; the controller manager creates it.
                 lambda: self._exists("/api/v1/namespaces/default/serviceaccounts/default")),

@@ -31,6 +31,7 @@ from kubernetes.client.rest import ApiException
 
 from kubetune_dev import hosts, processes, serviceproxy
 from kubetune_dev.podrunner import PodRunner, now
+from kubetune_dev.volumes import unschedulable_claims
 
 log = logging.getLogger("kubelet")
 NODE_NAME = "kubetune-dev"
@@ -120,7 +121,7 @@ class Kubelet:
             uid = meta["uid"]
             if not spec.get("nodeName"):
                 if spec.get("schedulerName", "default-scheduler") == "default-scheduler" and not meta.get("deletionTimestamp"):
-                    self.bind(pod)
+                    self.schedule(pod)
                 continue
             if spec["nodeName"] != NODE_NAME:
                 continue
@@ -141,6 +142,23 @@ class Kubelet:
                 if self.runners[uid].finished:
                     self._forget(uid)
         self.write_hosts(pods)
+
+    def schedule(self, pod: dict) -> None:
+        """Bind POD to this node, or, as kube-scheduler does, leave it pending with PodScheduled=False
+        and the reason (a claim that does not exist or is not bound)."""
+        waiting = unschedulable_claims(self.api, pod)
+        if waiting is None:
+            self.bind(pod)
+            return
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        scheduled = next((c for c in conditions if c["type"] == "PodScheduled"), {})
+        if scheduled.get("message") != waiting:
+            condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": waiting,
+                         "lastTransitionTime": now()}
+            meta = pod["metadata"]
+            self.api.patch_namespaced_pod_status(meta["name"], meta["namespace"],
+                                                 {"status": {"conditions": [condition]}})
+            log.info("%s/%s unschedulable: %s", meta["namespace"], meta["name"], waiting)
 
     def bind(self, pod: dict) -> None:
         meta = pod["metadata"]

@@ -2,8 +2,9 @@
 
 The sandbox later bind-mounts each directory at the container's mountPath. Supported: emptyDir,
 hostPath, configMap, secret, downwardAPI and projected (serviceAccountToken, configMap, secret,
-downwardAPI) — what kube-api-access-*, operators and trainers use. Anything else fails the pod
-loudly rather than running it with a missing volume.
+downwardAPI) — what kube-api-access-*, operators and trainers use — and persistentVolumeClaim, whose
+bound PersistentVolume is a hostPath or local volume (this machine's disks: the dev cluster's storage).
+Anything else fails the pod loudly rather than running it with a missing volume.
 """
 from __future__ import annotations
 
@@ -110,6 +111,41 @@ def _projected_files(api: CoreV1Api, pod: dict, projected: dict) -> dict:
     return files
 
 
+def unschedulable_claims(api: CoreV1Api, pod: dict) -> str | None:
+    """Why the scheduler would leave POD pending for its claims, in kube-scheduler's words; None when
+    every claim exists and is bound (the dev cluster has no scheduler: its kubelet binds pods itself)."""
+    namespace = pod["metadata"]["namespace"]
+    for volume in pod["spec"].get("volumes", []):
+        claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+        if claim is None:
+            continue
+        try:
+            read = api.read_namespaced_persistent_volume_claim(claim, namespace, _preload_content=False)
+            found = json.loads(read.data)
+        except ApiException as e:
+            if e.status == 404:
+                return f'0/1 nodes are available: persistentvolumeclaim "{claim}" not found.'
+            raise
+        if (found.get("status") or {}).get("phase") != "Bound":
+            return "0/1 nodes are available: pod has unbound immediate PersistentVolumeClaims."
+    return None
+
+
+def _claimed_path(api: CoreV1Api, claim: str, namespace: str) -> Path:
+    """The host directory of the PersistentVolume bound to CLAIM (hostPath or local)."""
+    found = json.loads(api.read_namespaced_persistent_volume_claim(claim, namespace, _preload_content=False).data)
+    volume_name = (found.get("spec") or {}).get("volumeName")
+    if (found.get("status") or {}).get("phase") != "Bound" or not volume_name:
+        raise VolumeNotReady(f"persistentvolumeclaim {claim} is not bound")
+    volume = json.loads(api.read_persistent_volume(volume_name, _preload_content=False).data)["spec"]
+    source = volume.get("hostPath") or volume.get("local")
+    if source is None:
+        kinds = sorted(set(volume) & {"nfs", "csi", "iscsi", "cephfs", "glusterfs", "fc", "rbd"}) or sorted(volume)
+        raise UnsupportedVolume(f"persistentvolume {volume_name!r} of type {kinds} is not supported by the process "
+                                "kubelet (hostPath or local only)")
+    return Path(source["path"])
+
+
 def _write(directory: Path, files: dict[str, tuple[bytes, int]]) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     for rel, (content, mode) in files.items():
@@ -140,6 +176,8 @@ def materialise(api: CoreV1Api, pod: dict, volumes_dir: Path) -> dict[str, Path]
             _write(target, _downward_files(pod, volume["downwardAPI"], volume["downwardAPI"].get("defaultMode", 0o644)))
         elif "projected" in volume:
             _write(target, _projected_files(api, pod, volume["projected"]))
+        elif "persistentVolumeClaim" in volume:
+            target = _claimed_path(api, volume["persistentVolumeClaim"]["claimName"], namespace)
         else:
             kinds = sorted(set(volume) - {"name"})
             raise UnsupportedVolume(f"volume {name!r} of type {kinds} is not supported by the process kubelet")

@@ -34,8 +34,8 @@ from kubetune_api.contract import API_GROUP, API_VERSION, GENERATIONS_STATUS, KI
 from kubetune_api.generation_request import BadGenerationRequest
 from kubetune_api.manifest import describe_errors
 from kubetune_api.spec import TrainingJob
-from kubetune_operator import (backend_check, credentials, fit_check, generation_jobs, image_policy, naming,
-                               network_policy, preemption_cost, queueing, spec_change, status)
+from kubetune_operator import (backend_check, claims, credentials, fit_check, generation_jobs, image_policy,
+                               naming, network_policy, preemption_cost, queueing, spec_change, status)
 from kubetune_operator.backends import BACKENDS, Backend, backend_name
 from kubetune_operator.backends.base import observed_state
 from kubetune_operator.settings import Settings
@@ -70,6 +70,7 @@ class Observed:
     # finished): the last reading, also of a run that ended before any poll saw it running.
     final_report: dict | None = None
     credentials_problem: str | None = None  # a credentials Secret the job's pods cannot use
+    claim_problem: tuple[str, str] | None = None  # (reason, message): a claim the job's pods wait for
     generation_request: generation_jobs.SeenGeneration | None = None  # one not answered yet, and its Job
 
 
@@ -216,6 +217,7 @@ def decide(spec: dict, status_: dict | None, observed: Observed) -> Decision:
     if runs is not None and decision.error is None and decision.retry_after is None:
         _created_status(runs, observed, backend, draft)
     _credentials(observed, draft, decision)
+    _claims(observed, draft, decision)
     created = next((action.obj for action in decision.actions if isinstance(action, CreateChild)), None)
     if observed.child is not None or created is not None:
         # A child created now is shown as it is created (suspended or not, queued or not), in this
@@ -449,11 +451,27 @@ def _preemption_cost(observed: Observed, draft: _Draft, decision: Decision) -> N
 def _credentials(observed: Observed, draft: _Draft, decision: Decision) -> None:
     """A Secret the trainer pods cannot use, as they report it: CredentialsReady=False and a Warning
     once; True again once the job runs (the operator never reads a Secret itself)."""
-    if observed.credentials_problem:
-        if draft.condition(credentials.CONDITION, "False", credentials.REASON, observed.credentials_problem):
-            decision.events.append(Event("Warning", credentials.REASON, observed.credentials_problem))
-    elif draft.condition_reason(credentials.CONDITION) == credentials.REASON and draft.get("phase") == "Running":
-        draft.condition(credentials.CONDITION, "True", "InUse", "the trainer pods started with their Secrets")
+    problem = (credentials.REASON, observed.credentials_problem) if observed.credentials_problem else None
+    _pods_waiting(credentials.CONDITION, problem, (credentials.REASON,),
+                  "the trainer pods started with their Secrets", draft, decision)
+
+
+def _claims(observed: Observed, draft: _Draft, decision: Decision) -> None:
+    """A claim of spec.volumes the pods wait for, as the scheduler says: VolumesReady=False naming it
+    and a Warning once; True again once the job runs (the operator never reads a claim itself)."""
+    _pods_waiting(claims.CONDITION, observed.claim_problem, (claims.NOT_FOUND, claims.NOT_BOUND),
+                  "the trainer pods started with their volumes", draft, decision)
+
+
+def _pods_waiting(condition: str, problem: tuple[str, str] | None, reasons: tuple[str, ...], started: str,
+                  draft: _Draft, decision: Decision) -> None:
+    """CONDITION False with the (reason, message) the pods wait for, said once as a Warning; True once running."""
+    if problem is not None:
+        reason, message = problem
+        if draft.condition(condition, "False", reason, message):
+            decision.events.append(Event("Warning", reason, message))
+    elif draft.condition_reason(condition) in reasons and draft.get("phase") == "Running":
+        draft.condition(condition, "True", "InUse", started)
 
 
 # ---- generation on the cluster (`kubetune generate --on-cluster`, generation_jobs.py) ----------------------

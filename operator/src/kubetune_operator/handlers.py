@@ -18,6 +18,7 @@ import kopf
 from pydantic import ValidationError
 
 from kubetune_api.contract import API_GROUP, API_VERSION, GENERATE_ANNOTATION, KIND, PLURAL
+from kubetune_api import cluster_paths
 from kubetune_api.manifest import describe_errors
 from kubetune_api.spec import TrainingJob
 from kubetune_operator import (backend_check, decision, fit_check, generation_jobs, image_policy, kube, metrics,
@@ -82,6 +83,10 @@ def validate_new_job(body: kopf.Body, warnings: list[str], **_) -> None:
     except ValidationError as err:
         metrics.ADMISSION_REJECTIONS.labels("invalid_spec").inc()
         raise kopf.AdmissionError("; ".join(describe_errors(err)), code=422) from None
+    unmounted = cluster_paths.refusals(job.spec)
+    if unmounted:  # the CRD's CEL says the same; this covers an API server that skipped it (or an older CRD)
+        metrics.ADMISSION_REJECTIONS.labels("invalid_spec").inc()
+        raise kopf.AdmissionError("; ".join(unmounted), code=422)
     disagree = decision.queue_disagreement(dict(body.get("spec") or {}), dict(body.metadata.labels or {}))
     if disagree:
         metrics.ADMISSION_REJECTIONS.labels("queue").inc()

@@ -1,7 +1,8 @@
 """The trainer pod: container, volumes, environment and security settings (pure functions).
 
 The pod passes the restricted Pod Security Standard: non-root, no privilege escalation, all
-capabilities dropped, RuntimeDefault seccomp, only configMap and emptyDir volumes.
+capabilities dropped, RuntimeDefault seccomp; its own volumes are configMap and emptyDir, besides
+the job's (spec.volumes: claims, NFS, CSI and ConfigMaps pass it; a hostPath is the cluster's to allow).
 
 Every backend renders its pods from these functions; what differs between Kubeflow controllers
 (the container's name, the rendezvous port they look up) comes in as a ContainerShape, so no
@@ -21,7 +22,7 @@ from kubetune_operator.settings import Settings
 
 from kubetune_operator.queueing import QUEUE_LABEL  # noqa: E402  (one name for Kueue's label)
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"  # a WorkloadPriorityClass, read by Kueue from the job
-CACHE_DIR = "/var/cache/kubetune"
+CACHE_DIR = contract.CACHE_DIR
 NON_ROOT_UID = 10001  # the trainer image's user and group (above 10000: no host account shares it)
 METRICS_PORT_NAME = "metrics"  # the PodMonitor scrapes the port of this name
 # Room for the trainer's last checkpoint after SIGTERM (preemption, suspend).
@@ -248,6 +249,16 @@ def volumes(config_map: str, shm_size: str, cache_size: str) -> list[dict]:
     ]
 
 
+def job_volumes(job: TrainingJob) -> list[dict]:
+    """The job's own volumes (spec.volumes: claims, NFS, hostPath, CSI, ConfigMaps)."""
+    return [volume.as_volume() for volume in job.spec.volumes]
+
+
+def job_mounts(job: TrainingJob) -> list[dict]:
+    """Where the trainer container sees the job's own volumes."""
+    return [volume.as_mount() for volume in job.spec.volumes]
+
+
 def trainer_container(shape: ContainerShape, image: str, env: list[dict], settings: Settings,
                       resource_amounts: dict | None = None) -> dict:
     """The container that runs the node launcher (the contract's TRAINER_COMMAND)."""
@@ -297,6 +308,8 @@ def pod_template(job: TrainingJob, job_uid: str, settings: Settings, shape: Cont
     if spec.scheduling.service_account_token:
         pod_volumes.append(api_access_volume())
         container["volumeMounts"].append(api_access_mount())
+    pod_volumes += job_volumes(job)
+    container["volumeMounts"] += job_mounts(job)
     pod_spec = {
         "securityContext": pod_security_context(),
         **pod_identity(),

@@ -17,7 +17,8 @@ import kopf
 
 from kubetune_api.contract import GENERATE_ANNOTATION, read_final_report
 from kubetune_api.generation_request import BadGenerationRequest, GenerationRequest
-from kubetune_operator import credentials, decision, generation_jobs, kube, metrics, naming, progress_inbox
+from kubetune_operator import (claims, credentials, decision, generation_jobs, kube, metrics, naming,
+                               progress_inbox)
 from kubetune_operator.backends import BACKENDS, backend_name
 from kubetune_operator.backends.base import observed_state
 from kubetune_operator.decision import Observed
@@ -70,10 +71,12 @@ def observe(job: dict, settings: Settings, child_seen: dict | None = None, as_de
         if observed_state(backend, child).phase in FINISHED:  # once: a finished job is not observed again
             found["final_report"] = _final_report(namespace, name, backend)
         # No reading from the trainer (e.g. a TrainJob counts a pod waiting for its Secret as active):
-        # what its pods say, where the job names a Secret.
-        if not found.get("gauges") and credentials.secret_fields(spec) and not backend.is_suspended(child):
+        # what its pods say, where the job names a Secret or a claim.
+        names_some = credentials.secret_fields(spec) or claims.claim_fields(spec)
+        if not found.get("gauges") and names_some and not backend.is_suspended(child):
             pods = kube.job_pods(namespace, naming.child_name(name))
             found["credentials_problem"] = credentials.missing_secret_message(pods, spec, namespace)
+            found["claim_problem"] = claims.claim_problem(pods, spec, namespace)
     return Observed(**base, **found)
 
 

@@ -24,9 +24,9 @@ from kubetune_api.spec import TrainingJob
 from kubetune_operator import naming
 from kubetune_operator.backends.base import ChildState, Prerequisite
 from kubetune_operator.pod_template import (TERMINATION_GRACE_SECONDS, ContainerShape, api_access_mount,
-                                            api_access_volume, job_env, pod_identity, pod_labels, pod_security_context,
-                                            resources, scheduling_fields, scrape_annotations, static_env,
-                                            trainer_container, volumes)
+                                            api_access_volume, job_env, job_mounts, job_volumes, pod_identity,
+                                            pod_labels, pod_security_context, resources, scheduling_fields,
+                                            scrape_annotations, static_env, trainer_container, volumes)
 from kubetune_operator.settings import Settings
 
 GROUP = "trainer.kubeflow.org"
@@ -191,12 +191,15 @@ class TrainJobBackend:
         config, shm, cache = volumes(naming.config_map_name(job.metadata.name), spec.resources.shm_size,
                                      spec.resources.cache_size or settings.cache_size_limit)[:3]
         pod_spec = {
-            "volumes": [config, shm, cache],  # merged by name into the runtime's volumes
+            "volumes": [config, shm, cache, *job_volumes(job)],  # merged by name into the runtime's volumes
             **{key: value for key, value in scheduling_fields(job).items() if key != "priorityClassName"},
         }
+        mounts = job_mounts(job)
         if spec.scheduling.service_account_token:
             pod_spec["volumes"].append(api_access_volume())
-            pod_spec["containers"] = [{"name": NODE, "volumeMounts": [api_access_mount()]}]  # upserted by mountPath
+            mounts.insert(0, api_access_mount())
+        if mounts:
+            pod_spec["containers"] = [{"name": NODE, "volumeMounts": mounts}]  # upserted by mountPath
         # All nodes share one pod template, so every node's pod carries the scrape annotations;
         # only rank 0 serves (the PodMonitor selects its pod by completion index 0).
         pod_metadata = {"labels": naming.labels(job.metadata.name), "annotations": scrape_annotations(settings)}
