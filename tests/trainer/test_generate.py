@@ -158,7 +158,7 @@ def test_a_missing_or_unreadable_control_image_is_refused_before_loading(tmp_pat
 
 
 def test_the_pod_of_generate_on_cluster_draws_what_generate_draws_here(trained, tmp_path):
-    """`python -m kubetune_trainer.results.generation` (what the operator's generation Job runs) on the same run:
+    """`python -m kubetune_trainer.results.generation_pod` (what the operator's generation Job runs) on the same run:
     the same images, named and labelled the same, in a new --out folder."""
     import os
     import subprocess
@@ -167,7 +167,7 @@ def test_the_pod_of_generate_on_cluster_draws_what_generate_draws_here(trained, 
     args = ["--step", "1", "--compare", "--prompt", PROMPT, "--prompt", "a blue square", "--steps", "2"]
     result = kubetune(trained, *args, "--out", tmp_path / "here")
     assert result.exit_code == 0, result.output
-    pod = subprocess.run([sys.executable, "-m", "kubetune_trainer.results.generation", "--run", str(trained), *args,
+    pod = subprocess.run([sys.executable, "-m", "kubetune_trainer.results.generation_pod", "--run", str(trained), *args,
                           "--out", str(tmp_path / "pod")], capture_output=True, text=True, env=dict(os.environ))
     assert pod.returncode == 0, pod.stderr[-3000:]
     assert f"wrote 4 image(s) and grid.png into {tmp_path / 'pod'}" in pod.stdout

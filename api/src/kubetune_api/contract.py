@@ -380,7 +380,7 @@ GENERATE_ANNOTATION = f"{API_GROUP}/generate"
 GENERATIONS_STATUS = "generations"
 # On the batch Job that draws (and its pod): the request's id.
 GENERATION_LABEL = f"{API_GROUP}/generation"
-# The pod's command: kubetune_trainer.results.generation's __main__ draws a run's images into an S3 folder.
-GENERATION_COMMAND = ("python", "-m", "kubetune_trainer.results.generation")
+# The pod's command: kubetune_trainer.results.generation_pod draws a run's images into an S3 folder.
+GENERATION_COMMAND = ("python", "-m", "kubetune_trainer.results.generation_pod")
 # Where the images of a request go, beside the run: <outputUri>/generated/<label>/
 GENERATED_FOLDER = "generated"

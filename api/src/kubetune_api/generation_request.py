@@ -2,7 +2,7 @@
 into the TrainingJob's annotation (contract.GENERATE_ANNOTATION) and the operator reads it back.
 
 Torch-free and kopf-free: the CLI writes it, the operator renders the pod's arguments from it, and the
-pod (kubetune_trainer.results.generation's __main__) parses those arguments with the same names.
+pod (kubetune_trainer.results.generation_pod) parses those arguments with the same names.
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ class GenerationRequest:
             raise BadGenerationRequest(f"not a generation request ({err})") from None
 
     def args(self) -> list[str]:
-        """The pod's arguments (kubetune_trainer.results.generation's __main__ reads them)."""
+        """The pod's arguments (kubetune_trainer.results.generation_pod reads them)."""
         args = ["--run", self.run, "--step", self.step, "--out", self.out]
         if self.compare:
             args.append("--compare")

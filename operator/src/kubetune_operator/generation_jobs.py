@@ -7,7 +7,7 @@ a kubetune_api.generation_request.GenerationRequest) and the one reconcile answe
   observe  the request while it has no finished answer (pending), and its Job (reconcile.py, kube.py);
   decide   the Job to create (render_generation_job: the job's image, credentials by reference and
            security context, one process, one GPU when the job trains on GPUs, running
-           `python -m kubetune_trainer.results.generation` with the request's arguments; owned by the
+           `python -m kubetune_trainer.results.generation_pod` with the request's arguments; owned by the
            TrainingJob, so it goes when the job goes) and the status.generations entry
            (generation_status: Running, Succeeded or Failed, with the URI of the images), which the
            CLI waits on (decision._generation);

@@ -307,11 +307,3 @@ def save_grid(rows: list[list[Generated]], out: Path) -> Path:
 
 def step_name(step: int | str) -> str:
     return f"step-{step}" if isinstance(step, int) else step
-
-
-if __name__ == "__main__":  # the pod of `kubetune generate --on-cluster` (kubetune_trainer.results.generation_pod)
-    import sys
-
-    from kubetune_trainer.results.generation_pod import main
-
-    sys.exit(main())

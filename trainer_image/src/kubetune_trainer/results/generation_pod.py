@@ -1,4 +1,4 @@
-"""`python -m kubetune_trainer.results.generation --run URI --step S --out URI ...`: a run's images drawn in a pod.
+"""`python -m kubetune_trainer.results.generation_pod --run URI --step S --out URI ...`: a run's images drawn in a pod.
 
 What `kubetune generate --on-cluster` asks for: the operator renders a batch Job running this in the
 trainer image (kubetune_operator.generation_jobs), with the job's credentials. It draws what
@@ -24,7 +24,8 @@ from kubetune_trainer.process.termination import write_termination_message
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m kubetune_trainer.results.generation", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m kubetune_trainer.results.generation_pod",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--run", required=True, help="the run's URI (.../<namespace>/<job>/v<N>)")
     parser.add_argument("--step", required=True, help="a checkpoint's step, final, or base (the base model alone)")
     parser.add_argument("--out", required=True, help="a new folder (s3:// or local) for the PNGs and grid.png")
@@ -137,3 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         print(line, file=sys.stderr, flush=True)
         write_termination_message(line)  # in the operator's pod: the Job's status shows it
         return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
