@@ -71,7 +71,9 @@ def write_model(family: str, out: Path) -> Path:
     """Real VAE and text encoders with random weights, a toy UNet conditioned like the real one."""
     import torch
 
-    from kubetune_trainer.models.reference_models import architecture, build, write_config_only
+    from kubetune_trainer.families.components import build
+
+    from kubetune_trainer.models.reference_models import architecture, write_config_only
 
     if (out / "unet" / "diffusion_pytorch_model.safetensors").exists():
         return out

@@ -30,7 +30,7 @@ CLIP_L_VISION = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers
 def write_clip_l(out_dir: Path) -> Path:
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
 
-    from kubetune_trainer.models.reference_models import CLIP_L_TEXT
+    from kubetune_trainer.families.components import CLIP_L_TEXT
     from kubetune_trainer.models.tiny_models import tiny_clip_tokenizer
 
     text = {k: v for k, v in CLIP_L_TEXT.items() if k != "projection_dim"}

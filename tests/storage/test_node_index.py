@@ -24,7 +24,7 @@ INDEX = textwrap.dedent("""
     from pathlib import Path
     from kubetune_trainer.data import parquet, webdataset
     from kubetune_trainer.data.screening import Screen
-    from kubetune_trainer.data.stored import Columns
+    from kubetune_trainer.data.records import Columns
     from kubetune_trainer.storage import stream
     from kubetune_trainer.storage.members import MEMBERS
     uri, data_format = sys.argv[1:]

@@ -22,7 +22,7 @@ ROWS, PER_GROUP = 24, 6
 def parquet_rows(bucket, tmp_path, monkeypatch):
     """(each row's member path, shuffled into one-row steps; the number of row-group reads so far)."""
     from kubetune_trainer.data import parquet
-    from kubetune_trainer.data.stored import Columns
+    from kubetune_trainer.data.records import Columns
     from kubetune_trainer.storage import stream
 
     local = noise_captions(tmp_path / "loose", ROWS)
@@ -130,7 +130,7 @@ def test_indexing_a_streamed_parquet_file_reads_its_footer_and_captions_not_its_
     two groups' images must cost about its own bytes (with 1 MiB blocks the index of 20,000 images
     read 440 MB of a 1.2 GB set before the first step: benchmarks/RESULTS.md)."""
     from kubetune_trainer.data import parquet
-    from kubetune_trainer.data.stored import Columns
+    from kubetune_trainer.data.records import Columns
 
     local = noise_captions(tmp_path / "loose", 48, side=96)  # 6 row groups of 8 images of 28 KB
     written = write_parquet("captions", local, tmp_path / "parquet", per_file=48, rows_per_group=8)
@@ -146,7 +146,7 @@ def test_indexing_a_streamed_shard_of_large_images_reads_its_headers_and_caption
     block, each header costs a probe of the shard, not the MiB of image around it (in 1 MiB blocks
     the index read about a MiB per member)."""
     from kubetune_trainer.data import webdataset
-    from kubetune_trainer.data.stored import Columns
+    from kubetune_trainer.data.records import Columns
     from kubetune_trainer.data.webdataset import HEADER_PROBE
 
     local = noise_captions(tmp_path / "loose", 8, side=700)  # 1.5 MB each

@@ -411,7 +411,8 @@ def test_image_batches_and_video_batches_reach_the_vae_as_clips():
     ("vae", 0.127e9),            # Wan 2.1's causal 3D VAE
 ])
 def test_the_reference_architecture_has_the_published_sizes(component, published):
-    from kubetune_trainer.models.reference_models import architecture, build
+    from kubetune_trainer.families.components import build
+    from kubetune_trainer.models.reference_models import architecture
 
     with torch.device("meta"):
         model = build(architecture(FAMILY)[component])

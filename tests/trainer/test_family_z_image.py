@@ -116,7 +116,8 @@ def test_a_resolution_the_model_cannot_patchify_is_refused_naming_the_field_befo
     ("vae", 0.084e9),            # the FLUX.1 autoencoder
 ])
 def test_the_reference_architecture_has_the_published_sizes(component, published):
-    from kubetune_trainer.models.reference_models import architecture, build
+    from kubetune_trainer.families.components import build
+    from kubetune_trainer.models.reference_models import architecture
 
     with torch.device("meta"):
         model = build(architecture(FAMILY)[component])

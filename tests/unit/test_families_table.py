@@ -52,7 +52,7 @@ def toy_family(monkeypatch):
     import types
 
     from kubetune_trainer.families import sd15
-    from kubetune_trainer.models.reference_models import CLIP_L_TEXT, SD_VAE, Component
+    from kubetune_trainer.families.components import CLIP_L_TEXT, SD_VAE, Component
 
     unet = dict(sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 64),
                 down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),

@@ -4,7 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kubetune_trainer.models.reference_models import architecture, build, write_config_only
+from kubetune_trainer.families.components import build
+
+from kubetune_trainer.models.reference_models import architecture, write_config_only
 
 # Published parameter counts (model cards and papers).
 PUBLISHED = [

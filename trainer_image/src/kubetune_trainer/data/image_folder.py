@@ -40,16 +40,6 @@ def read_image_folder(root: Path, screen: Screen) -> tuple[list[LabelledImage], 
     return samples, classes
 
 
-def read_labelled(spec, screen: Screen) -> tuple[list[LabelledImage], list[str]]:
-    """Samples and class names of spec.data.uri in spec.data.format: class folders, or the labels
-    a parquet file or a shard stores (data.stored)."""
-    from kubetune_trainer.data import stored
-
-    if spec.data.format == "files":
-        return read_image_folder(Path(spec.data.uri), screen)
-    return stored.labelled_and_classes(stored.read_stored(spec, screen), screen)
-
-
 class ImageFolderDataset(KeyedDataset):
     def __init__(self, samples: list[LabelledImage], transform: ImageTransform, seed: int):
         super().__init__(samples, [s.path for s in samples], transform, seed, bucketing=False)

@@ -17,6 +17,7 @@ from kubetune_api.spec import TrainingJobSpec, data_columns, frame_counts
 from kubetune_trainer.data import captions, edit_pairs, image_folder, pmg, stored, video, video_captions
 from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.data.keyed import KeyedDataset
+from kubetune_trainer.data.records import Stored
 from kubetune_trainer.data.screening import FileCheck, Screen
 
 
@@ -32,7 +33,7 @@ class Layout:
     # How the screen checks each file of a sample before training (None: as an image).
     check: Callable[[TrainingJobSpec], FileCheck | None] = lambda spec: None
     # Its samples from the records of spec.data.format parquet or webdataset (None: loose files only).
-    from_stored: Callable[[list[stored.Stored], TrainingJobSpec, Screen], list] | None = None
+    from_stored: Callable[[list[Stored], TrainingJobSpec, Screen], list] | None = None
     # Whether a streamed data set is screened before training too (else its files are checked as
     # training reaches them): where the sampler needs what the check finds before the first step.
     screen_streamed: Callable[[TrainingJobSpec], bool] = lambda spec: False

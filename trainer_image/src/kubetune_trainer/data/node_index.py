@@ -21,6 +21,7 @@ import pickle
 from pathlib import Path
 from typing import Callable
 
+from kubetune_trainer.data.records import Stored
 from kubetune_trainer.storage import stream
 from kubetune_trainer.storage.inputs import cache_root
 from kubetune_trainer.storage.members import MEMBERS
@@ -56,8 +57,6 @@ def indexed(container: Path, reading: str, index: Callable[[Path], list]) -> lis
 def _members_of(records: list) -> list:
     """(path, Member) of every member the records name (their images and control images): what a
     process that reads the index must register to read them."""
-    from kubetune_trainer.data.stored import Stored  # data.stored calls this module
-
     paths = [path for record in records if isinstance(record, Stored) for path in (record.image, *record.controls)]
     return [(path, member) for path in paths if (member := MEMBERS.member(path)) is not None]
 

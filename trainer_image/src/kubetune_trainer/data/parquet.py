@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubetune_trainer.data.screening import Screen
-from kubetune_trainer.data.stored import Columns, Stored, read_containers
+from kubetune_trainer.data.containers import read_containers
+from kubetune_trainer.data.records import Columns, Stored
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.storage import stream
 from kubetune_trainer.storage.confine import UnsafePath, confined

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from kubetune_trainer.data.data_files import not_text
 from kubetune_trainer.data.screening import Screen
-from kubetune_trainer.data.stored import Columns, Stored, read_containers
+from kubetune_trainer.data.containers import read_containers
+from kubetune_trainer.data.records import Columns, Stored
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.storage.members import MEMBERS, Member, container_size, open_container, read_range
 

@@ -18,7 +18,7 @@ manifest in manifests/examples/, and `python -m kubetune_api.families > docs/fam
 Shared behaviour is composed from parts, never inherited from another family: a diffusers denoiser
 loaded (quantized) and trained (families.denoiser), Stable Diffusion's parts (families.stable_diffusion:
 the UNet, its VAE and a text part; sd15, sdxl and pmg compose them), the editing families' validation
-(families.editing), published component configs shared by several models (reference_models: CLIP,
+(families.editing), published component configs shared by several models (families.components: CLIP,
 T5, Qwen2.5-VL, the SD VAE), the planning forward helpers (planning.forwards) and the tiny-model
 helpers (tiny_models: tokenizers, a tiny VAE and UNet).
 
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from kubetune_api.spec import TrainingJobSpec
     from kubetune_trainer.families.base import ModelFamily
     from kubetune_trainer.results.lora_keys import LoraKeyConvention
-    from kubetune_trainer.models.reference_models import Component
+    from kubetune_trainer.families.components import Component
 
 Models = dict[str, "torch.nn.Module"]
 # The training forward for the planner: (models by component name, on the meta or a fake device;
@@ -54,7 +54,7 @@ class FamilyDefinition:
 
     family: type[ModelFamily]                # the class the run trains with (family_for)
     # The reference architecture: the published model's components by name, each with its subfolder,
-    # class and config values (reference_models.Component). `kubetune plan` builds them on the meta
+    # class and config values (families.components.Component). `kubetune plan` builds them on the meta
     # device from a folder's config files; benchmarks build them with random weights.
     architecture: Mapping[str, Component]
     trained: str                             # the component DDP wraps / FSDP shards (PMG: "adapter", its own)

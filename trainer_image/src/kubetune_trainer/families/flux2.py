@@ -18,7 +18,7 @@ from kubetune_trainer.models import tiny_models
 from kubetune_trainer.families import flux2_diffusion as flux
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.results.lora_keys import FLUX2_KOHYA
-from kubetune_trainer.models.reference_models import Component
+from kubetune_trainer.families.components import Component
 
 PIPELINE = "Flux2Pipeline"
 LAYERS = (10, 20, 30)  # the text encoder's hidden states stacked per token (of 40 layers; 0 is the embeddings)

@@ -39,7 +39,7 @@ from kubetune_trainer.families.denoiser import load_denoiser, train_denoiser
 from kubetune_trainer.families.vae import load_vae, vae_name
 from kubetune_trainer.planning.forwards import mse, vae_scale
 from kubetune_trainer.training.randomness import SampleRandom
-from kubetune_trainer.models.reference_models import Component
+from kubetune_trainer.families.components import Component
 
 MAX_TEXT_TOKENS = 512       # both pipelines pad every prompt to 512 tokens and pass no mask: train as they sample
 REFERENCE_TIME_STEP = 10    # reference i (from 0) sits at position-id time (i + 1) * 10; the target at 0

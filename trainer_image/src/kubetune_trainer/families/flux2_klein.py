@@ -19,7 +19,7 @@ from kubetune_trainer.models import tiny_models
 from kubetune_trainer.families import flux2_diffusion as flux
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.results.lora_keys import FLUX2_KOHYA
-from kubetune_trainer.models.reference_models import QWEN3_4B, Component
+from kubetune_trainer.families.components import QWEN3_4B, Component
 
 PIPELINE = "Flux2KleinPipeline"
 LAYERS = (9, 18, 27)  # the text encoder's hidden states stacked per token (of 36 layers; 0 is the embeddings)

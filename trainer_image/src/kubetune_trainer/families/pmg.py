@@ -25,7 +25,7 @@ from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.trainable import Trainable
 from kubetune_trainer.planning.forwards import CLIP_TOKENS, mse, vae_scale
-from kubetune_trainer.models.reference_models import Component
+from kubetune_trainer.families.components import Component
 
 ADAPTER_FILE = "pmg_adapter.safetensors"
 ADAPTER_CONFIG = "pmg_adapter.json"

@@ -37,7 +37,7 @@ from kubetune_trainer.families.trainable import diffusers_denoiser
 from kubetune_trainer.families.vae import load_vae, vae_name
 from kubetune_trainer.planning.forwards import mse, vae_scale
 from kubetune_trainer.training.randomness import SampleRandom
-from kubetune_trainer.models.reference_models import QWEN25_VL_7B, QWEN_IMAGE_TRANSFORMER, QWEN_IMAGE_VAE, Component
+from kubetune_trainer.families.components import QWEN25_VL_7B, QWEN_IMAGE_TRANSFORMER, QWEN_IMAGE_VAE, Component
 
 # The last block's text stream feeds nothing (the transformer returns the image stream only): these
 # get no gradient (to_add_out, txt_mlp: DDP would wait for theirs forever) or a zero one (add_q_proj:

@@ -42,7 +42,7 @@ from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.denoiser import load_denoiser, train_denoiser
 from kubetune_trainer.families.vae import load_vae, vae_name
 from kubetune_trainer.planning.forwards import CLIP_TOKENS, mse, vae_scale
-from kubetune_trainer.models.reference_models import CLIP_BIGG_TEXT, CLIP_L_TEXT, SD_VAE, T5_XXL_ENCODER, Component
+from kubetune_trainer.families.components import CLIP_BIGG_TEXT, CLIP_L_TEXT, SD_VAE, T5_XXL_ENCODER, Component
 
 PIPELINE = "StableDiffusion3Pipeline"
 T5_TOKENS = 256  # StableDiffusion3Pipeline's max_sequence_length default (see above)

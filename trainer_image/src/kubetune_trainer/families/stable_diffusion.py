@@ -25,7 +25,7 @@ from kubetune_trainer.results.drawing import Draw
 from kubetune_trainer.families.vae import load_vae, vae_name
 from kubetune_trainer.families.denoiser import load_denoiser
 from kubetune_trainer.training.randomness import SampleRandom
-from kubetune_trainer.models.reference_models import CLIP_L_TEXT, SD_VAE, Component
+from kubetune_trainer.families.components import CLIP_L_TEXT, SD_VAE, Component
 
 # --- Stable Diffusion 1.5's reference architecture and folders -------------------------------------
 
@@ -85,7 +85,7 @@ def write_full_size_sd15(out_dir: Path, seed: int = 0) -> Path:
     """
     from diffusers import StableDiffusionPipeline
 
-    from kubetune_trainer.models.reference_models import build
+    from kubetune_trainer.families.components import build
 
     torch.manual_seed(seed)
     models = {name: build(component) for name, component in SD15_ARCHITECTURE.items()}

@@ -68,7 +68,7 @@ from kubetune_trainer.families.trainable import Trainable, diffusers_denoiser, e
 from kubetune_trainer.families.vae import load_vae, vae_name
 from kubetune_trainer.results.lora_keys import WAN_ORIGINAL
 from kubetune_trainer.planning.forwards import mse
-from kubetune_trainer.models.reference_models import Component
+from kubetune_trainer.families.components import Component
 from kubetune_trainer.results.sample_clips import DEFAULT_FPS, Clip
 
 log = logging.getLogger("kubetune.trainer")

@@ -31,7 +31,7 @@ from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.denoiser import load_denoiser, train_denoiser
 from kubetune_trainer.results.lora_keys import DIFFUSION_MODEL
 from kubetune_trainer.planning.forwards import mse, vae_scale
-from kubetune_trainer.models.reference_models import QWEN3_4B, Component
+from kubetune_trainer.families.components import QWEN3_4B, Component
 
 PIPELINE = "ZImagePipeline"
 MAX_TEXT_TOKENS = 512  # the pipeline's max_sequence_length: longer captions are truncated

@@ -19,7 +19,7 @@ from kubetune_api.spec import TrainingJobSpec
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.families import definition_for
 from kubetune_trainer.models.model_folder import model_folder, read_model_config
-from kubetune_trainer.models.reference_models import Component
+from kubetune_trainer.families.components import Component
 
 DTYPES = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CONFIG_HINT = ("kubetune plan reads the models' config files (no weights); write the standard ones with "
