@@ -75,7 +75,7 @@ def test_pull_refuses_what_is_not_there_naming_the_option(job_dir, tmp_path, arg
 
 def test_each_run_records_the_trainingjob_it_trained(job_dir):
     """job.yaml: what generate, export, evaluate and report read to rebuild the run's model."""
-    from kubetune_cli.checkpoints import resolve
+    from kubetune_cli.runs import resolve
     from kubetune_cli.trained import choose_run, read_job
 
     job = read_job("generate", choose_run("generate", resolve(str(job_dir), None), 0))

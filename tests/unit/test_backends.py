@@ -8,7 +8,7 @@ import pytest
 
 from kubetune_api.manifest import parse_manifest
 from kubetune_operator import backend_check, naming
-from kubetune_operator.backends import BACKENDS, PyTorchJobBackend, TrainJobBackend, backend_name
+from kubetune_operator.backends import BACKENDS, PyTorchJobBackend, TrainJobBackend, backend_name, operator_settings
 from kubetune_operator.backends.base import observed_state
 from kubetune_operator.backends.trainjob import RETRYABLE_EXIT_CODES, RuntimeValues, runtime
 from kubetune_operator.settings import Settings
@@ -223,7 +223,7 @@ def test_progress_is_also_reported_in_the_trainjobs_own_status_field():
                     {"name": "loss", "value": "0.12"}]}}}
     assert PyTorchJobBackend().progress_patch({"step": 1}, "T1", Settings()) is None
     # The TrainJob backend's own setting (Helm value trainjob.reportProgress), parsed by its module.
-    off = Settings.from_env({"KUBETUNE_TRAINJOB_REPORT_PROGRESS": "false"})
+    off = operator_settings({"KUBETUNE_TRAINJOB_REPORT_PROGRESS": "false"})
     assert TRAINJOB.progress_patch({"step": 1}, "T1", off) is None
 
 

@@ -7,6 +7,7 @@ import copy
 
 import kopf
 import pytest
+from kubernetes.client import ApiClient
 from kubernetes.client.rest import ApiException
 
 from kubetune_operator import handlers, kube, reconcile
@@ -83,7 +84,7 @@ class FakeCore:
     def __init__(self, data: dict | None = None):
         self.data, self.created, self.patches, self.owners = data, [], [], ["uid-1"]
         self.version = 1
-        self.api_client = type("ApiClient", (), {"sanitize_for_serialization": staticmethod(lambda pod: pod)})()
+        self.api_client = ApiClient()  # its sanitize_for_serialization only: pods as the API server writes them
 
     def read_namespaced_config_map(self, name, namespace):
         if self.data is None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from kubetune_cli.checkpoints import STEP_HELP, namespace_option, resolve, version_option
+from kubetune_cli.runs import STEP_HELP, namespace_option, resolve, version_option
 from kubetune_cli.trained import check_out_folder, check_step, choose_run, fail, pull_weights, read_job, resolve_step, step_label
 
 COMMAND = "evaluate"

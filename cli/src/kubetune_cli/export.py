@@ -12,8 +12,9 @@ from pathlib import Path
 
 import click
 
-from kubetune_cli.checkpoints import STEP_HELP, human_size, namespace_option, resolve, storage_errors, version_option
+from kubetune_cli.runs import STEP_HELP, namespace_option, resolve, storage_errors, version_option
 from kubetune_cli.trained import check_out_folder, check_step, choose_run, fail, pull_weights, read_job, resolve_step, step_label
+from kubetune_trainer.checkpoint.catalog import human_size
 
 COMMAND = "export"
 FORMATS = ("diffusers", "kohya", "merged")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from kubetune_cli.checkpoints import STEP_HELP, is_uri, namespace_option, resolve, version_option
+from kubetune_cli.runs import STEP_HELP, is_uri, namespace_option, resolve, version_option
 
 COMMAND = "generate"
 

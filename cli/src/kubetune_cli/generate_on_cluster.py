@@ -83,7 +83,7 @@ def generate_on_cluster(command: str, name: str, namespace: str, run, step: int 
                         count: int | None, out: Path | None, wait: bool, timeout: float) -> None:
     from kubernetes.client.exceptions import ApiException
 
-    from kubetune_cli.checkpoints import storage_errors
+    from kubetune_cli.runs import storage_errors
     from kubetune_cli.trained import fail
 
     request = GenerationRequest(id=new_request_id(), run=run.uri, step=str(step), compare=compare, prompts=prompts,

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from kubetune_api import layout
-from kubetune_cli.checkpoints import namespace_option, resolve, storage_errors, version_option
+from kubetune_cli.runs import namespace_option, resolve, storage_errors, version_option
 from kubetune_cli.trained import choose_run, fail
 
 COMMAND = "report"

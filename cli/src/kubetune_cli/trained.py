@@ -2,7 +2,7 @@
 it trained (its job.yaml) and its weights at a step, on this machine.
 
 `kubetune checkpoints pull`, `generate`, `export`, `evaluate` and `report` take JOB the same way
-(kubetune_cli.checkpoints.resolve: a TrainingJob name on the current cluster, or the URI of a job
+(kubetune_cli.runs.resolve: a TrainingJob name on the current cluster, or the URI of a job
 directory or of one run) and pick the run and the step here, so each says the same thing about a
 step that does not exist.
 """
@@ -15,7 +15,7 @@ import yaml
 
 from kubetune_api import layout
 from kubetune_api.failures import BAD_INPUT
-from kubetune_cli.checkpoints import Target, load_runs, storage_errors
+from kubetune_cli.runs import Target, load_runs, storage_errors
 
 
 def fail(command: str, message: str, code: int = BAD_INPUT) -> None:

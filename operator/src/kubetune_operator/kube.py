@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kubetune_api.contract import API_GROUP, API_VERSION, KIND, OPERATOR_READ_QUERY, PLURAL, TRAINER_METRIC_PREFIX
 from kubetune_operator import backend_check, metrics, naming, queueing
-from kubetune_operator.backends import Backend
+from kubetune_operator.backends import Backend, operator_settings
 from kubetune_operator.settings import Settings
 from kubetune_operator.timestamps import rfc3339
 
@@ -29,7 +29,7 @@ log = logging.getLogger("kubetune.operator")
 @functools.cache
 def settings() -> Settings:
     """The operator's settings, read from the environment once, on first use (not at import)."""
-    return Settings.from_env()
+    return operator_settings()
 
 
 def now() -> str:

@@ -57,8 +57,9 @@ class Settings:
     # RBAC for these only): pytorchjob (Training Operator v1.9), trainjob (Trainer v2.3 + JobSet).
     backend: str = PYTORCHJOB
     backends: tuple[str, ...] = (PYTORCHJOB,)
-    # Each backend's own settings, by backend name, parsed by the backend's module (e.g.
-    # backends/trainjob.py's TrainJobSettings); a backend missing here uses its defaults.
+    # Each backend's own settings, by backend name, parsed by the backend (Backend.settings_from_env, e.g.
+    # backends/trainjob.py's TrainJobSettings: backends.operator_settings fills this in); a backend
+    # missing here uses its defaults.
     backend_settings: Mapping[str, Any] = field(default_factory=dict)
     # Read Kueue's Workloads (the chart grants it with kueue.enabled) to say in the Queued condition
     # why a queued job waits or that it was preempted.
@@ -108,7 +109,6 @@ class Settings:
                                        "KUBETUNE_CACHE_SIZE_LIMIT (Helm value trainer.cacheSizeLimit)"),
             default_gpu_memory=_gpu_memory(env.get("KUBETUNE_DEFAULT_GPU_MEMORY") or cls.default_gpu_memory),
             **_backends(env.get("KUBETUNE_BACKEND") or cls.backend, env.get("KUBETUNE_BACKENDS", "")),
-            backend_settings=_backend_settings(env),
             kueue_workloads=env.get("KUBETUNE_KUEUE_WORKLOADS", "").lower() == "true",
             preemption_cost=BoostSettings.from_env(env),
             models_mirror_uri=env.get("KUBETUNE_MODELS_MIRROR_URI") or None,
@@ -150,14 +150,6 @@ def _one_of(value: str, allowed: tuple[str, ...], setting: str) -> str:
 
 
 KNOWN_BACKENDS = BACKEND_NAMES
-
-
-def _backend_settings(env: Mapping[str, str]) -> dict[str, Any]:
-    """Each backend's settings, parsed by its own module (imported here: the backends import this one)."""
-    from kubetune_operator.backends import BACKENDS
-
-    return {name: backend.settings_from_env(env) for name, backend in BACKENDS.items()
-            if hasattr(backend, "settings_from_env")}
 
 
 def _backends(default: str, enabled: str) -> dict:

@@ -6,11 +6,25 @@ value `backend`) applies, and the one chosen is recorded in status.backend for t
 """
 from __future__ import annotations
 
+import dataclasses
+import os
+from collections.abc import Mapping
+
 from kubetune_operator.backends.base import Backend, ChildState, Prerequisite
 from kubetune_operator.backends.pytorchjob import PyTorchJobBackend
 from kubetune_operator.backends.trainjob import TrainJobBackend
+from kubetune_operator.settings import Settings
 
 BACKENDS: dict[str, Backend] = {backend.name: backend for backend in (PyTorchJobBackend(), TrainJobBackend())}
+
+
+def operator_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """The operator's settings from ENV (the process's environment by default), each backend's own
+    read by that backend (Backend.settings_from_env)."""
+    env = os.environ if env is None else env
+    own = {name: backend.settings_from_env(env) for name, backend in BACKENDS.items()}
+    return dataclasses.replace(Settings.from_env(env),
+                               backend_settings={name: found for name, found in own.items() if found is not None})
 
 
 def backend_name(spec: dict, status: dict, default: str) -> str:
@@ -26,4 +40,4 @@ def backend_name(spec: dict, status: dict, default: str) -> str:
 
 
 __all__ = ["BACKENDS", "Backend", "ChildState", "Prerequisite", "PyTorchJobBackend", "TrainJobBackend",
-           "backend_name"]
+           "backend_name", "operator_settings"]

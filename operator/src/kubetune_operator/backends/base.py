@@ -7,6 +7,7 @@ label, container or environment variable.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -83,6 +84,10 @@ class Backend(Protocol):
     def unsupported(self, job: TrainingJob, settings: Settings) -> list[str]:
         """Why this backend cannot run JOB as written (a field it cannot honour), one message per
         field; empty when it can. Refused, never silently dropped."""
+
+    def settings_from_env(self, env: Mapping[str, str]) -> object | None:
+        """The backend's own settings (its Helm values, passed to the operator as environment
+        variables), read once at start-up into Settings.backend_settings; None where it has none."""
 
     def progress_patch(self, progress: dict, now: str, settings: Settings) -> dict | None:
         """A status patch reporting PROGRESS (status.progress) on the child, where its API has a

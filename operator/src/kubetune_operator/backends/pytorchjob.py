@@ -144,5 +144,8 @@ class PyTorchJobBackend:
     def unsupported(self, job: TrainingJob, settings: Settings) -> list[str]:
         return []  # the PyTorchJob carries every field of the spec
 
+    def settings_from_env(self, env) -> None:
+        return None  # no Helm values of its own
+
     def progress_patch(self, progress: dict, now: str, settings: Settings) -> dict | None:
         return None  # a PyTorchJob's status has no place for progress

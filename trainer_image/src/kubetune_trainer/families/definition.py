@@ -19,7 +19,7 @@ Shared behaviour is composed from parts, never inherited from another family: a 
 loaded (quantized) and trained (families.denoiser), Stable Diffusion's parts (families.stable_diffusion:
 the UNet, its VAE and a text part; sd15, sdxl and pmg compose them), the editing families' validation
 (families.editing), published component configs shared by several models (families.components: CLIP,
-T5, Qwen2.5-VL, the SD VAE), the planning forward helpers (planning.forwards) and the tiny-model
+T5, Qwen2.5-VL, the SD VAE), the planning forward helpers (families.planning_forwards) and the tiny-model
 helpers (tiny_models: tokenizers, a tiny VAE and UNet).
 
 Importing a family module must stay cheap (the planner and the CLI import it to read DEFINITION):
@@ -43,7 +43,7 @@ Models = dict[str, "torch.nn.Module"]
 # The training forward for the planner: (models by component name, on the meta or a fake device;
 # spec; make(shape, dtype) -> an input tensor; autocast() -> the context the trained module runs in;
 # the weight dtype) -> the loss. It mirrors the family's compute_loss on inputs of the shapes the
-# encoders would give (they are not run): see planning.forwards.
+# encoders would give (they are not run): see families.planning_forwards.
 Forward = Callable[..., "torch.Tensor"]
 ModelWriter = Callable[..., Path]  # (out_dir, seed=0) -> out_dir, the folder from_pretrained reads
 

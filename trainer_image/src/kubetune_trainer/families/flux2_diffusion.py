@@ -37,7 +37,7 @@ from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.denoiser import load_denoiser, train_denoiser
 from kubetune_trainer.families.vae import load_vae, vae_name
-from kubetune_trainer.planning.forwards import mse, vae_scale
+from kubetune_trainer.families.planning_forwards import mse, vae_scale
 from kubetune_trainer.training.randomness import SampleRandom
 from kubetune_trainer.families.components import Component
 

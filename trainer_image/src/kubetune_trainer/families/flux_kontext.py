@@ -21,7 +21,7 @@ from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.denoiser import load_denoiser, train_denoiser
 from kubetune_trainer.results.lora_keys import FLUX_KOHYA
-from kubetune_trainer.planning.forwards import mse, vae_scale
+from kubetune_trainer.families.planning_forwards import mse, vae_scale
 from kubetune_trainer.families.components import CLIP_L_TEXT, T5_XXL_ENCODER, Component
 
 PIPELINE = "FluxKontextPipeline"

@@ -24,7 +24,7 @@ from kubetune_trainer.families import stable_diffusion as sd
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.trainable import Trainable
-from kubetune_trainer.planning.forwards import CLIP_TOKENS, mse, vae_scale
+from kubetune_trainer.families.planning_forwards import CLIP_TOKENS, mse, vae_scale
 from kubetune_trainer.families.components import Component
 
 ADAPTER_FILE = "pmg_adapter.safetensors"

@@ -19,7 +19,7 @@ from kubetune_trainer.families import qwen_parts
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.results.lora_keys import DIFFUSION_MODEL
-from kubetune_trainer.planning.forwards import QWEN_PROMPT_TOKENS, QWEN_TEMPLATE_TOKENS
+from kubetune_trainer.families.planning_forwards import QWEN_PROMPT_TOKENS, QWEN_TEMPLATE_TOKENS
 
 PIPELINE = "QwenImagePipeline"
 

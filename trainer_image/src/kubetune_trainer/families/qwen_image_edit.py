@@ -23,7 +23,7 @@ from kubetune_trainer.families import editing, qwen_parts
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.results.lora_keys import DIFFUSION_MODEL
-from kubetune_trainer.planning.forwards import qwen_text_tokens
+from kubetune_trainer.families.planning_forwards import qwen_text_tokens
 
 PIPELINE = "QwenImageEditPipeline"
 

@@ -30,7 +30,7 @@ from kubetune_trainer.families import editing, qwen_parts
 from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.results.lora_keys import DIFFUSION_MODEL
-from kubetune_trainer.planning.forwards import QWEN_PROMPT_TOKENS, QWEN_TEMPLATE_TOKENS, qwen_image_tokens
+from kubetune_trainer.families.planning_forwards import QWEN_PROMPT_TOKENS, QWEN_TEMPLATE_TOKENS, qwen_image_tokens
 
 PIPELINE = "QwenImageEditPlusPipeline"
 CONDITION_SIDE = 384        # the pipeline's CONDITION_IMAGE_SIZE is 384 * 384 pixels per reference for the VL encoder

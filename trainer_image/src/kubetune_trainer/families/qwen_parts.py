@@ -35,7 +35,7 @@ from kubetune_trainer.families.denoiser import load_denoiser, train_denoiser
 from kubetune_trainer.families.lora import DIFFUSERS_ATTENTION_TARGETS
 from kubetune_trainer.families.trainable import diffusers_denoiser
 from kubetune_trainer.families.vae import load_vae, vae_name
-from kubetune_trainer.planning.forwards import mse, vae_scale
+from kubetune_trainer.families.planning_forwards import mse, vae_scale
 from kubetune_trainer.training.randomness import SampleRandom
 from kubetune_trainer.families.components import QWEN25_VL_7B, QWEN_IMAGE_TRANSFORMER, QWEN_IMAGE_VAE, Component
 

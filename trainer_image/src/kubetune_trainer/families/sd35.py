@@ -41,7 +41,7 @@ from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.denoiser import load_denoiser, train_denoiser
 from kubetune_trainer.families.vae import load_vae, vae_name
-from kubetune_trainer.planning.forwards import CLIP_TOKENS, mse, vae_scale
+from kubetune_trainer.families.planning_forwards import CLIP_TOKENS, mse, vae_scale
 from kubetune_trainer.families.components import CLIP_BIGG_TEXT, CLIP_L_TEXT, SD_VAE, T5_XXL_ENCODER, Component
 
 PIPELINE = "StableDiffusion3Pipeline"
@@ -254,7 +254,7 @@ def planning_forward(models, spec, make, autocast, dtype: torch.dtype) -> torch.
     """compute_loss's transformer call: unpacked latents, sigma * 1000, the joint text sequence and pooled vector."""
     transformer, vae = models["transformer"], models["vae"]
     config = transformer.config
-    # A [width, height] size counts as the square of its area (planning.forwards), in whole patches.
+    # A [width, height] size counts as the square of its area (families.planning_forwards), in whole patches.
     batch, side = spec.training.batch_size, spec.resolution // vae_scale(vae) // config.patch_size * config.patch_size
     latents = make((batch, config.in_channels, side, side), dtype)
     with autocast():

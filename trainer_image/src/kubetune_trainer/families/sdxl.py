@@ -17,7 +17,7 @@ from kubetune_trainer.families.base import ModelFamily
 from kubetune_trainer.families.definition import FamilyDefinition
 from kubetune_trainer.families.denoiser import train_denoiser
 from kubetune_trainer.results.lora_keys import KOHYA_UNET
-from kubetune_trainer.planning.forwards import CLIP_TOKENS, mse, vae_scale
+from kubetune_trainer.families.planning_forwards import CLIP_TOKENS, mse, vae_scale
 from kubetune_trainer.families.components import CLIP_BIGG_TEXT, CLIP_L_TEXT, SD_VAE, Component
 
 PIPELINE = "StableDiffusionXLPipeline"

@@ -67,7 +67,7 @@ from kubetune_trainer.families.lora import DIFFUSERS_ATTENTION_TARGETS, LORA_FIL
 from kubetune_trainer.families.trainable import Trainable, diffusers_denoiser, enable_gradient_checkpointing
 from kubetune_trainer.families.vae import load_vae, vae_name
 from kubetune_trainer.results.lora_keys import WAN_ORIGINAL
-from kubetune_trainer.planning.forwards import mse
+from kubetune_trainer.families.planning_forwards import mse
 from kubetune_trainer.families.components import Component
 from kubetune_trainer.results.sample_clips import DEFAULT_FPS, Clip
 
