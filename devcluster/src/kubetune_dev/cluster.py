@@ -198,8 +198,10 @@ class Cluster:
                 "serviceaccount-token-controller,root-ca-certificate-publisher-controller,"
                 "endpoints-controller,endpointslice-controller,replicaset-controller,deployment-controller,"
                 "job-controller,clusterrole-aggregation-controller,"
-                # Binds PersistentVolumeClaims to PersistentVolumes (the kubelet mounts their host paths).
-                "persistentvolume-binder-controller",
+                # Binds PersistentVolumeClaims to PersistentVolumes (the kubelet mounts their host paths),
+                # and releases the protection finalizers the API server puts on both once no pod uses them.
+                "persistentvolume-binder-controller,persistentvolumeclaim-protection-controller,"
+                "persistentvolume-protection-controller",
                 f"--root-ca-file={pki / 'ca.crt'}", f"--service-account-private-key-file={pki / 'sa.key'}"],
                 # Pods need the default ServiceAccount; the controller manager creates it.
                 lambda: self._exists("/api/v1/namespaces/default/serviceaccounts/default")),
