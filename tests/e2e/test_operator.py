@@ -21,8 +21,10 @@ from PIL import Image
 
 from kubetune_api.contract import read_final_report
 from tests.conftest import REPO
+from kubetune_trainer.data.tiny_data import write_tiny_data
+from kubetune_trainer.models.tiny_models import write_tiny_model
 from tests.e2e.jobs import (BUCKET, OPERATOR_NAMESPACE, backend_of, children, example_job, get_child, get_job,
-                            job_pods, kubectl, operator_log, os_env, phase, printed_columns, rank0_pod_logs)
+                            job_pods, kubectl, operator_log, os_env, phase, printed_columns, rank0_pod, rank0_pod_logs)
 from tests.e2e.waiting import eventually
 from tests.unit.test_spec_validation import BAD_INPUTS, with_change
 
@@ -461,3 +463,98 @@ def test_an_enabled_embedding_cache_is_filled_before_training(control_plane, api
     cached = s3.list_objects_v2(Bucket=BUCKET, Prefix="runs/cached/cache/").get("KeyCount", 0)
     assert cached > 0, "the cache stage wrote entries to S3"
     assert re.search(r"embedding cache: [1-9]\d* hits", train_log), train_log[-2000:]
+
+
+# ---- spec.volumes: data, models and checkpoints on PersistentVolumeClaims ---------------------------------------
+# The dev cluster's storage is this machine's disk: each PersistentVolume is a hostPath, bound to its claim by
+# kube-controller-manager's binder, and the process kubelet mounts it (read-only where the job says so).
+
+# Enough steps that the pod is still training when its deletion reaches it (~7 steps a second here).
+CLAIMS_JOB, CLAIMS_STEPS, CLAIMS_EVERY = "on-claims", 120, 10
+STORAGE_CLASS = "e2e-host-disk"
+
+
+def persistent_volume(core, name: str, path, namespace: str, claim: str) -> None:
+    """A hostPath PersistentVolume reserved for CLAIM (a claim made later binds to it)."""
+    core.create_persistent_volume({"metadata": {"name": name}, "spec": {
+        "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "persistentVolumeReclaimPolicy": "Retain",
+        "storageClassName": STORAGE_CLASS, "hostPath": {"path": str(path), "type": "Directory"},
+        "claimRef": {"namespace": namespace, "name": claim}}})
+
+
+def persistent_volume_claim(core, namespace: str, name: str) -> None:
+    core.create_namespaced_persistent_volume_claim(namespace, {"metadata": {"name": name}, "spec": {
+        "accessModes": ["ReadWriteMany"], "storageClassName": STORAGE_CLASS,
+        "resources": {"requests": {"storage": "1Gi"}}}})
+
+
+def job_condition(api_client, namespace: str, kind: str) -> dict:
+    conditions = (get_job(api_client, namespace, CLAIMS_JOB).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == kind), {})
+
+
+def claims_job_step(api_client, namespace: str) -> int:
+    return ((get_job(api_client, namespace, CLAIMS_JOB).get("status") or {}).get("progress") or {}).get("step", 0)
+
+
+@ONLY_ON_TRAINJOB
+def test_a_job_on_two_claims_waits_for_the_missing_one_then_trains_loses_its_pod_and_resumes_from_its_claim(
+        control_plane, api_client, core, backend, operator_release, namespace, tmp_path):
+    """Its model and data on one PersistentVolumeClaim, its checkpoints on another (a hostPath volume each, on the
+    dev cluster): it waits for the missing claim naming it, then trains, loses its pod past a checkpoint and resumes
+    from the claim to the end."""
+    inputs, runs = tmp_path / "inputs", tmp_path / "runs"
+    write_tiny_model("sd15", inputs / "models" / "sd15")
+    write_tiny_data("captions", inputs / "data" / "shapes", count=8, size=32)
+    runs.mkdir()
+    written = {p: p.stat().st_mtime_ns for p in inputs.rglob("*")}
+    volumes = {f"{namespace}-inputs": (inputs, "inputs"), f"{namespace}-runs": (runs, "runs")}
+    manifest = yaml.safe_load((REPO / "manifests" / "examples" / "sd15-lora.yaml").read_text())
+    manifest["metadata"]["name"] = CLAIMS_JOB
+    spec = manifest["spec"]
+    spec["model"]["pretrained"] = "/inputs/models/sd15"
+    spec["data"].update(uri="/inputs/data/shapes", resolution=32)
+    spec["training"].update({"maxSteps": CLAIMS_STEPS, "batchSize": 2, "mixedPrecision": "no", "lrWarmupSteps": 0})
+    spec["validation"] = {}
+    spec["checkpoints"].update(uri="/runs", everySteps=CLAIMS_EVERY)
+    spec["resources"] = {"nodes": 1, "gpusPerNode": 0}
+    spec["volumes"] = [
+        {"name": "inputs", "mountPath": "/inputs", "readOnly": True, "persistentVolumeClaim": {"claimName": "inputs"}},
+        {"name": "runs", "mountPath": "/runs", "persistentVolumeClaim": {"claimName": "runs"}}]
+    try:
+        for volume, (path, claim) in volumes.items():
+            persistent_volume(core, volume, path, namespace, claim)
+        persistent_volume_claim(core, namespace, "inputs")
+        kubectl(control_plane, "apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest))
+
+        # The checkpoints' claim does not exist yet: the job waits, saying which volume and how to fix it.
+        waiting = eventually(lambda: job_condition(api_client, namespace, "VolumesReady").get("status") == "False"
+                             and job_condition(api_client, namespace, "VolumesReady"), timeout=120, interval=1,
+                             message=lambda: f"VolumesReady=False; operator log:\n{operator_log(control_plane, core)}")
+        assert waiting["reason"] == "ClaimNotFound"
+        assert waiting["message"].startswith("spec.volumes[runs].persistentVolumeClaim.claimName: "
+                                             f"PersistentVolumeClaim 'runs' does not exist in namespace '{namespace}'")
+        assert phase(api_client, namespace, CLAIMS_JOB) != "Failed"
+
+        # Once it exists and is bound, the job starts; its pod is lost past a checkpoint and the run resumes.
+        persistent_volume_claim(core, namespace, "runs")
+        seen = eventually(lambda: claims_job_step(api_client, namespace) >= CLAIMS_EVERY + 2 and claims_job_step(api_client, namespace),
+                          timeout=300, interval=0.5, message=lambda: f"training; {operator_log(control_plane, core)}")
+        core.delete_namespaced_pod(rank0_pod(core, backend, namespace, CLAIMS_JOB), namespace)
+        eventually(lambda: phase(api_client, namespace, CLAIMS_JOB) in ("Succeeded", "Failed"), timeout=300, interval=2,
+                   message=lambda: f"finished; operator log:\n{operator_log(control_plane, core)}")
+        logs = rank0_pod_logs(control_plane, backend, namespace, CLAIMS_JOB)
+        assert phase(api_client, namespace, CLAIMS_JOB) == "Succeeded", logs[-1][-3000:]
+        assert job_condition(api_client, namespace, "VolumesReady")["status"] == "True"
+
+        run = runs / namespace / CLAIMS_JOB / "v0"
+        resumed = re.search(rf"resumed from {re.escape(str('/runs' / run.relative_to(runs)))}/checkpoint-(\d+) "
+                            r"at step (\d+)", logs[-1])
+        assert len(logs) == 2 and resumed, [log[-1500:] for log in logs]
+        assert seen <= int(resumed.group(2)) < CLAIMS_STEPS, "the last checkpoint, taken on SIGTERM, on the claim"
+        assert (run / "pytorch_lora_weights.safetensors").is_file(), sorted(p.name for p in run.iterdir())
+        assert {p: p.stat().st_mtime_ns for p in inputs.rglob("*")} == written, "the read-only claim is as it was"
+    finally:
+        kubectl(control_plane, "delete", "tj", CLAIMS_JOB, "-n", namespace, "--ignore-not-found", "--wait=true")
+        for volume in volumes:
+            core.delete_persistent_volume(volume)
