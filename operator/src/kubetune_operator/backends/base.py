@@ -1,9 +1,24 @@
 """The seam between the operator and a training system's job object.
 
 A backend knows one Kubeflow job kind: how to build it from a TrainingJob, how to read its state,
-suspend, resume and resize it, which pod runs rank 0, and what it needs installed. The handlers
-talk to this interface only; nothing outside a backend module names a PyTorchJob or TrainJob
-label, container or environment variable.
+suspend, resume and resize it, which pod runs rank 0, what it needs installed and its own settings.
+The reconcile talks to this interface only; nothing outside a backend module names a PyTorchJob or
+TrainJob label, container or environment variable.
+
+How to add a backend (say `mpijob`), in this order:
+  1. kubetune_api.contract: add its name to BACKENDS (spec.backend's values, the CRD's enum and the
+     operator's check of the Helm value `backend` all read it), then `make crd`.
+  2. backends/mpijob.py: a class with every attribute and verb of Backend below (pytorchjob.py is the
+     shorter model). Its pods come from pod_template.pod_template with the ContainerShape its
+     controller expects (container name, rendezvous port); its Helm values, if any, through
+     settings_from_env. Register an instance in backends/__init__.py's BACKENDS.
+  3. The chart: values.yaml and values.schema.json (`mpijob.enabled`, the `backend` enum),
+     _helpers.tpl (`kubetune.mpijobEnabled` and the enabled list), rbac.yaml (its kind's rules, only
+     when enabled), podmonitor.yaml (its rank-0 pod's labels); then `make manifests`.
+  4. The dev cluster: its controller and CRDs (devcluster/src/kubetune_dev/versions.py, controllers.py,
+     Kueue's frameworks there), trainer_pods.py and lint.py (its pods linted like the others').
+  5. Tests: tests/unit/test_backends.py for the verbs, and the backend in tests/e2e/conftest.py's
+     `backend` parameters, so every e2e test that installs the operator runs it too.
 """
 from __future__ import annotations
 
