@@ -43,7 +43,7 @@ from pathlib import Path
 import yaml
 
 from kubetune_api.families import FAMILIES, LORA_ALPHA, LORA_RANK
-from kubetune_api.spec import VIDEO_LAYOUTS
+from kubetune_api.spec_data import VIDEO_LAYOUTS
 
 
 def layout(args) -> str:

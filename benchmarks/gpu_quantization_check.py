@@ -103,7 +103,8 @@ def evidence(variant: Variant, unet, optimizer) -> list[str]:
 def run_variant(variant: Variant, model_dir: Path, device: str, steps: int, batch_size: int) -> Result:
     import torch
 
-    from kubetune_api.spec import AdapterSpec, TrainingSpec
+    from kubetune_api.spec_model import AdapterSpec
+    from kubetune_api.spec_training import TrainingSpec
     from kubetune_trainer.training import optim, quantization
     from kubetune_trainer.errors import ConfigError
     from kubetune_trainer.families.lora import DIFFUSERS_ATTENTION_TARGETS, attach_lora

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from kubetune_api.spec import VIDEO_LAYOUTS
+from kubetune_api.spec_data import VIDEO_LAYOUTS
 from kubetune_trainer.data.tiny_data import write_tiny_data
 from kubetune_trainer.models.tiny_models import write_tiny_model
 from tests.conftest import REPO

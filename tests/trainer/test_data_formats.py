@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
-from kubetune_api.spec import DATA_FORMATS, DataSpec
+from kubetune_api.spec_data import DATA_FORMATS, DataSpec
 from kubetune_trainer.data.layouts import LAYOUTS
 from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.errors import ConfigError

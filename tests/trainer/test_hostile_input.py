@@ -509,7 +509,7 @@ def test_kubetune_train_killed_with_sigkill_leaves_no_worker_training(tiny_job, 
 SILENT_SERVER_SCRIPT = """
 import logging, socket, sys, time
 logging.basicConfig(level=logging.INFO)
-from kubetune_api.spec import MlflowSpec
+from kubetune_api.spec_resources import MlflowSpec
 from kubetune_trainer.telemetry.tracking import MlflowTracker
 
 listener = socket.create_server(("127.0.0.1", 0))

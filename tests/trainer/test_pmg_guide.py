@@ -108,7 +108,7 @@ def test_a_broken_guide_record_is_named_before_training(tiny_model, guide_data, 
 def test_checkpointing_the_language_model_gives_the_same_gradients(tiny_model):
     from transformers import AutoModelForCausalLM
 
-    from kubetune_api.spec import PmgSpec
+    from kubetune_api.spec_training import PmgSpec
     from kubetune_trainer.families.pmg import adapter_for, checkpoint_language_model
 
     folder = tiny_model("pmg") / "language_model"  # written first: writing it draws from the global RNG

@@ -7,7 +7,7 @@ from kubetune_api.ports import free_listen_port
 
 
 def _train_one_step(rank: int, port: int, results) -> None:
-    from kubetune_api.spec import AdapterSpec
+    from kubetune_api.spec_model import AdapterSpec
     from kubetune_trainer.training import fp8
     from kubetune_trainer.families.lora import DIFFUSERS_ATTENTION_TARGETS, attach_lora
     from kubetune_trainer.models.tiny_models import tiny_sd_unet

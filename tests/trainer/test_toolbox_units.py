@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from kubetune_api.spec import TrainingSpec
+from kubetune_api.spec_training import TrainingSpec
 from kubetune_trainer.data.buckets import bucket_sizes, nearest_bucket
 from kubetune_trainer.data.cache import EmbeddingCache, Encoder, LocalStore
 from kubetune_trainer.data.captions import CaptionedImage, CaptionsDataset, collate

@@ -113,7 +113,7 @@ def test_no_code_outside_a_family_module_asks_which_family_it_is():
 def test_every_layout_the_api_accepts_is_read_by_the_trainer_and_a_family_and_has_tiny_data():
     from typing import get_args
 
-    from kubetune_api.spec import Layout
+    from kubetune_api.spec_data import Layout
     from kubetune_trainer.data.layouts import LAYOUTS
     from kubetune_trainer.data.tiny_data import WRITERS
 

@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from kubetune_api.spec import AdapterSpec
+from kubetune_api.spec_model import AdapterSpec
 from kubetune_trainer.training import fp8
 from kubetune_trainer.families.lora import DIFFUSERS_ATTENTION_TARGETS, attach_lora
 from kubetune_trainer.models.tiny_models import tiny_sd_unet

@@ -7,7 +7,7 @@ import pytest
 from kubetune_api.contract import GENERATE_ANNOTATION, GENERATION_COMMAND, GENERATION_LABEL
 from kubetune_api.generation_request import BadGenerationRequest, GenerationRequest
 from kubetune_api.manifest import parse_manifest
-from kubetune_api.spec import Generation
+from kubetune_api.spec_status import Generation
 from kubetune_operator.generation_jobs import (generation_status, job_name, merged_entries, pending,
                                                render_generation_job)
 from kubetune_operator.pod_template import ContainerShape, pod_template

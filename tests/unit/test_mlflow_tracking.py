@@ -85,7 +85,7 @@ def test_a_trainer_refuses_a_malformed_uri_before_training(example_manifest, tmp
 
 @pytest.mark.parametrize("uri", GOOD_URIS + BAD_URIS + ["http://a@b:5000", "http://mlflow:5000/a'b"])
 def test_the_uri_rules_cel_agrees_with_its_python(uri):
-    from kubetune_api.spec import MlflowUri, check_mlflow_uri
+    from kubetune_api.spec_resources import MlflowUri, check_mlflow_uri
     from tests.unit.test_rules import cel_holds, python_accepts
 
     [rule] = next(m.json_schema_extra for m in MlflowUri.__metadata__

@@ -51,7 +51,7 @@ def test_validate_and_the_cli_start_without_torch():
     (None, None, 80), (None, "141Gi", 141), (24.0, "141Gi", 24),
 ])
 def test_gpu_memory_comes_from_the_option_then_the_spec_then_80gi(option, declared, expected_gib):
-    from kubetune_api.spec import ResourcesSpec
+    from kubetune_api.spec_resources import ResourcesSpec
     from kubetune_cli.plan import gpu_memory_bytes
 
     class Spec:

@@ -11,8 +11,11 @@ import pytest
 import yaml
 
 from kubetune_api.rules import SKIP_RULES
-from kubetune_api.spec import (DATA_RULES, DISTRIBUTED_RULES, JOB_RULES, MODEL_RULES, PMG_RULES, SCHEDULING_RULES,
-                               TRAINING_RULES, TrainingJobSpec)
+from kubetune_api.spec_data import DATA_RULES
+from kubetune_api.spec_resources import DISTRIBUTED_RULES, SCHEDULING_RULES
+from kubetune_api.spec import JOB_RULES, TrainingJobSpec
+from kubetune_api.spec_model import MODEL_RULES
+from kubetune_api.spec_training import PMG_RULES, TRAINING_RULES
 from kubetune_api.families import FAMILIES, FAMILY_NAMES, OPTIONS
 from tests.conftest import REPO
 from tests.family_options import SETTINGS, with_family
@@ -226,14 +229,14 @@ def python_accepts(check, value: str) -> bool:
 
 @pytest.mark.parametrize("uri", URIS)
 def test_the_uri_rules_cel_agrees_with_its_python(uri):
-    from kubetune_api.spec import _STORAGE_URI_RULE, check_storage_uri
+    from kubetune_api.spec_uris import _STORAGE_URI_RULE, check_storage_uri
 
     assert cel_holds(_STORAGE_URI_RULE, uri) == python_accepts(check_storage_uri, uri), uri
 
 
 @pytest.mark.parametrize("endpoint", ENDPOINTS)
 def test_the_endpoint_rules_cel_agrees_with_its_python(endpoint):
-    from kubetune_api.spec import EndpointUrl, check_endpoint_url
+    from kubetune_api.spec_resources import EndpointUrl, check_endpoint_url
 
     [rule] = next(m.json_schema_extra for m in EndpointUrl.__metadata__
                   if getattr(m, "json_schema_extra", None))["x-kubernetes-validations"]

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from kubetune_api.spec import TrainingSpec
+from kubetune_api.spec_training import TrainingSpec
 from kubetune_trainer.data.sampler import Batching, check_enough_samples, epoch_steps, steps_per_epoch
 from kubetune_trainer.loop import plan_steps
 from kubetune_trainer.training.optim import build_lr_scheduler, lr_multiplier

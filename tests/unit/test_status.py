@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kubetune_api.spec import TrainingJobStatus
+from kubetune_api.spec_status import TrainingJobStatus
 from kubetune_operator.status import final_progress, finished_patch, status_from_metrics
 
 SPEC = {"checkpoints": {"uri": "s3://b/runs"}, "training": {"maxSteps": 60}}

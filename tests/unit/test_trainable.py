@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kubetune_api.spec import AdapterSpec
+from kubetune_api.spec_model import AdapterSpec
 from kubetune_trainer.families.trainable import diffusers_denoiser, transformers_classifier
 
 LORA = AdapterSpec(type="lora", rank=2, alpha=2)

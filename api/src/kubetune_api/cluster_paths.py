@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from kubetune_api.rules import Rule
-from kubetune_api.spec import TrainingJobSpec, check_storage_uri
+from kubetune_api.spec import TrainingJobSpec
+from kubetune_api.spec_uris import check_storage_uri
 
 # Written by the job (checkpoints, the embedding cache): not on a read-only mount.
 WRITTEN = ("checkpoints.uri", "data.cache.uri")

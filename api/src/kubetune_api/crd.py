@@ -20,7 +20,8 @@ from kubetune_api.contract import (API_GROUP, API_VERSION, KIND, PLURAL, SWEEP_K
 from kubetune_api.contract import SHORT_NAMES as _SHORT_NAMES
 from kubetune_api.cluster_paths import CLUSTER_RULES
 from kubetune_api.rules import entries
-from kubetune_api.spec import TrainingJobSpec, TrainingJobStatus
+from kubetune_api.spec import TrainingJobSpec
+from kubetune_api.spec_status import TrainingJobStatus
 from kubetune_api.sweep import TrainingSweepSpec
 
 SHORT_NAMES = list(_SHORT_NAMES)

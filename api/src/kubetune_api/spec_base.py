@@ -1,7 +1,7 @@
 """The base of every spec block: camelCase on the wire, unknown fields refused, strict types.
 
-Its own module so that a block kept in a module of its own (kubetune_api.volumes) and spec.py,
-which gathers the blocks into TrainingJobSpec, share it without importing each other.
+Its own module so that each area's blocks (spec_model, spec_data, spec_training, spec_resources, volumes,
+spec_status) and spec.py, which gathers them into TrainingJobSpec, share it one way.
 """
 from __future__ import annotations
 

@@ -17,7 +17,8 @@ from pydantic import BaseModel, Field, StrictBool, ValidationError, field_valida
 from kubetune_api.contract import API_GROUP_VERSION
 from kubetune_api.families import FAMILIES
 from kubetune_api.manifest import field_by_alias, model_in, parse_manifest, read_document
-from kubetune_api.spec import ObjectMeta, TrainingJobSpec, _Model
+from kubetune_api.spec import ObjectMeta, TrainingJobSpec
+from kubetune_api.spec_base import SpecModel as _Model
 
 Scalar = Union[StrictBool, int, float, str]
 

@@ -15,7 +15,7 @@ import click
 from kubetune_api.failures import BAD_INPUT
 from kubetune_api.manifest import ManifestError, load_manifest
 from kubetune_api.families import FAMILY_NAMES
-from kubetune_api.spec import Layout
+from kubetune_api.spec_data import Layout
 from kubetune_cli.debug import ANOMALY_FLAG, DEBUG_STEPS, debug_overrides
 
 FAMILIES = FAMILY_NAMES

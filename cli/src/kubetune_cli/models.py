@@ -37,7 +37,7 @@ def mirror(model_id: str, revision: str, to: str) -> None:
     import os
 
     from kubetune_api.hub import HubInput, looks_like_hub_id
-    from kubetune_api.spec import check_storage_uri
+    from kubetune_api.spec_uris import check_storage_uri
     from kubetune_trainer.errors import ConfigError, InputsInFlux
     from kubetune_trainer.storage import hub
 

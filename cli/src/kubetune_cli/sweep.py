@@ -29,7 +29,8 @@ import yaml
 
 from kubetune_api.contract import API_GROUP_VERSION, KIND, RECENT_LOSS_STEPS, SWEEP_LABEL, TrainerEnv, TrainerLog
 from kubetune_api.mlflow_sweeps import end_sweep_run, start_sweep_run, sweep_run_params
-from kubetune_api.spec import MlflowSpec, TrainingJobSpec
+from kubetune_api.spec_resources import MlflowSpec
+from kubetune_api.spec import TrainingJobSpec
 from kubetune_api.search import (MEDIAN_RULE_STOPPED, Trial, best_trial, format_parameters, next_trial,
                                  should_stop)
 from kubetune_api.sweep import TRAINING_LOSS, VALIDATION_METRICS, TrainingSweep, trial_spec, with_value

@@ -101,7 +101,7 @@ def merged_entries(entries: list[dict], entry: dict) -> list[dict]:
 
 
 INVALID_ID = "invalid"  # the id an annotation without a usable one is answered under
-ID_MAX_LENGTH = 64  # what status.generations[].id holds (kubetune_api.spec.Generation)
+ID_MAX_LENGTH = 64  # what status.generations[].id holds (kubetune_api.spec_status.Generation)
 
 
 @dataclass(frozen=True)

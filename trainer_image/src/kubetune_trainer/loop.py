@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from kubetune_api.spec import TrainingSpec
+from kubetune_api.spec_training import TrainingSpec
 from kubetune_trainer.data.sampler import Batching, Key
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.telemetry.phase_clock import PhaseClock

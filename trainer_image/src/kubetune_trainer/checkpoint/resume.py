@@ -22,7 +22,8 @@ import yaml
 
 from kubetune_api import layout
 from kubetune_api.contract import TrainerEnv
-from kubetune_api.spec import CheckpointSpec, TrainingJob
+from kubetune_api.spec_training import CheckpointSpec
+from kubetune_api.spec import TrainingJob
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.checkpoint import runs
 from kubetune_trainer.checkpoint.store import fetch_intact, local_path_for, newest_intact

@@ -2,7 +2,7 @@
 set and batched. Every family builds its data through this table (ModelFamily's data methods);
 kubetune_api.families says which layouts a family takes.
 
-A layout stored as parquet or WebDataset (spec.data.format; kubetune_api.spec.DATA_FORMATS says
+A layout stored as parquet or WebDataset (spec.data.format; kubetune_api.spec_data.DATA_FORMATS says
 which layouts each holds) is read by that format's reader (data.stored) into records, of which the
 layout's `from_stored` makes its samples; everything after reading is the same as for loose files.
 """
@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Callable
 
 from kubetune_api.families import FAMILIES
-from kubetune_api.spec import TrainingJobSpec, data_columns, frame_counts
+from kubetune_api.spec import TrainingJobSpec
+from kubetune_api.spec_data import data_columns, frame_counts
 from kubetune_trainer.data import captions, edit_pairs, image_folder, pmg, stored, video, video_captions
 from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.data.keyed import KeyedDataset

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kubetune_api.spec import VIDEO_LAYOUTS, TrainingJobSpec, data_columns
+from kubetune_api.spec_data import VIDEO_LAYOUTS, data_columns
+from kubetune_api.spec import TrainingJobSpec
 
 
 @dataclass(frozen=True)

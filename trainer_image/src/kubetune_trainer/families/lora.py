@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from kubetune_api.spec import AdapterSpec
+from kubetune_api.spec_model import AdapterSpec
 from kubetune_trainer.errors import ConfigError
 
 LORA_FILE = "pytorch_lora_weights.safetensors"

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from kubetune_api.spec import PmgSpec
+from kubetune_api.spec_training import PmgSpec
 from kubetune_trainer.models import tiny_models
 from kubetune_trainer.training.device_copy import to_device
 from kubetune_trainer.families import stable_diffusion as sd

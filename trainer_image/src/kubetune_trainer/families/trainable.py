@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from kubetune_api.spec import AdapterSpec
+from kubetune_api.spec_model import AdapterSpec
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.families.lora import DIFFUSERS_ATTENTION_TARGETS, LORA_FILE, attach_lora, load_lora_init, lora_layers
 

@@ -54,7 +54,7 @@ from pathlib import Path
 
 import torch
 
-from kubetune_api.spec import frame_counts
+from kubetune_api.spec_data import frame_counts
 from kubetune_trainer.training import diffusion, flow_matching, quantization
 from kubetune_trainer.models import tiny_models
 from kubetune_trainer.data.cache import Encoder, model_identity

@@ -35,7 +35,8 @@ from typing import Any
 
 from kubetune_api.mlflow_sweeps import (MAX_METRICS_PER_BATCH, MAX_PARAM_VALUE, MAX_PARAMS_PER_BATCH, MAX_TAG_VALUE,
                                         clip)
-from kubetune_api.spec import MlflowSpec, TrainingJob, TrainingJobSpec
+from kubetune_api.spec_resources import MlflowSpec
+from kubetune_api.spec import TrainingJob, TrainingJobSpec
 
 log = logging.getLogger("kubetune.trainer")
 

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 import torch
 
-from kubetune_api.spec import TrainingSpec
+from kubetune_api.spec_training import TrainingSpec
 from kubetune_trainer.errors import ConfigError
 
 
