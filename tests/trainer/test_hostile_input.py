@@ -140,6 +140,10 @@ def example_text() -> str:
     return Path("manifests/examples/sd15-lora.yaml").read_text()
 
 
+# Where the example names its job (the YAML error for a key written twice points there and below).
+NAME_LINE = example_text().splitlines().index("  name: sd15-lora-demo") + 1
+
+
 ALIAS_BOMB = "\n".join(["apiVersion: kubetune.dev/v1alpha1", "kind: TrainingJob", "metadata:",
                         "  name: bomb", '  annotations: {a0: &a0 ["x","x","x","x","x","x","x","x","x"]}',
                         *[f"  x{i}: &a{i} [*a{i-1},*a{i-1},*a{i-1},*a{i-1},*a{i-1},*a{i-1},*a{i-1},*a{i-1},*a{i-1}]"
@@ -165,7 +169,7 @@ MANIFESTS = [
      ["nested deeper than 64 levels"]),
     ("a key written twice", lambda: example_text().replace("name: sd15-lora-demo",
                                                            "name: sd15-lora-demo\n  name: other"),
-     ["the key 'name' is written twice in one mapping (first on line 8)", "line 9"]),
+     [f"the key 'name' is written twice in one mapping (first on line {NAME_LINE})", f"line {NAME_LINE + 1}"]),
     ("a bucket name with a trailing newline", lambda: example_text().replace(
         "uri: /data/pets", 'uri: "s3://pets-bucket\\n"'), ["spec.data.uri", "'pets-bucket\\n' is not an S3 bucket"]),
     ("a label value ending in a newline", lambda: example_text().replace(
@@ -717,10 +721,10 @@ def test_exif_orientation_is_applied_to_the_pixels_and_to_the_size_buckets_read(
 
 
 def test_every_image_loader_reads_pixels_through_image_input():
-    """One rule for every loader: no data module converts an image to RGB by itself."""
-    sources = Path("trainer_image/src/kubetune_trainer/data").glob("*.py")
+    """One rule for every loader: no data module but data.image_input converts an image to RGB by itself."""
+    sources = [p for p in Path("trainer_image/src/kubetune_trainer/data").glob("*.py") if p.name != "image_input.py"]
     offenders = [p.name for p in sources if '.convert("RGB")' in p.read_text() or "Image.open(" in p.read_text()]
-    assert offenders == []
+    assert offenders == [] and len(sources) > 10
 
 
 def header_only_png(path: Path, width: int, height: int) -> None:

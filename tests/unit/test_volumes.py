@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 
-import celpy
 import kopf
 import pytest
 import yaml
@@ -23,19 +22,13 @@ from kubetune_operator.backends import PyTorchJobBackend, TrainJobBackend
 from kubetune_operator.settings import Settings
 from tests.conftest import REPO
 from tests.unit.test_operator_handlers import api, job_body  # noqa: F401  (fixtures and the body the webhook gets)
+from tests.unit.test_rules import cel_holds
 
 SETTINGS = Settings(trainer_image="registry.example/kubetune/trainer:1.2", backend="trainjob",
                     backends=("trainjob", "pytorchjob"))
 DATA = {"name": "data", "mountPath": "/data", "readOnly": True, "persistentVolumeClaim": {"claimName": "datasets"}}
 CHECKPOINTS = {"name": "checkpoints", "mountPath": "/checkpoints", "persistentVolumeClaim": {"claimName": "ck"}}
 MODELS = {"name": "models", "mountPath": "/models", "readOnly": True, "nfs": {"server": "nfs.internal", "path": "/m"}}
-
-CEL = celpy.Environment()
-
-
-def cel_holds(expression: str, obj: dict) -> bool:
-    return bool(CEL.program(CEL.compile(expression)).evaluate({"self": celpy.json_to_cel(obj)}))
-
 
 def spec_with(example: dict, volumes: list[dict] | None = None, **paths) -> TrainingJobSpec:
     """The example's spec with VOLUMES and each dotted path field (a__b = spec.a.b) set."""
