@@ -58,7 +58,10 @@ def job_manifest(name: str, namespace: str, suspend: bool, data_uri: str, model_
     spec["model"]["pretrained"] = model_uri
     spec["data"].update(uri=data_uri, resolution=32)
     spec["training"].update(maxSteps=2, batchSize=2, mixedPrecision="no")
-    spec["checkpoints"]["uri"] = f"/tmp/kubetune-latency/{name}"
+    # Checkpoints on this machine's disk, through a hostPath volume (on a cluster a local path lies in one).
+    spec["volumes"] = [{"name": "runs", "mountPath": "/kubetune-latency",
+                        "hostPath": {"path": "/tmp/kubetune-latency", "type": "DirectoryOrCreate"}}]
+    spec["checkpoints"]["uri"] = f"/kubetune-latency/{name}"
     spec["resources"] = {"nodes": 1, "gpusPerNode": 0}
     spec["suspend"] = suspend
     return manifest

@@ -150,6 +150,7 @@ def handoff(trials: int, sweep_interval: float) -> None:
             template["checkpoints"].update(uri=f"s3://{BUCKET}/runs", everySteps=100)
             template["resources"] = {"nodes": 1, "gpusPerNode": 0}
             template["s3"] = {"credentialsSecret": "s3-credentials"}
+            template.pop("volumes")  # inputs and runs in S3: no claim to mount
             sweep = {"apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingSweep",
                      "metadata": {"name": "handoff", "namespace": "bench"},
                      "spec": {"template": {"spec": template}, "objective": {"metric": "loss"},
