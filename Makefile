@@ -15,7 +15,7 @@ LINT_STAMP := $(LINT_VENV)/.installed
 # Python may cache their bytecode here (an empty value is unset for Python).
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: demo test test-time unit e2e install cluster-bins browser crd manifests lint lint-tools bench clean
+.PHONY: demo test test-time unit e2e install cluster-bins browser images crd manifests lint lint-tools bench clean
 
 # The Python environment: one virtualenv in the checkout, rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -52,6 +52,14 @@ cluster-bins:
 browser:
 	bash devcluster/chromium.sh
 
+# The operator and trainer images from their Dockerfiles, with podman (installed from Debian's packages
+# where missing), tagged kubetune/operator:$(IMAGE_TAG) and kubetune/trainer:$(IMAGE_TAG) in the local
+# store; a base image that cannot be pulled is stood in for (devcluster/standin-base.sh). Cached by
+# content: an image whose sources did not change is not built again (kubetune_dev.image_build).
+IMAGE_TAG ?= dev
+images: $(STAMP)
+	IMAGE_TAG=$(IMAGE_TAG) $(PY) -m kubetune_dev.image_build
+
 # Regenerate the CRD from the typed spec (a test fails when the committed one drifts).
 crd: $(STAMP)
 	$(PY) -m kubetune_api.crd --write
@@ -73,7 +81,7 @@ e2e: $(STAMP) cluster-bins
 # while the other takes the unit, trainer and storage tests (tests/conftest.py schedules them).
 # The budget is 45 minutes on a 2-core machine with warm caches (README, "Testing"): every run ends
 # with its 30 slowest tests and its total, so that a test that grows shows at once.
-test: $(STAMP) cluster-bins browser lint-tools
+test: $(STAMP) cluster-bins browser lint-tools images
 	CHECKOV=$(abspath $(LINT_VENV))/bin/checkov $(PY) -m pytest tests -q -ra -n 2 --durations=30
 
 # `make test`, measured: wall and CPU per file and per test, the Python processes each test started and

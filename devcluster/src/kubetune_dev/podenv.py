@@ -50,8 +50,15 @@ def _object_data(api: CoreV1Api, kind: str, name: str, namespace: str, optional:
 def container_env(api: CoreV1Api, pod: dict, container: dict, image: LocalImage,
                   base: dict[str, str]) -> dict[str, str]:
     """BASE holds what every container gets (PATH, HOSTNAME, KUBERNETES_SERVICE_*)."""
+    return declared_env(api, pod, container, {"PATH": ":".join(image.path), **base, **image.env})
+
+
+def declared_env(api: CoreV1Api | None, pod: dict, container: dict, env: dict[str, str]) -> dict[str, str]:
+    """ENV extended by what the container declares (envFrom, then env), resolved. A real container
+    runtime applies the image's own ENV itself, so it starts from {} (api may be None when nothing
+    refers to a ConfigMap or Secret)."""
+    env = dict(env)
     namespace = pod["metadata"]["namespace"]
-    env = {"PATH": ":".join(image.path), **base, **image.env}
     for source in container.get("envFrom", []):
         kind = "configMap" if "configMapRef" in source else "secret"
         ref = source[f"{kind}Ref"]

@@ -1,0 +1,198 @@
+"""Our two images, built by `make images`' own module, and the trainer image run as a real container
+(podman, runc) under the securityContext, volumes and command the operator renders for its pods.
+
+STAND-IN: the images' base, python:3.11-slim-bookworm, cannot be pulled on this machine (no image
+registry is reachable), so `make images` builds a local stand-in of it from Debian bookworm's own
+packages (devcluster/standin-base.sh); the first test prints which base the images were built on."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kubetune_api.manifest import parse_manifest
+from kubetune_dev import container_runtime, image_build
+from kubetune_dev.podenv import declared_env
+from kubetune_operator.backends import PyTorchJobBackend
+from kubetune_operator.pod_template import NON_ROOT_UID
+from kubetune_operator.settings import Settings
+from kubetune_operator.trainer_config import build_config_map
+from tests.trainer.conftest import family_job
+
+
+@pytest.fixture(scope="module")
+def images() -> dict[str, str]:
+    """Both images of this checkout, built by `make images`' module (or found current by their content label)."""
+    result = subprocess.run([sys.executable, "-m", "kubetune_dev.image_build"], capture_output=True, text=True,
+                            timeout=1800)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return {name: image_build.image_name(name, "kubetune", "dev") for name in image_build.DOCKERFILES}
+
+
+def inspect(image: str) -> dict:
+    return json.loads(subprocess.run(["podman", "image", "inspect", image], capture_output=True, text=True,
+                                     check=True).stdout)[0]
+
+
+def dockerfile_entrypoint(dockerfile: Path) -> list[str]:
+    line = next(line for line in dockerfile.read_text().splitlines() if line.startswith("ENTRYPOINT "))
+    return json.loads(line.removeprefix("ENTRYPOINT "))
+
+
+def test_each_image_holds_this_checkout_runs_as_the_pods_user_and_names_its_base(images):
+    for name, image in images.items():
+        dockerfile = image_build.REPO / image_build.DOCKERFILES[name]
+        found = inspect(image)
+        base = image_build.base_image(dockerfile)
+        base_id = inspect(base)["Id"]
+        assert found["Labels"][image_build.SOURCE_LABEL] == image_build.source_digest(dockerfile, base_id), \
+            f"{image} was not built from this checkout's files"
+        assert found["Config"]["User"] == f"{NON_ROOT_UID}:{NON_ROOT_UID}"
+        assert found["Config"]["Entrypoint"] == dockerfile_entrypoint(dockerfile)
+        standin = bool(inspect(base)["Labels"].get(image_build.STANDIN_LABEL))
+        assert found["Labels"][image_build.BASE_LABEL] == ("stand-in " if standin else "") + base
+        print(f"{image}: {found['Size'] / 1e9:.2f} GB on {'a LOCAL STAND-IN of ' if standin else ''}{base}")
+
+
+def test_a_trainer_image_missing_a_library_or_with_files_only_root_can_read_fails_its_build_naming_them(
+        images, tmp_path):
+    """The image check the trainer's Dockerfile runs as UID 10001 (kubetune_trainer.image_check) fails the
+    build of an image that lacks one of the trainer's libraries (ftfy), has an installed file only root can
+    read and a package folder only root can enter. (A build's RUN keeps its capabilities even as UID 10001,
+    so the last two still import there: the check asks the kernel with access(2), which ignores them, as
+    a pod with every capability dropped would find.)"""
+    image = images["trainer"]
+    where = subprocess.run([*container_runtime.run_command(), "--network", "none", "--entrypoint", "python", image, "-c",
+                            "import importlib.util as u; print(u.find_spec('diffusers').origin, "
+                            "*(u.find_spec(name).submodule_search_locations[0] for name in ('peft', 'ftfy')))"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    unreadable_file, closed_folder, library = where
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {image}\nUSER 0:0\nRUN chmod 600 {unreadable_file} && chmod 700 {closed_folder} && rm -r {library}\n"
+        f"USER {NON_ROOT_UID}\nRUN python -m kubetune_trainer.image_check\n")
+    # --layers=false: a failed build leaves no intermediate images behind.
+    result = subprocess.run(["podman", "build", "--pull=never", "--layers=false", "--network", "none",
+                             *image_build.ulimit_flags(),
+                             "--tag", "localhost/kubetune/broken-trainer:test", str(tmp_path)],
+                            capture_output=True, text=True, timeout=600)
+    subprocess.run(["podman", "rmi", "--force", "localhost/kubetune/broken-trainer:test"], capture_output=True)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-3000:]
+    assert "import ftfy: ModuleNotFoundError: No module named 'ftfy'" in output, output[-3000:]
+    unreadable = next(line for line in output.splitlines() if "unreadable by UID" in line)
+    assert f"2 installed files unreadable by UID {NON_ROOT_UID}" in unreadable, unreadable
+    assert unreadable_file in unreadable and f"{closed_folder}/" in unreadable, unreadable
+    assert f"FAILED as UID {NON_ROOT_UID}: the image cannot train" in output
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def rendered_pod(images, tiny_model, tiny_dataset, tmp_path_factory):
+    """The operator's pod for a two-step SD1.5 job whose model and data sit on read-only claims and whose
+    checkpoints go to a third, and the host directories standing in for those claims and the ConfigMap."""
+    root = tmp_path_factory.mktemp("container-pod")
+    # Claims as fsGroup leaves them: the pod's group owns every file, so only a read-only mount keeps the
+    # model and the data from being written.
+    claims = {"model": root / "model", "data": root / "data", "checkpoints": root / "checkpoints"}
+    shutil.copytree(tiny_model("sd15"), claims["model"])
+    shutil.copytree(tiny_dataset("captions"), claims["data"])
+    claims["checkpoints"].mkdir()
+    for claim in claims.values():
+        for path in [claim, *claim.rglob("*")]:
+            os.chown(path, NON_ROOT_UID, NON_ROOT_UID)
+    manifest = family_job("sd15", "captions", Path("/model"), Path("/data"), Path("/checkpoints"),
+                          checkpoints={"everySteps": 1})
+    manifest["spec"]["volumes"] = [
+        {"name": "model", "mountPath": "/model", "readOnly": True, "persistentVolumeClaim": {"claimName": "model"}},
+        {"name": "data", "mountPath": "/data", "readOnly": True, "persistentVolumeClaim": {"claimName": "data"}},
+        {"name": "checkpoints", "mountPath": "/checkpoints", "persistentVolumeClaim": {"claimName": "checkpoints"}},
+    ]
+    job = parse_manifest(manifest)
+    child = PyTorchJobBackend().build(job, "uid-container", Settings(trainer_image=images["trainer"]))
+    template = child["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+    config = root / "config"
+    config.mkdir()
+    for key, text in build_config_map(job)["data"].items():
+        (config / key).write_text(text)
+    return template["spec"], {**claims, "config": config}, root
+
+
+def run_container(pod_spec: dict, sources: dict, pod_dir: Path, name: str, command: list[str] | None = None,
+                  timeout: float = 600) -> subprocess.CompletedProcess:
+    container = dict(pod_spec["containers"][0])
+    if command:
+        container["command"], container["args"] = command, []
+    # Stand-in for what the Kubeflow training operator injects into a one-node PyTorchJob's pod.
+    container["env"] = container["env"] + [
+        {"name": "PET_NNODES", "value": "1"}, {"name": "PET_NODE_RANK", "value": "0"},
+        {"name": "PET_NPROC_PER_NODE", "value": "1"}, {"name": "MASTER_ADDR", "value": "127.0.0.1"},
+        {"name": "MASTER_PORT", "value": str(free_port())}, {"name": "OMP_NUM_THREADS", "value": "1"}]
+    pod = {"metadata": {"name": name, "namespace": "default"}, "spec": pod_spec, "status": {"podIP": "127.0.0.1"}}
+    env = declared_env(None, pod, container, {})
+    argv = container_runtime.podman_run(pod_spec, container, env, name, pod_dir, sources)
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    finally:
+        subprocess.run(["podman", "rm", "--force", "--ignore", name], capture_output=True)
+
+
+PROBE = """
+import json, os
+def writes(path):
+    try:
+        with open(os.path.join(path, ".probe"), "w"):
+            pass
+        os.remove(os.path.join(path, ".probe"))
+        return "ok"
+    except OSError as error:
+        return error.strerror
+status = dict(line.split(":\\t", 1) for line in open("/proc/self/status").read().splitlines() if ":\\t" in line)
+print(json.dumps({"uid": os.getuid(), "gid": os.getgid(), "groups": sorted(os.getgroups()),
+                  "CapEff": status["CapEff"].strip(), "NoNewPrivs": status["NoNewPrivs"].strip(),
+                  "home": os.environ["HOME"], "token": os.path.exists("/var/run/secrets/kubernetes.io"),
+                  "writes": {path: writes(path) for path in ["/", "/src", "/etc", "/home/kubetune", "/tmp", "/dev/shm",
+                                                             "/var/cache/kubetune", "/model", "/data", "/checkpoints",
+                                                             "/etc/kubetune"]}}))
+"""
+
+
+def test_the_trainer_container_holds_exactly_the_rights_and_writable_paths_the_pod_spec_gives(rendered_pod):
+    pod_spec, sources, root = rendered_pod
+    result = run_container(pod_spec, sources, root / "probe", "kubetune-probe", ["python", "-c", PROBE], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (seen["uid"], seen["gid"]) == (NON_ROOT_UID, NON_ROOT_UID)
+    assert NON_ROOT_UID in seen["groups"]
+    assert seen["CapEff"] == "0000000000000000", "every capability dropped"
+    assert seen["NoNewPrivs"] == "1", "allowPrivilegeEscalation: false"
+    assert seen["token"] is False, "no service-account token without a volume for it"
+    assert seen["home"].startswith("/var/cache/kubetune"), "HOME in the cache volume, not the read-only image"
+    writes = seen["writes"]
+    for read_only in ["/", "/src", "/etc", "/home/kubetune", "/model", "/data", "/etc/kubetune"]:
+        assert writes[read_only] == "Read-only file system", (read_only, writes)
+    for writable in ["/tmp", "/dev/shm", "/var/cache/kubetune", "/checkpoints"]:
+        assert writes[writable] == "ok", (writable, writes)
+
+
+def test_the_trainer_image_trains_the_operators_pod_from_read_only_claims_to_a_checkpoint_on_a_third(
+        rendered_pod):
+    """The pod's own command (python -m kubetune_trainer.pod --config /etc/kubetune/...) in the image, as UID
+    10001 with a read-only root: it trains two steps and writes its checkpoints, owned by the pod's user."""
+    pod_spec, sources, root = rendered_pod
+    model_files = {path: path.stat().st_mtime_ns for path in Path(sources["model"]).rglob("*")}
+    result = run_container(pod_spec, sources, root / "trainer", "kubetune-trainer-test")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run = Path(sources["checkpoints"]) / "default" / "tiny" / "v0"
+    checkpoints = sorted(path.name for path in run.glob("checkpoint-*"))
+    assert checkpoints == ["checkpoint-1", "checkpoint-2"], sorted(p.name for p in run.iterdir())
+    assert {path.stat().st_uid for path in run.rglob("*")} == {NON_ROOT_UID}
+    assert {path: path.stat().st_mtime_ns for path in Path(sources["model"]).rglob("*")} == model_files
