@@ -66,7 +66,8 @@ def test_a_trainer_image_missing_a_library_or_with_files_only_root_can_read_fail
     so the last two still import there: the check asks the kernel with access(2), which ignores them, as
     a pod with every capability dropped would find.)"""
     image = images["trainer"]
-    where = subprocess.run([*container_runtime.run_command(), "--network", "none", "--entrypoint", "python", image, "-c",
+    where = subprocess.run([*container_runtime.run_command(), "--network", "none", "--entrypoint", "python", image,
+                            "-c",
                             "import importlib.util as u; print(u.find_spec('diffusers').origin, "
                             "*(u.find_spec(name).submodule_search_locations[0] for name in ('peft', 'ftfy')))"],
                            capture_output=True, text=True, check=True).stdout.split()

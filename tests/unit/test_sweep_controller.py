@@ -268,20 +268,24 @@ def cluster(monkeypatch):
     yields tick(status) -> the status that tick would write."""
     import kopf
 
-    from kubetune_operator import sweeps
+    from kubetune_operator import kube, sweeps
 
     api, sent = FakeTrainingJobs(), []
     monkeypatch.setattr(sweeps, "custom_api", lambda: api)
-    monkeypatch.setattr(kopf, "event", lambda body, type, reason, message: sent.append((reason, message)))
-    body = kopf.Body({"apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingSweep",
-                      "metadata": {"name": "lr", "namespace": "ns", "uid": "u-1"},
-                      "spec": {"template": {"spec": TEMPLATE}, "parameters": PARAMETERS, "objective": {"metric": "loss"},
-                               "maxTrials": 6, "parallelTrials": 2}})
+    # The sweep's events and its one status write, as kube would send them to the API server.
+    monkeypatch.setattr(kube, "post_event", lambda body, type_, reason, message: sent.append((reason, message)))
+    written: dict = {}
+    monkeypatch.setattr(kube, "patch_status", lambda namespace, name, version, fields, plural: written.update(fields)
+                        or True)
+    sweep = {"apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingSweep",
+             "metadata": {"name": "lr", "namespace": "ns", "uid": "u-1", "resourceVersion": "7"},
+             "spec": {"template": {"spec": TEMPLATE}, "parameters": PARAMETERS, "objective": {"metric": "loss"},
+                      "maxTrials": 6, "parallelTrials": 2}}
 
     def tick(status: dict) -> dict:
-        patch = kopf.Patch()
-        sweeps.run_sweep(name="lr", namespace="ns", uid="u-1", body=body, status=status, patch=patch)
-        return {**status, **patch.get("status", {})}
+        written.clear()
+        sweeps.run_sweep(body=kopf.Body({**sweep, "status": status}))
+        return {**status, **written}
 
     tick.api, tick.events = api, sent
     return tick
@@ -311,3 +315,57 @@ def test_a_trial_found_already_there_at_creation_gets_no_trial_created_event(clu
     cluster(status)  # trial 2 is due; another operator (an old replica) created it since this one listed
     assert [(r, m.split(":")[0]) for r, m in cluster.events[2:]] == [
         ("TrialFinished", "trial 0 (lr-0) failed")]
+
+
+def test_a_status_write_raced_by_another_change_is_decided_again_from_the_sweep_read_again(cluster, monkeypatch):
+    """The one status write is guarded by the resourceVersion the plan was decided from: refused once
+    (the sweep changed meanwhile), the sweep is read again and decided again; the trials created by the
+    first decision are found there, so no TrialCreated is sent twice."""
+    import kopf
+
+    from kubetune_operator import kube, sweeps
+
+    versions, statuses = [], []
+
+    def patch_status(namespace, name, version, fields, plural):
+        versions.append(version)
+        statuses.append(fields)
+        return len(versions) > 1  # the first write lost the race
+
+    monkeypatch.setattr(kube, "patch_status", patch_status)
+    reread = []
+    monkeypatch.setattr(sweeps, "read_sweep", lambda namespace, name: reread.append(name) or kopf.Body(
+        {"apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingSweep",
+         "metadata": {"name": "lr", "namespace": "ns", "uid": "u-1", "resourceVersion": "8"},
+         "spec": {"template": {"spec": TEMPLATE}, "parameters": PARAMETERS, "objective": {"metric": "loss"},
+                  "maxTrials": 6, "parallelTrials": 2}, "status": {}}))
+    cluster({})
+    assert versions == ["7", "8"] and reread == ["lr"]
+    assert [t["number"] for t in statuses[1]["trials"]] == [0, 1]
+    assert [r for r, _ in cluster.events] == ["TrialCreated", "TrialCreated"]
+    assert sorted(cluster.api.jobs) == ["lr-0", "lr-1"]
+
+
+def test_the_mlflow_parent_run_is_recorded_in_status_before_any_trial_names_it(cluster, monkeypatch):
+    from kubetune_operator import kube, sweeps
+
+    tracked = {**TEMPLATE, "tracking": {"mlflow": {"uri": "http://mlflow.local:5000"}}}
+    started, writes = [], []
+    monkeypatch.setattr(sweeps, "parent_run_of", lambda *args, **kwargs: started.append(1) or "run-1")
+    monkeypatch.setattr(kube, "patch_status", lambda namespace, name, version, fields, plural: writes.append(
+        (version, fields, sorted(cluster.api.jobs))) or True)
+    body = {"apiVersion": "kubetune.dev/v1alpha1", "kind": "TrainingSweep",
+            "metadata": {"name": "lr", "namespace": "ns", "uid": "u-1", "resourceVersion": "7"},
+            "spec": {"template": {"spec": tracked}, "parameters": PARAMETERS, "objective": {"metric": "loss"},
+                     "maxTrials": 6, "parallelTrials": 2}}
+    import kopf
+
+    monkeypatch.setattr(sweeps, "read_sweep", lambda namespace, name: kopf.Body(
+        {**body, "metadata": {**body["metadata"], "resourceVersion": "8"}, "status": {"mlflowParentRunId": "run-1"}}))
+    sweeps.run_sweep(body=kopf.Body({**body, "status": {}}))
+    assert writes[0] == ("7", {"mlflowParentRunId": "run-1"}, []), "recorded before any trial exists"
+    assert writes[1][0] == "8" and [t["number"] for t in writes[1][1]["trials"]] == [0, 1]
+    assert "mlflowParentRunId" not in writes[1][1]
+    assert started == [1]
+    parents = {cluster.api.jobs[name]["spec"]["tracking"]["mlflow"]["parentRunId"] for name in ("lr-0", "lr-1")}
+    assert parents == {"run-1"}

@@ -86,7 +86,7 @@ class VolumeSpec(SpecModel):
     def source(self) -> tuple[str, SpecModel]:
         """(the source's field name on the wire, the source) of this volume's one source."""
         (name, value), = ((n, getattr(self, n)) for n in SOURCES if getattr(self, n) is not None)
-        return self.model_fields[name].alias or name, value
+        return type(self).model_fields[name].alias or name, value
 
     def covers(self, path: str) -> bool:
         """Whether PATH (absolute, local) is this mount or lies under it."""

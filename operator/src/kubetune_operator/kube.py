@@ -341,12 +341,13 @@ def patch_child_status(backend: Backend, namespace: str, job_name: str, body: di
         log.debug("progress not reported on the %s: %s", backend.kind, err.reason)
 
 
-def patch_status(namespace: str, name: str, resource_version: str, fields: dict) -> bool:
-    """A merge patch of a TrainingJob's status, only if the object is still at RESOURCE_VERSION (the
-    one the fields were decided from). False: it changed meanwhile (decide again); raises on others."""
+def patch_status(namespace: str, name: str, resource_version: str, fields: dict, plural: str = PLURAL) -> bool:
+    """A merge patch of a TrainingJob's (or, by PLURAL, a TrainingSweep's) status, only if the object is
+    still at RESOURCE_VERSION (the one the fields were decided from). False: it changed meanwhile (decide
+    again); raises on others."""
     try:
         custom_api().patch_namespaced_custom_object_status(
-            API_GROUP, API_VERSION, namespace, PLURAL, name,
+            API_GROUP, API_VERSION, namespace, plural, name,
             {"metadata": {"resourceVersion": resource_version}, "status": fields})
         return True
     except ApiException as err:

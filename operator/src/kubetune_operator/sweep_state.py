@@ -130,15 +130,36 @@ def adopted_record(number: int, job: TrialJob, metric: str) -> dict[str, Any]:
 
 def plan(sweep: str, namespace: str, spec: TrainingSweepSpec, status: dict, jobs: dict[int, TrialJob]) -> Plan:
     """What to do now for the sweep NAMESPACE/SWEEP, whose status is STATUS and whose trials'
-    TrainingJobs (by trial number) are JOBS."""
+    TrainingJobs (by trial number) are JOBS: each named decision below in turn, on one list of trials."""
     result = Plan()
-    metric, minimize = spec.objective.metric, spec.objective.minimize
+    trials = recorded_trials(status, jobs, spec.objective.metric)
+    follow_running_trials(sweep, namespace, spec, trials, jobs, result)
+    stop_clearly_worse_trials(spec, trials, jobs, result)
+    keep_stopped_trials_suspended(trials, jobs, result)
+    failed_sweep = too_many_failed(spec, trials)
+    if failed_sweep:
+        stop_every_running_trial(trials, jobs, result)
+    else:
+        start_next_trials(spec, trials, result)
+    result.status = sweep_status(sweep, spec, trials, failed_sweep)
+    result.events += phase_events(status, result.status)
+    return result
+
+
+def recorded_trials(status: dict, jobs: dict[int, TrialJob], metric: str) -> list[Trial]:
+    """The trials status records, in order, with any TrainingJob whose record was lost adopted back."""
     records = {r["number"]: r for r in status.get("trials") or []}
-    for number, job in jobs.items():  # a TrainingJob whose record was lost: adopt it
+    for number, job in jobs.items():
         if number not in records:
             records[number] = adopted_record(number, job, metric)
-    trials = records_to_trials([records[n] for n in sorted(records)])
+    return records_to_trials([records[n] for n in sorted(records)])
 
+
+def follow_running_trials(sweep: str, namespace: str, spec: TrainingSweepSpec, trials: list[Trial],
+                          jobs: dict[int, TrialJob], result: Plan) -> None:
+    """Each running trial reads its TrainingJob: a new reading, where it writes, whether it ended; one
+    recorded but without its TrainingJob is created (again)."""
+    metric = spec.objective.metric
     for trial in trials:
         if trial.state != "running":
             continue
@@ -154,65 +175,88 @@ def plan(sweep: str, namespace: str, spec: TrainingSweepSpec, status: dict, jobs
             spec.template.spec["checkpoints"]["uri"], namespace, trial_job_name(sweep, trial.number), 0)
         _follow(trial, job, metric, result, sweep)
 
-    rule = spec.early_stopping
-    if rule is not None:
-        for trial in trials:
-            others = [t for t in trials if t is not trial and t.intermediate]
-            if trial.state == "running" and trial.number in jobs and \
-                    should_stop(trial, others, minimize, rule.min_steps):
-                trial.state, trial.reason = "stopped", MEDIAN_RULE_STOPPED
-                trial.value = _best_so_far(trial, minimize)
-                result.stop.append(trial.number)
-                _announce(result, trial, jobs[trial.number], ("Normal", "TrialStopped", (
-                    f"trial {trial.number} stopped: {metric} {trial.value:.5g} at step "
-                    f"{max(trial.intermediate)} is worse than the other trials' median")))
 
-    # Stopped trials stay suspended: asked again until their TrainingJob says so (level-based).
+def stop_clearly_worse_trials(spec: TrainingSweepSpec, trials: list[Trial], jobs: dict[int, TrialJob],
+                              result: Plan) -> None:
+    """spec.earlyStopping's median rule: a running trial worse than the others' median is stopped."""
+    rule, metric, minimize = spec.early_stopping, spec.objective.metric, spec.objective.minimize
+    if rule is None:
+        return
+    for trial in trials:
+        others = [t for t in trials if t is not trial and t.intermediate]
+        if trial.state == "running" and trial.number in jobs and should_stop(trial, others, minimize, rule.min_steps):
+            trial.state, trial.reason = "stopped", MEDIAN_RULE_STOPPED
+            trial.value = _best_so_far(trial, minimize)
+            result.stop.append(trial.number)
+            _announce(result, trial, jobs[trial.number], ("Normal", "TrialStopped", (
+                f"trial {trial.number} stopped: {metric} {trial.value:.5g} at step "
+                f"{max(trial.intermediate)} is worse than the other trials' median")))
+
+
+def keep_stopped_trials_suspended(trials: list[Trial], jobs: dict[int, TrialJob], result: Plan) -> None:
+    """Stopped trials stay suspended: asked again until their TrainingJob says so (level-based)."""
     result.stop += [t.number for t in trials if t.state == "stopped" and t.number in jobs
                     and jobs[t.number].phase not in ("Suspended", "Succeeded", "Failed")
                     and t.number not in result.stop]
 
-    failed = sum(t.state == "failed" for t in trials)
-    failed_sweep = failed > spec.max_failed_fraction * spec.max_trials
-    if failed_sweep:
-        for trial in trials:
-            if trial.state == "running":
-                trial.state, trial.reason = "stopped", "the sweep failed"
-                if trial.number in jobs:
-                    result.stop.append(trial.number)
-                result.create = [t for t in result.create if t.number != trial.number]
-    else:
-        while sum(t.state == "running" for t in trials) < spec.parallel_trials:
-            trial = next_trial(spec, trials)
-            if trial is None:
-                break
-            trials.append(trial)
-            result.create.append(trial)  # its TrialCreated: the act's, once created (created_event)
 
+def too_many_failed(spec: TrainingSweepSpec, trials: list[Trial]) -> bool:
+    return sum(t.state == "failed" for t in trials) > spec.max_failed_fraction * spec.max_trials
+
+
+def stop_every_running_trial(trials: list[Trial], jobs: dict[int, TrialJob], result: Plan) -> None:
+    """The sweep failed: its running trials stop, and none is created."""
+    for trial in trials:
+        if trial.state == "running":
+            trial.state, trial.reason = "stopped", "the sweep failed"
+            if trial.number in jobs:
+                result.stop.append(trial.number)
+            result.create = [t for t in result.create if t.number != trial.number]
+
+
+def start_next_trials(spec: TrainingSweepSpec, trials: list[Trial], result: Plan) -> None:
+    """The search's next trials, up to spec.parallelTrials running (their TrialCreated is the act's,
+    once created: created_event)."""
+    while sum(t.state == "running" for t in trials) < spec.parallel_trials:
+        trial = next_trial(spec, trials)
+        if trial is None:
+            break
+        trials.append(trial)
+        result.create.append(trial)
+
+
+def sweep_status(sweep: str, spec: TrainingSweepSpec, trials: list[Trial], failed_sweep: bool) -> dict[str, Any]:
+    """The sweep's whole status from its trials."""
+    metric = spec.objective.metric
     running = sum(t.state == "running" for t in trials)
-    finished = len(trials) - running
+    failed = sum(t.state == "failed" for t in trials)
     phase = "Failed" if failed_sweep else "Running" if running else "Succeeded"
-    status_now = {
+    status = {
         "phase": phase,
-        "trialsDone": f"{finished}/{spec.max_trials}",
+        "trialsDone": f"{len(trials) - running}/{spec.max_trials}",
         "running": running,
         "failed": failed,
         "trials": [trial_record(sweep, t) for t in trials],
     }
-    best = best_trial(trials, minimize)
+    best = best_trial(trials, spec.objective.minimize)
     if best is not None:
-        status_now["best"] = {"trial": best.number, "job": trial_job_name(sweep, best.number), "value": best.value,
-                              "parameters": best.parameters, "outputUri": best.output_uri}
+        status["best"] = {"trial": best.number, "job": trial_job_name(sweep, best.number), "value": best.value,
+                          "parameters": best.parameters, "outputUri": best.output_uri}
     if failed_sweep:
-        status_now["message"] = (f"{failed} of {spec.max_trials} trials failed, more than spec.maxFailedFraction "
-                                 f"{spec.max_failed_fraction}: the sweep stopped")
+        status["message"] = (f"{failed} of {spec.max_trials} trials failed, more than spec.maxFailedFraction "
+                             f"{spec.max_failed_fraction}: the sweep stopped")
     elif phase == "Succeeded":
-        status_now["message"] = (f"best: trial {best.number} ({metric} {best.value:.6g})" if best
-                                 else "no trial reported the objective")
-    if phase != status.get("phase") and phase in ("Succeeded", "Failed"):
-        result.events.append(("Warning" if phase == "Failed" else "Normal", f"Sweep{phase}", status_now["message"]))
-    result.status = status_now
-    return result
+        status["message"] = (f"best: trial {best.number} ({metric} {best.value:.6g})" if best
+                             else "no trial reported the objective")
+    return status
+
+
+def phase_events(before: dict, after: dict) -> list[tuple[str, str, str]]:
+    """SweepSucceeded or SweepFailed, once: when the phase becomes it."""
+    phase = after["phase"]
+    if phase != before.get("phase") and phase in ("Succeeded", "Failed"):
+        return [("Warning" if phase == "Failed" else "Normal", f"Sweep{phase}", after["message"])]
+    return []
 
 
 def _follow(trial: Trial, job: TrialJob, metric: str, result: Plan, sweep: str) -> None:

@@ -1,17 +1,20 @@
-"""kopf handlers of TrainingSweeps: admission, and a timer that runs each sweep's trials.
+"""TrainingSweeps: admission, and one observe → plan → act reconcile per timer tick, as TrainingJobs'.
 
-Each tick reads the sweep's trial TrainingJobs (children it owns, labelled with the sweep and the
-trial number), asks sweep_state.plan what to do, creates and suspends TrainingJobs accordingly and
-writes the sweep's status when it changed. Its events say what this tick did: TrialCreated for a
-TrainingJob created now, a trial's end once (marked on the trial before the event is sent). A trial
-is a TrainingJob like any other: the operator's TrainingJob handlers run it, and its status
-(progress, validation) is what the sweep reads.
+Each tick observes the sweep's trial TrainingJobs (children it owns, labelled with the sweep and the
+trial number), lets sweep_state.plan (pure) say what to do, creates and suspends TrainingJobs
+accordingly, and writes the sweep's status in one merge patch guarded by the resourceVersion it was
+decided from (kube.patch_status): a write raced by another change is decided again from the fresh
+sweep. Events go through kube.post_event, the TrainingJobs' path, and say what this tick did:
+TrialCreated for a TrainingJob created now, a trial's end once (marked on the trial before the event is
+sent). A trial is a TrainingJob like any other: the operator's TrainingJob reconcile runs it, and its
+status (progress, validation) is what the sweep reads.
 """
 from __future__ import annotations
 
 import json
 import logging
 import time
+from dataclasses import dataclass, field
 
 import kopf
 from kubernetes.client.rest import ApiException
@@ -24,15 +27,17 @@ from kubetune_api.manifest import describe_errors
 from kubetune_api.mlflow_sweeps import MlflowUnavailable, end_sweep_run, start_sweep_run, sweep_run_params
 from kubetune_api.search import Trial
 from kubetune_api.sweep import TrainingSweep, TrainingSweepSpec, trial_spec, with_value
-from kubetune_operator import metrics
+from kubetune_operator import kube, metrics
 from kubetune_operator.kube import create_owned, custom_api
 from kubetune_operator.kube import settings as operator_settings
-from kubetune_operator.sweep_state import TrialJob, created_event, plan, trial_job_name
+from kubetune_operator.sweep_state import Plan, TrialJob, created_event, plan, trial_job_name
 
 log = logging.getLogger("kubetune.operator.sweeps")
 FINISHED = ("Succeeded", "Failed")
 # Status keys a plan may leave out: removed (merge patch null) when they no longer apply.
 OPTIONAL_STATUS = ("best", "message")
+# A status write raced this often by other changes is given up (and tried again at the next tick).
+ATTEMPTS = 5
 
 
 def typed_sweep(body: kopf.Body) -> TrainingSweep:
@@ -144,40 +149,101 @@ def mark_reported(namespace: str, sweep: str, number: int, state: str) -> None:
     patch_trial(namespace, sweep, number, {"metadata": {"annotations": {TRIAL_REPORTED_ANNOTATION: state}}})
 
 
+@dataclass
+class SweepDecision:
+    """What one reconcile of a sweep does: the plan's actions (none for an invalid sweep), its status
+    and events; AGAIN: decide once more after the status write (a parent run recorded first)."""
+
+    status: dict
+    plan: Plan = field(default_factory=Plan)
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+    again: bool = False
+
+
+def observe_and_plan(sweep: kopf.Body, parent_run_started: str | None) -> tuple[SweepDecision, str | None]:
+    """Observe SWEEP's trials and decide; also the MLflow parent run of this reconcile (started now where
+    the sweep tracks to MLflow and status names none: recorded in status before any trial names it, so
+    that a restart finds it rather than starting a second)."""
+    metadata, current = sweep.metadata, dict(sweep.status)
+    namespace, name = metadata["namespace"], metadata["name"]
+    try:
+        spec = typed_sweep(sweep).spec
+    except ValidationError as err:  # admitted while the webhook was away
+        message = "invalid: " + "; ".join(describe_errors(err))
+        return SweepDecision(status={"phase": "Failed", "message": message},
+                             events=[("Warning", "InvalidSweep", message)]), None
+    mlflow = (spec.template.spec.get("tracking") or {}).get("mlflow")
+    parent_run = current.get("mlflowParentRunId")
+    if mlflow and not parent_run and not mlflow.get("parentRunId"):
+        parent_run = parent_run_started or parent_run_of(mlflow, namespace, name, spec, logger=log)
+        if parent_run:
+            return SweepDecision(status={"mlflowParentRunId": parent_run}, again=True), parent_run
+    decided = plan(name, namespace, spec, current, read_trials(namespace, name, metadata["uid"]))
+    return SweepDecision(status=decided.status, plan=decided, events=decided.events), parent_run
+
+
+def act(sweep: kopf.Body, decided: SweepDecision, parent_run: str | None) -> bool:
+    """Do what was decided, then the one guarded status write; False when the sweep changed meanwhile
+    (decide again)."""
+    metadata, current = sweep.metadata, dict(sweep.status)
+    namespace, name = metadata["namespace"], metadata["name"]
+    actions = decided.plan
+    for number, state in actions.reported.items():
+        mark_reported(namespace, name, number, state)
+    for kind, reason, message in decided.events:
+        kube.post_event(sweep, kind, reason, message)
+    if actions.create:
+        spec = typed_sweep(sweep).spec
+        for trial in actions.create:
+            if create_trial(sweep, spec, trial, parent_run):
+                kube.post_event(sweep, *created_event(trial))
+    for number in actions.stop:
+        stop_trial(namespace, name, number)
+    if parent_run and decided.status.get("phase") in FINISHED:
+        spec = typed_sweep(sweep).spec
+        end_parent_run(spec.template.spec["tracking"]["mlflow"], parent_run, name, decided.status,
+                       spec.objective.metric)
+    changed = {key: value for key, value in decided.status.items() if current.get(key) != value}
+    if not decided.again:  # a plan's status is whole: what it leaves out no longer applies
+        changed.update({key: None for key in OPTIONAL_STATUS if key in current and key not in decided.status})
+    if changed and not kube.patch_status(namespace, name, metadata["resourceVersion"], changed, plural=SWEEP_PLURAL):
+        return False
+    return not decided.again
+
+
+def read_sweep(namespace: str, name: str) -> kopf.Body | None:
+    try:
+        return kopf.Body(custom_api().get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, SWEEP_PLURAL,
+                                                                   name))
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def reconcile_sweep(sweep_seen: kopf.Body) -> None:
+    """Observe, plan, act for one sweep, from SWEEP_SEEN (as the timer delivered it) and then, where its
+    status write was raced, from the sweep read again."""
+    namespace, name = sweep_seen.metadata["namespace"], sweep_seen.metadata["name"]
+    parent_run = None
+    for attempt in range(ATTEMPTS):
+        sweep = sweep_seen if attempt == 0 else read_sweep(namespace, name)
+        if sweep is None or sweep.metadata.get("deletionTimestamp"):
+            return  # gone or going: its trials follow (owner references)
+        if sweep.status.get("phase") in FINISHED:
+            return
+        decided, parent_run = observe_and_plan(sweep, parent_run)
+        if act(sweep, decided, parent_run):
+            return
+    raise kopf.TemporaryError(f"the status of sweep {name} kept changing while it was written", delay=1)
+
+
 @kopf.timer(API_GROUP, API_VERSION, SWEEP_PLURAL, interval=operator_settings().sweep_interval_seconds,
             when=lambda status, **_: (status or {}).get("phase") not in FINISHED)
-def run_sweep(name: str, namespace: str, uid: str, body: kopf.Body, status: kopf.Status, patch: kopf.Patch,
-              **_) -> None:
+def run_sweep(body: kopf.Body, **_) -> None:
     """One step of the sweep: follow its trials, stop the clearly worse, start the next, record all."""
     with metrics.SWEEP_RECONCILE_SECONDS.time():
-        try:
-            spec = typed_sweep(body).spec
-        except ValidationError as err:  # admitted while the webhook was away
-            patch.status.update({"phase": "Failed", "message": "invalid: " + "; ".join(describe_errors(err))})
-            kopf.event(body, type="Warning", reason="InvalidSweep", message=patch.status["message"])
-            return
-        current = dict(status or {})
-        mlflow = (spec.template.spec.get("tracking") or {}).get("mlflow")
-        parent_run = current.get("mlflowParentRunId")
-        if mlflow and not parent_run and not mlflow.get("parentRunId"):
-            parent_run = parent_run_of(mlflow, namespace, name, spec, logger=log)
-        decided = plan(name, namespace, spec, current, read_trials(namespace, name, uid))
-        for number, state in decided.reported.items():
-            mark_reported(namespace, name, number, state)
-        for kind, reason, message in decided.events:
-            kopf.event(body, type=kind, reason=reason, message=message)
-        for trial in decided.create:
-            if create_trial(body, spec, trial, parent_run):
-                kind, reason, message = created_event(trial)
-                kopf.event(body, type=kind, reason=reason, message=message)
-        for number in decided.stop:
-            stop_trial(namespace, name, number)
-        if parent_run and decided.status["phase"] in FINISHED:
-            end_parent_run(mlflow, parent_run, name, decided.status, spec.objective.metric)
-        changed = {key: value for key, value in decided.status.items() if current.get(key) != value}
-        changed.update({key: None for key in OPTIONAL_STATUS if key in current and key not in decided.status})
-        if changed:
-            patch.status.update(changed)
+        reconcile_sweep(body)
 
 
 # An unreachable tracking server is asked again at most this often per sweep (not every sweep step:
@@ -187,7 +253,7 @@ _parent_run_retry_at: dict[tuple[str, str], float] = {}
 
 
 def parent_run_of(mlflow: dict, namespace: str, name: str, spec: TrainingSweepSpec, logger) -> str | None:
-    """Start the sweep's MLflow parent run and keep its id in status (None while the server is away)."""
+    """Start the sweep's MLflow parent run: its id (None while the server is away)."""
     if time.monotonic() < _parent_run_retry_at.get((namespace, name), 0.0):
         return None
     try:
@@ -199,9 +265,6 @@ def parent_run_of(mlflow: dict, namespace: str, name: str, spec: TrainingSweepSp
                        "%.0f s): %s", namespace, name, PARENT_RUN_RETRY_SECONDS, err)
         return None
     _parent_run_retry_at.pop((namespace, name), None)
-    # Written now, before any trial names it: a restart must find it rather than start a second one.
-    custom_api().patch_namespaced_custom_object_status(API_GROUP, API_VERSION, namespace, SWEEP_PLURAL, name,
-                                                       {"status": {"mlflowParentRunId": run_id}})
     return run_id
 
 
