@@ -49,6 +49,23 @@ def tiny_dataset(tmp_path_factory):
     return make
 
 
+@pytest.fixture(scope="session")
+def built_images() -> dict[str, str]:
+    """Our two images of this checkout in the local podman store (`make images`' module builds them, or
+    finds them current by their content label: 0.5 s), by name: {"operator": "localhost/kubetune/operator:dev",
+    "trainer": ...}. Named on the registry the dev cluster runs as real containers (kubetune_dev.images)."""
+    import subprocess
+    import sys
+
+    from kubetune_dev import image_build, images
+
+    result = subprocess.run([sys.executable, "-m", "kubetune_dev.image_build"], capture_output=True, text=True,
+                            timeout=1800)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return {name: f"{images.REAL_IMAGE_REGISTRY}/{image_build.image_name(name, 'kubetune', 'dev')}"
+            for name in image_build.DOCKERFILES}
+
+
 def pytest_xdist_make_scheduler(config, log):
     """`make test` runs two pytest-xdist workers: every test of the local control plane goes to one
     of them, in file order, since a machine runs one control plane at a time (tests/e2e/conftest.py);

@@ -10,6 +10,7 @@ backend (`ONLY_ON_*`, each with the reason), some on each, so that both stay cov
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import yaml
 from PIL import Image
 
 from kubetune_api.contract import read_final_report
+from kubetune_operator.pod_template import NON_ROOT_UID
 from tests.conftest import REPO
 from kubetune_trainer.data.tiny_data import write_tiny_data
 from kubetune_trainer.models.tiny_models import write_tiny_model
@@ -499,14 +501,17 @@ def claims_job_step(api_client, namespace: str) -> int:
 
 @ONLY_ON_TRAINJOB
 def test_a_job_on_two_claims_waits_for_the_missing_one_then_trains_loses_its_pod_and_resumes_from_its_claim(
-        control_plane, api_client, core, backend, operator_release, namespace, tmp_path):
+        control_plane, api_client, core, backend, operator_release, namespace, tmp_path, built_images):
     """Its model and data on one PersistentVolumeClaim, its checkpoints on another (a hostPath volume each, on the
     dev cluster): it waits for the missing claim naming it, then trains, loses its pod past a checkpoint and resumes
-    from the claim to the end."""
+    from the claim to the end. Its pods run as REAL CONTAINERS of our trainer image (spec.image on the registry the
+    dev cluster runs as containers): UID 10001, a read-only root, every capability dropped, SIGTERM through podman."""
     inputs, runs = tmp_path / "inputs", tmp_path / "runs"
     write_tiny_model("sd15", inputs / "models" / "sd15")
     write_tiny_data("captions", inputs / "data" / "shapes", count=8, size=32)
     runs.mkdir()
+    # A hostPath or NFS claim keeps its owner (fsGroup does not apply to it): its admin makes it the trainer's.
+    os.chown(runs, NON_ROOT_UID, NON_ROOT_UID)
     written = {p: p.stat().st_mtime_ns for p in inputs.rglob("*")}
     volumes = {f"{namespace}-inputs": (inputs, "inputs"), f"{namespace}-runs": (runs, "runs")}
     manifest = yaml.safe_load((REPO / "manifests" / "examples" / "sd15-lora.yaml").read_text())
@@ -518,6 +523,7 @@ def test_a_job_on_two_claims_waits_for_the_missing_one_then_trains_loses_its_pod
     spec["validation"] = {}
     spec["checkpoints"].update(uri="/runs", everySteps=CLAIMS_EVERY)
     spec["resources"] = {"nodes": 1, "gpusPerNode": 0}
+    spec["image"] = built_images["trainer"]
     spec["volumes"] = [
         {"name": "inputs", "mountPath": "/inputs", "readOnly": True, "persistentVolumeClaim": {"claimName": "inputs"}},
         {"name": "runs", "mountPath": "/runs", "persistentVolumeClaim": {"claimName": "runs"}}]
@@ -554,6 +560,7 @@ def test_a_job_on_two_claims_waits_for_the_missing_one_then_trains_loses_its_pod
         assert seen <= int(resumed.group(2)) < CLAIMS_STEPS, "the last checkpoint, taken on SIGTERM, on the claim"
         assert (run / "pytorch_lora_weights.safetensors").is_file(), sorted(p.name for p in run.iterdir())
         assert {p: p.stat().st_mtime_ns for p in inputs.rglob("*")} == written, "the read-only claim is as it was"
+        assert {p.stat().st_uid for p in run.rglob("*")} == {NON_ROOT_UID}, "written by the container's user"
     finally:
         kubectl(control_plane, "delete", "tj", CLAIMS_JOB, "-n", namespace, "--ignore-not-found", "--wait=true")
         for volume in volumes:

@@ -9,7 +9,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,12 +24,8 @@ from tests.trainer.conftest import family_job
 
 
 @pytest.fixture(scope="module")
-def images() -> dict[str, str]:
-    """Both images of this checkout, built by `make images`' module (or found current by their content label)."""
-    result = subprocess.run([sys.executable, "-m", "kubetune_dev.image_build"], capture_output=True, text=True,
-                            timeout=1800)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    return {name: image_build.image_name(name, "kubetune", "dev") for name in image_build.DOCKERFILES}
+def images(built_images) -> dict[str, str]:
+    return built_images
 
 
 def inspect(image: str) -> dict:

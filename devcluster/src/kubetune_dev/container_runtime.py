@@ -21,6 +21,7 @@ pod's servers bind loopback addresses like every other process of the dev cluste
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 from kubetune_api.quantity import parse_quantity
@@ -63,7 +64,8 @@ def security_flags(container_security: dict, pod_security: dict) -> list[str]:
 
 
 def volume_flags(volumes: list[dict], mounts: list[dict], sources: dict[str, Path], pod_dir: Path) -> list[str]:
-    """`--mount` flags for the container's volumeMounts. emptyDirs are made under pod_dir."""
+    """`--mount` flags for the container's volumeMounts: SOURCES holds the directories the kubelet laid
+    out (volume name -> path); an emptyDir it did not is made under POD_DIR."""
     by_name = {volume["name"]: volume for volume in volumes}
     flags = []
     for mount in mounts:
@@ -75,21 +77,51 @@ def volume_flags(volumes: list[dict], mounts: list[dict], sources: dict[str, Pat
             size_option = f",tmpfs-size={parse_quantity(size, 'emptyDir.sizeLimit')}" if size else ""
             flags += ["--mount", f"type=tmpfs,destination={mount['mountPath']},tmpfs-mode=1777{size_option}"]
             continue
-        if empty_dir is not None:
+        if volume["name"] in sources:
+            source = Path(sources[volume["name"]])
+        elif empty_dir is not None:
             source = pod_dir / "volumes" / volume["name"]
             source.mkdir(parents=True, exist_ok=True)
-            os.chmod(source, 0o777)
-        elif volume["name"] in sources:
-            source = Path(sources[volume["name"]])
         else:
             kind = next(key for key in volume if key != "name")
             raise PodRefused(f"volume {volume['name']!r} ({kind}) has no source on this machine")
+        if empty_dir is not None:
+            os.chmod(source, 0o777)  # as the kubelet makes an emptyDir: any user of the pod may write it
+        if mount.get("subPath"):
+            source = source / mount["subPath"]
         flags += ["--mount", f"type=bind,source={source},destination={mount['mountPath']}{read_only}"]
+    return flags
+
+
+def file_flags(files: list[dict]) -> list[str]:
+    """Single files the kubelet provides ({source, target, readOnly}: /etc/hosts, the termination log)."""
+    flags = []
+    for f in files:
+        read_only = ",readonly=true" if f["readOnly"] else ""
+        flags += ["--mount", f"type=bind,source={f['source']},destination={f['target']}{read_only}"]
     return flags
 
 
 def env_flags(env: dict[str, str]) -> list[str]:
     return [flag for name, value in env.items() for flag in ("--env", f"{name}={value}")]
+
+
+def image_present(image: str) -> bool:
+    return subprocess.run(["podman", "image", "exists", image], capture_output=True).returncode == 0
+
+
+def remove(name: str) -> None:
+    """Kill and remove the container NAME if it is still there (its podman process was killed: the
+    container outlives it, held by conmon)."""
+    subprocess.run(["podman", *RUNTIME_FLAGS, "rm", "--force", "--time", "0", name], capture_output=True)
+
+
+def remove_labelled(label: str, value: str) -> None:
+    """Every container carrying LABEL=VALUE (a kubelet's leftovers at its shutdown)."""
+    listed = subprocess.run(["podman", "ps", "--all", "--quiet", "--filter", f"label={label}={value}"],
+                            capture_output=True, text=True).stdout.split()
+    for container in listed:
+        remove(container)
 
 
 def run_command() -> list[str]:
@@ -98,16 +130,21 @@ def run_command() -> list[str]:
 
 
 def podman_run(pod_spec: dict, container: dict, env: dict[str, str], name: str, pod_dir: Path,
-               sources: dict[str, Path] | None = None) -> list[str]:
+               sources: dict[str, Path] | None = None, files: list[dict] = (), hostname: str | None = None,
+               labels: dict[str, str] | None = None) -> list[str]:
     """The `podman run` command line for one container (it runs in the foreground; its exit status is the
-    container's). env: what the container declares, resolved (podenv.declared_env); the image's ENV
-    applies beneath it."""
+    container's, 128+N after signal N; a signal sent to it reaches the container). env: what the container
+    declares, resolved (podenv.declared_env); the image's ENV applies beneath it. files: single files
+    mounted over the image's (an /etc/hosts among them replaces podman's own)."""
     pod_security = pod_spec.get("securityContext") or {}
     container_security = container.get("securityContext") or {}
-    command = [*run_command(), "--name", name, "--network", "host", *identity_flags(pod_security, container_security),
-               *security_flags(container_security, pod_security),
+    own_hosts = any(f["target"] == "/etc/hosts" for f in files)
+    command = [*run_command(), "--name", name, "--network", "host", *(["--no-hosts"] if own_hosts else []),
+               *(["--hostname", hostname] if hostname else []),
+               *[flag for key, value in (labels or {}).items() for flag in ("--label", f"{key}={value}")],
+               *identity_flags(pod_security, container_security), *security_flags(container_security, pod_security),
                *volume_flags(pod_spec.get("volumes", []), container.get("volumeMounts", []), sources or {}, pod_dir),
-               *env_flags(env)]
+               *file_flags(list(files)), *env_flags(env)]
     if container.get("workingDir"):
         command += ["--workdir", container["workingDir"]]
     if container.get("command"):

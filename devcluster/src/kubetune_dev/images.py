@@ -1,4 +1,5 @@
-"""Which local program stands in for each container image: one explicit table.
+"""Which local program stands in for each container image: one explicit table (and which images
+run as real containers instead: REAL_IMAGE_REGISTRY).
 
 The process kubelet runs no images. A pod's `image` picks an entry here; the container's
 `command` and `args` then replace the entry's ENTRYPOINT and CMD exactly as they would replace
@@ -90,6 +91,16 @@ IMAGES: dict[str, LocalImage] = {
     "alpine": LocalImage(cmd=("/bin/sh",), path=(SHIMS, *SYSTEM_PATH)),
     "busybox": LocalImage(cmd=("/bin/sh",), path=(SHIMS, *SYSTEM_PATH)),
 }
+
+
+# An image named on this registry is one `make images` built into this machine's podman store: its
+# containers run as real containers of that image (kubetune_dev.container_runtime), under the pod's
+# securityContext. Every other name runs as its local stand-in program below.
+REAL_IMAGE_REGISTRY = "localhost"
+
+
+def runs_as_real_container(image: str) -> bool:
+    return image.split("/", 1)[0] == REAL_IMAGE_REGISTRY and "/" in image
 
 
 class UnknownImage(LookupError):

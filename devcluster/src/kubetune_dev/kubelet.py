@@ -29,8 +29,8 @@ from pathlib import Path
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from kubetune_dev import hosts, processes, serviceproxy
-from kubetune_dev.podrunner import PodRunner, now
+from kubetune_dev import container_runtime, hosts, processes, serviceproxy
+from kubetune_dev.podrunner import POD_DIR_LABEL, PodRunner, now
 from kubetune_dev.volumes import unschedulable_claims
 
 log = logging.getLogger("kubelet")
@@ -251,6 +251,8 @@ class Kubelet:
             proc = processes.running(pid_file)
             if proc is not None:
                 processes.stop(proc, grace=5)
+        if shutil.which("podman"):  # real containers outlive their killed podman processes
+            container_runtime.remove_labelled(POD_DIR_LABEL, str(self.pods_dir))
 
 
 def main() -> None:

@@ -19,12 +19,15 @@ from pathlib import Path
 
 from kubernetes.client import CoreV1Api
 
-from kubetune_dev import images, processes
-from kubetune_dev.podenv import EnvNotReady, container_env, expand
+from kubetune_dev import container_runtime, images, processes
+from kubetune_dev.podenv import EnvNotReady, container_env, declared_env, expand
 from kubetune_dev.volumes import UnsupportedVolume, VolumeNotReady, materialise
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF = 30.0
+# The label on every real container this kubelet starts: its pods directory, so that its shutdown finds
+# the containers an earlier kubelet process left.
+POD_DIR_LABEL = "kubetune.dev/pods-dir"
 # A container's terminationMessagePath when its spec names none, and how much of it is kept (Kubernetes').
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 TERMINATION_MESSAGE_LIMIT = 4096
@@ -45,6 +48,7 @@ class Container:
     state: dict | None = None
     last_state: dict | None = None
     restart_at: float = 0.0  # monotonic time before which a restart waits (back-off)
+    container_name: str | None = None  # a real container's name in podman (None: a local process)
 
     def status(self, image: str) -> dict:
         return {"name": self.spec["name"], "image": image, "imageID": "", "restartCount": self.restarts,
@@ -165,9 +169,12 @@ class PodRunner(threading.Thread):
 
     # ---- containers ---------------------------------------------------------------------------
     def _start(self, c: Container) -> bool:
-        """Launch C in the sandbox; False (pod Failed or waiting) when it cannot be started."""
+        """Launch C in the sandbox, or as a real container where its image is one (images.REAL_IMAGE_REGISTRY);
+        False (pod Failed or waiting) when it cannot be started."""
         spec = c.spec
         try:
+            if images.runs_as_real_container(spec["image"]):
+                return self._start_real(c)
             image = images.resolve(spec["image"])
             env = container_env(self.api, self.pod, spec, image, self.base_env)
         except images.UnknownImage as e:
@@ -185,7 +192,7 @@ class PodRunner(threading.Thread):
         argv = image.argv([expand(a, env) for a in spec.get("command", [])] or None,
                           [expand(a, env) for a in spec.get("args", [])] or None)
         sandbox_spec = {
-            "hostname": self.pod["spec"].get("hostname") or self.meta["name"][:63],
+            "hostname": self._hostname(),
             "hosts": str(self.hosts_file),
             "image": {"root": images.IMAGE_ROOT, "mounts": images.image_mounts()},
             "mounts": [*self._mounts(spec), self._termination_mount(spec)],
@@ -196,20 +203,54 @@ class PodRunner(threading.Thread):
         spec_file = self.dir / "containers" / f"{spec['name']}.json"
         spec_file.parent.mkdir(parents=True, exist_ok=True)
         spec_file.write_text(json.dumps(sandbox_spec, indent=1))
-        log_file = self.dir / "logs" / f"{spec['name']}.log"
+        self._launch(c, [sys.executable, "-m", "kubetune_dev.sandbox", str(spec_file)])
+        return True
+
+    def _start_real(self, c: Container) -> bool:
+        """C as a real container of its image (podman, runc): the pod's securityContext enforced, its
+        volumes, hosts file and termination log mounted, the host's network (the pod binds its own
+        127.x address)."""
+        spec = c.spec
+        if not container_runtime.image_present(spec["image"]):
+            message = (f"image {spec['image']!r} is not in this machine's podman store: build it with "
+                       "`make images` (IMAGE_TAG= for another tag)")
+            c.state = {"waiting": {"reason": "ErrImagePull", "message": message}}
+            self.message = message
+            self._publish()
+            self._stopping.wait()  # as a real kubelet: stays Pending until deleted
+            return False
+        # What every container gets from the kubelet (the API's address), not HOME or PATH: the image's.
+        base = {key: value for key, value in self.base_env.items() if key not in ("HOME", "PATH")}
+        env = declared_env(self.api, self.pod, spec, base)
+        declared = {**spec, "command": [expand(a, env) for a in spec.get("command", [])],
+                    "args": [expand(a, env) for a in spec.get("args", [])]}
+        termination = self._termination_mount(spec)
+        Path(termination["source"]).chmod(0o666)  # the container's user writes it
+        c.container_name = f"k8s_{spec['name']}_{self.meta['name']}_{self.meta['namespace']}_{self.meta['uid'][:8]}"
+        container_runtime.remove(c.container_name)  # a leftover of a killed earlier start
+        argv = container_runtime.podman_run(
+            self.pod["spec"], declared, env, c.container_name, self.dir, self.mounts,
+            files=[{"source": str(self.hosts_file), "target": "/etc/hosts", "readOnly": True}, termination],
+            hostname=self._hostname(), labels={POD_DIR_LABEL: str(self.dir.parent)})
+        self._launch(c, argv)
+        return True
+
+    def _hostname(self) -> str:
+        return self.pod["spec"].get("hostname") or self.meta["name"][:63]
+
+    def _launch(self, c: Container, argv: list[str]) -> None:
+        log_file = self.dir / "logs" / f"{c.spec['name']}.log"
         log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(log_file, "ab") as out:
             if c.restarts:
                 out.write(f"--- restart {c.restarts} at {now()} ---\n".encode())
                 out.flush()
-            c.proc = subprocess.Popen([sys.executable, "-m", "kubetune_dev.sandbox", str(spec_file)],
-                                      stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            c.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                       start_new_session=True)
         # Recorded so that `kubetune dev down` can stop it even if this kubelet died.
-        processes.record(c.proc.pid, self.dir / "pids" / f"{spec['name']}.json")
+        processes.record(c.proc.pid, self.dir / "pids" / f"{c.spec['name']}.json")
         c.started_at = now()
         c.state = {"running": {"startedAt": c.started_at}}
-        return True
 
     def _mounts(self, spec: dict) -> list[dict]:
         mounts = []
@@ -278,6 +319,8 @@ class PodRunner(threading.Thread):
             except subprocess.TimeoutExpired:
                 processes.Recorded(c.proc.pid, processes.start_time(c.proc.pid) or -1).signal_group(signal.SIGKILL)
                 c.proc.wait()
+                if c.container_name:  # the container outlives its killed podman process: SIGKILL it too
+                    container_runtime.remove(c.container_name)
             self._record_exit(c, c.proc.returncode)
             c.proc = None
         return bool(running)
