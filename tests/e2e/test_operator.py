@@ -510,8 +510,12 @@ def test_a_job_on_two_claims_waits_for_the_missing_one_then_trains_loses_its_pod
     write_tiny_model("sd15", inputs / "models" / "sd15")
     write_tiny_data("captions", inputs / "data" / "shapes", count=8, size=32)
     runs.mkdir()
-    # A hostPath or NFS claim keeps its owner (fsGroup does not apply to it): its admin makes it the trainer's.
+    # A hostPath or NFS claim keeps its owner (fsGroup does not apply to it): its admin makes the checkpoints'
+    # folder the trainer's, and the inputs readable (transformers saves weights through a temporary file: mode
+    # 0600, which the trainer refuses by name: tests/images).
     os.chown(runs, NON_ROOT_UID, NON_ROOT_UID)
+    for path in [inputs, *inputs.rglob("*")]:
+        path.chmod(path.stat().st_mode | 0o444 | (0o111 if path.is_dir() else 0))
     written = {p: p.stat().st_mtime_ns for p in inputs.rglob("*")}
     volumes = {f"{namespace}-inputs": (inputs, "inputs"), f"{namespace}-runs": (runs, "runs")}
     manifest = yaml.safe_load((REPO / "manifests" / "examples" / "sd15-lora.yaml").read_text())

@@ -192,3 +192,22 @@ def test_the_trainer_image_trains_the_operators_pod_from_read_only_claims_to_a_c
     assert checkpoints == ["checkpoint-1", "checkpoint-2"], sorted(p.name for p in run.iterdir())
     assert {path.stat().st_uid for path in run.rglob("*")} == {NON_ROOT_UID}
     assert {path: path.stat().st_mtime_ns for path in Path(sources["model"]).rglob("*")} == model_files
+
+
+def test_a_model_file_the_pods_user_cannot_read_is_refused_by_name_not_reported_missing(rendered_pod):
+    """A weights file saved by root through a temporary file (mode 0600, as transformers writes them) on the
+    model's claim: safetensors would call it "No such file or directory"; the trainer refuses the job (exit 2,
+    not retried) naming the file, its owner and mode, and the fix."""
+    pod_spec, sources, root = rendered_pod
+    weights = Path(sources["model"]) / "text_encoder" / "model.safetensors"
+    os.chown(weights, 0, 0)
+    weights.chmod(0o600)
+    try:
+        result = run_container(pod_spec, sources, root / "unreadable", "kubetune-unreadable-test", timeout=300)
+    finally:
+        os.chown(weights, NON_ROOT_UID, NON_ROOT_UID)
+        weights.chmod(0o644)
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert (f"spec.model.pretrained: /model/text_encoder/model.safetensors is not readable by the trainer's user "
+            f"(UID {NON_ROOT_UID}; its owner is UID 0, mode 0600): make the model's files readable") in result.stderr, \
+        result.stderr[-2000:]

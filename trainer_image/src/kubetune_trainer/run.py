@@ -135,12 +135,13 @@ def check_local_inputs(spec: TrainingJobSpec) -> None:
 def check_model_folder(spec: TrainingJobSpec) -> None:
     """A local spec.model.pretrained's config files, checked before the family loads them (model_folder)."""
     from kubetune_trainer.families import definition_for
-    from kubetune_trainer.models.model_folder import check_configs, model_folder
+    from kubetune_trainer.models.model_folder import check_configs, check_readable, model_folder
 
     uri = spec.model.pretrained
     if not looks_local(uri):
         return
     root = model_folder(uri, "spec.model.pretrained")
+    check_readable(root, "spec.model.pretrained")
     subfolders = {component.subfolder for component in definition_for(spec.model.family).architecture.values()}
     check_configs(root, sorted(subfolders))
 

@@ -4,7 +4,8 @@
 loads them with from_pretrained: a config that is not JSON, a JSON list, a negative or zero size, a
 file where the folder should be, each came out as a traceback from deep inside transformers or
 diffusers, and an absurd layer count (10^8) made `plan` build modules until it ran out of memory.
-Each is refused here in one line naming the config file and its key.
+Each is refused here in one line naming the config file and its key; so is a file the trainer's
+user cannot read (check_readable).
 
 Stated limits, on every config.json of the model's components (nested configs too, as
 text_config.num_hidden_layers):
@@ -17,7 +18,9 @@ text_config.num_hidden_layers):
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from pathlib import Path
 
 from kubetune_trainer.errors import ConfigError
@@ -74,6 +77,24 @@ def config_problem(config: dict, prefix: str = "") -> str | None:
         if SIZE_KEY.search(key) and not all(n >= 1 for n in numbers):
             return f"{name} is {value}: a size is at least 1; correct the config"
     return None
+
+
+def check_readable(root: Path, field: str) -> None:
+    """Every file and folder of the model folder ROOT readable by this process's user, or a ConfigError
+    naming the first that is not. A trainer pod runs as UID 10001; a model saved by root through a
+    temporary file (transformers' and huggingface_hub's writers) is mode 0600, and safetensors then
+    reports the file as missing ("No such file or directory"), which sends its owner looking elsewhere."""
+    for folder, subfolders, files in os.walk(root):
+        for name in subfolders + files:
+            path = Path(folder) / name
+            wanted = os.R_OK | (os.X_OK if name in subfolders else 0)
+            if not os.access(path, wanted):
+                info = path.stat()
+                raise ConfigError(
+                    f"{field}: {path} is not readable by the trainer's user (UID {os.getuid()}; its owner is UID "
+                    f"{info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}): make the model's files readable "
+                    "(chmod -R a+rX on the volume) or give them to that user")
+        subfolders[:] = [name for name in subfolders if os.access(Path(folder) / name, os.R_OK | os.X_OK)]
 
 
 def check_configs(root: Path, subfolders: list[str]) -> None:
