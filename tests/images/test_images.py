@@ -211,3 +211,18 @@ def test_a_model_file_the_pods_user_cannot_read_is_refused_by_name_not_reported_
     assert (f"spec.model.pretrained: /model/text_encoder/model.safetensors is not readable by the trainer's user "
             f"(UID {NON_ROOT_UID}; its owner is UID 0, mode 0600): make the model's files readable") in result.stderr, \
         result.stderr[-2000:]
+
+
+def test_a_containers_environment_reaches_it_through_a_file_only_root_reads_not_podmans_arguments(tmp_path):
+    """A Secret's value the kubelet resolved into the environment never appears on podman's command line
+    (every process may read another's in /proc): it goes through an --env-file of mode 0600."""
+    pod_spec = {"securityContext": {"runAsUser": NON_ROOT_UID}, "volumes": []}
+    container = {"name": "c", "image": "localhost/kubetune/trainer:dev", "command": ["true"]}
+    argv = container_runtime.podman_run(pod_spec, container, {"AWS_SECRET_ACCESS_KEY": "s3cr3t-value"}, "pod-c",
+                                        tmp_path)
+    assert not any("s3cr3t-value" in word for word in argv), argv
+    env_file = Path(argv[argv.index("--env-file") + 1])
+    assert env_file.read_text() == "AWS_SECRET_ACCESS_KEY=s3cr3t-value\n"
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    with pytest.raises(container_runtime.PodRefused, match="env KEY: a value holding a line break"):
+        container_runtime.podman_run(pod_spec, container, {"KEY": "two\nlines"}, "pod-c", tmp_path)

@@ -102,8 +102,17 @@ def file_flags(files: list[dict]) -> list[str]:
     return flags
 
 
-def env_flags(env: dict[str, str]) -> list[str]:
-    return [flag for name, value in env.items() for flag in ("--env", f"{name}={value}")]
+def env_flags(env: dict[str, str], env_file: Path) -> list[str]:
+    """The environment through a file only root reads (`--env-file`), never on podman's command line,
+    where every process could read a Secret's value in /proc."""
+    for name, value in env.items():
+        if "\n" in value or "\r" in value:
+            raise PodRefused(f"env {name}: a value holding a line break cannot be passed to podman's --env-file")
+    env_file.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.writelines(f"{name}={value}\n" for name, value in env.items())
+    return ["--env-file", str(env_file)]
 
 
 def image_present(image: str) -> bool:
@@ -134,7 +143,8 @@ def podman_run(pod_spec: dict, container: dict, env: dict[str, str], name: str, 
                labels: dict[str, str] | None = None) -> list[str]:
     """The `podman run` command line for one container (it runs in the foreground; its exit status is the
     container's, 128+N after signal N; a signal sent to it reaches the container). env: what the container
-    declares, resolved (podenv.declared_env); the image's ENV applies beneath it. files: single files
+    declares, resolved (podenv.declared_env), written to POD_DIR/env/NAME (mode 0600); the image's ENV
+    applies beneath it. files: single files
     mounted over the image's (an /etc/hosts among them replaces podman's own)."""
     pod_security = pod_spec.get("securityContext") or {}
     container_security = container.get("securityContext") or {}
@@ -144,7 +154,7 @@ def podman_run(pod_spec: dict, container: dict, env: dict[str, str], name: str, 
                *[flag for key, value in (labels or {}).items() for flag in ("--label", f"{key}={value}")],
                *identity_flags(pod_security, container_security), *security_flags(container_security, pod_security),
                *volume_flags(pod_spec.get("volumes", []), container.get("volumeMounts", []), sources or {}, pod_dir),
-               *file_flags(list(files)), *env_flags(env)]
+               *file_flags(list(files)), *env_flags(env, pod_dir / "env" / name)]
     if container.get("workingDir"):
         command += ["--workdir", container["workingDir"]]
     if container.get("command"):

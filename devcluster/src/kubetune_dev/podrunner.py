@@ -228,10 +228,17 @@ class PodRunner(threading.Thread):
         Path(termination["source"]).chmod(0o666)  # the container's user writes it
         c.container_name = f"k8s_{spec['name']}_{self.meta['name']}_{self.meta['namespace']}_{self.meta['uid'][:8]}"
         container_runtime.remove(c.container_name)  # a leftover of a killed earlier start
-        argv = container_runtime.podman_run(
-            self.pod["spec"], declared, env, c.container_name, self.dir, self.mounts,
-            files=[{"source": str(self.hosts_file), "target": "/etc/hosts", "readOnly": True}, termination],
-            hostname=self._hostname(), labels={POD_DIR_LABEL: str(self.dir.parent)})
+        try:
+            argv = container_runtime.podman_run(
+                self.pod["spec"], declared, env, c.container_name, self.dir, self.mounts,
+                files=[{"source": str(self.hosts_file), "target": "/etc/hosts", "readOnly": True}, termination],
+                hostname=self._hostname(), labels={POD_DIR_LABEL: str(self.dir.parent)})
+        except container_runtime.PodRefused as e:
+            c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
+            self.message = str(e)
+            self._publish()
+            self._stopping.wait()  # as a real kubelet: the pod stays until it is deleted
+            return False
         self._launch(c, argv)
         return True
 
