@@ -145,8 +145,12 @@ def ensure_tools() -> None:
         raise BuildError(f"make images needs {', '.join(missing)}: install them (as root: "
                          f"apt-get install --no-install-recommends {' '.join(missing)}) and run it again")
     print(f"make images: installing {', '.join(missing)} from Debian's packages", flush=True)
-    subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], check=True,
-                   env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing]
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    if subprocess.run(install, env=env).returncode:
+        # A machine image without package lists (many delete /var/lib/apt/lists): fetch them, then again.
+        subprocess.run(["apt-get", "update", "-q"], env=env, check=True)
+        subprocess.run(install, env=env, check=True)
 
 
 def ensure_base(name: str) -> str:
