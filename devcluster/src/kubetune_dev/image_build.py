@@ -5,7 +5,7 @@
 tags `REPO/operator:TAG` and `REPO/trainer:TAG` (default `kubetune/…:dev`, `IMAGE_TAG` and
 `IMAGE_REPOSITORY` override) in the local image store, where podman names them `localhost/kubetune/…`.
 
-- Tools: podman (its `build` is buildah) and, for the stand-in base, mmdebstrap. Missing ones are
+- Tools: podman (its `build` is buildah's code), runc and, for the stand-in base, mmdebstrap. Missing ones are
   installed from the machine's Debian packages when run as root, else named with the command to run.
 - Base: the Dockerfiles' `FROM` image. Where it is neither in the store nor pullable (this machine
   reaches no registry) devcluster/standin-base.sh builds a LOCAL STAND-IN from Debian bookworm's
@@ -37,8 +37,9 @@ STANDIN_SCRIPT = REPO / "devcluster" / "standin-base.sh"
 SOURCE_LABEL = "org.kubetune.source"
 BASE_LABEL = "org.kubetune.base"
 STANDIN_LABEL = "org.kubetune.standin"
-# Debian package -> the command it brings.
-TOOLS = {"podman": "podman", "mmdebstrap": "mmdebstrap", "runc": "runc"}
+# Debian package -> the command it brings. Installed with their recommends (netavark, the CNI plugins,
+# fuse-overlayfs, catatonit...), as podman was checked on this machine.
+TOOLS = {"podman": "podman", "buildah": "buildah", "mmdebstrap": "mmdebstrap", "runc": "runc"}
 # runc sets the container's rlimits from podman's defaults (nofile 1048576, nproc 4194304), which this
 # machine's sandbox refuses above its own hard limits; for nproc, above 32768 (measured: 32768 runs,
 # 65536 is refused with "error setting rlimit type 6").
@@ -143,9 +144,9 @@ def ensure_tools() -> None:
         return
     if os.geteuid() != 0:
         raise BuildError(f"make images needs {', '.join(missing)}: install them (as root: "
-                         f"apt-get install --no-install-recommends {' '.join(missing)}) and run it again")
+                         f"apt-get install {' '.join(missing)}) and run it again")
     print(f"make images: installing {', '.join(missing)} from Debian's packages", flush=True)
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing]
+    install = ["apt-get", "install", "-y", "-q", *missing]
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     if subprocess.run(install, env=env).returncode:
         # A machine image without package lists (many delete /var/lib/apt/lists): fetch them, then again.
