@@ -23,14 +23,10 @@ from kubetune_operator.trainer_config import build_config_map
 from tests.trainer.conftest import family_job
 
 
-@pytest.fixture(scope="module")
-def images(built_images) -> dict[str, str]:
-    return built_images
-
-
 def inspect(image: str) -> dict:
-    return json.loads(subprocess.run(["podman", "image", "inspect", image], capture_output=True, text=True,
-                                     check=True).stdout)[0]
+    found = image_build.inspect(image)
+    assert found is not None, f"{image} is not in podman's store"
+    return found
 
 
 def dockerfile_entrypoint(dockerfile: Path) -> list[str]:
@@ -38,8 +34,8 @@ def dockerfile_entrypoint(dockerfile: Path) -> list[str]:
     return json.loads(line.removeprefix("ENTRYPOINT "))
 
 
-def test_each_image_holds_this_checkout_runs_as_the_pods_user_and_names_its_base(images):
-    for name, image in images.items():
+def test_each_image_holds_this_checkout_runs_as_the_pods_user_and_names_its_base(built_images):
+    for name, image in built_images.items():
         dockerfile = image_build.REPO / image_build.DOCKERFILES[name]
         found = inspect(image)
         base = image_build.base_image(dockerfile)
@@ -54,13 +50,13 @@ def test_each_image_holds_this_checkout_runs_as_the_pods_user_and_names_its_base
 
 
 def test_a_trainer_image_missing_a_library_or_with_files_only_root_can_read_fails_its_build_naming_them(
-        images, tmp_path):
+        built_images, tmp_path):
     """The image check the trainer's Dockerfile runs as UID 10001 (kubetune_trainer.image_check) fails the
     build of an image that lacks one of the trainer's libraries (ftfy), has an installed file only root can
     read and a package folder only root can enter. (A build's RUN keeps its capabilities even as UID 10001,
     so the last two still import there: the check asks the kernel with access(2), which ignores them, as
     a pod with every capability dropped would find.)"""
-    image = images["trainer"]
+    image = built_images["trainer"]
     where = subprocess.run([*container_runtime.run_command(), "--network", "none", "--entrypoint", "python", image,
                             "-c",
                             "import importlib.util as u; print(u.find_spec('diffusers').origin, "
@@ -92,7 +88,7 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def rendered_pod(images, tiny_model, tiny_dataset, tmp_path_factory):
+def rendered_pod(built_images, tiny_model, tiny_dataset, tmp_path_factory):
     """The operator's pod for a two-step SD1.5 job whose model and data sit on read-only claims and whose
     checkpoints go to a third, and the host directories standing in for those claims and the ConfigMap."""
     root = tmp_path_factory.mktemp("container-pod")
@@ -113,7 +109,7 @@ def rendered_pod(images, tiny_model, tiny_dataset, tmp_path_factory):
         {"name": "checkpoints", "mountPath": "/checkpoints", "persistentVolumeClaim": {"claimName": "checkpoints"}},
     ]
     job = parse_manifest(manifest)
-    child = PyTorchJobBackend().build(job, "uid-container", Settings(trainer_image=images["trainer"]))
+    child = PyTorchJobBackend().build(job, "uid-container", Settings(trainer_image=built_images["trainer"]))
     template = child["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
     config = root / "config"
     config.mkdir()

@@ -133,9 +133,9 @@ def inspect(name: str) -> dict | None:
     return json.loads(result.stdout)[0]
 
 
-def labels(name: str) -> dict:
-    found = inspect(name)
-    return (found or {}).get("Labels") or (found or {}).get("Config", {}).get("Labels") or {}
+def labels(found: dict | None) -> dict:
+    """The labels of an inspected image (none for an absent one)."""
+    return (found or {}).get("Labels") or {}
 
 
 def ensure_tools() -> None:
@@ -157,23 +157,24 @@ def ensure_tools() -> None:
 def ensure_base(name: str) -> str:
     """The base image's ID: the real one if present or pullable, else the stand-in (built when stale)."""
     found = inspect(name)
-    if found is None or labels(name).get(STANDIN_LABEL):
-        if found is None and podman("pull", "--quiet", name).returncode == 0:
-            return inspect(name)["Id"]
-        print(f"make images: {name} cannot be pulled here: using a LOCAL STAND-IN built from Debian bookworm "
-              f"({STANDIN_SCRIPT.relative_to(REPO)})", flush=True)
-        subprocess.run(["bash", str(STANDIN_SCRIPT), name], check=True)
+    if found is not None and not labels(found).get(STANDIN_LABEL):
+        return found["Id"]
+    if found is None and podman("pull", "--quiet", name).returncode == 0:
+        return inspect(name)["Id"]
+    print(f"make images: {name} cannot be pulled here: using a LOCAL STAND-IN built from Debian bookworm "
+          f"({STANDIN_SCRIPT.relative_to(REPO)})", flush=True)
+    subprocess.run(["bash", str(STANDIN_SCRIPT), name], check=True)
     return inspect(name)["Id"]
 
 
 def build(name: str, dockerfile: Path, target: str, base_id: str, base: str) -> Built:
     digest = source_digest(dockerfile, base_id)
-    if labels(target).get(SOURCE_LABEL) == digest:
-        return Built(name, 0.0, int(inspect(target)["Size"]), cached=True)
+    current = inspect(target)
+    if labels(current).get(SOURCE_LABEL) == digest:
+        return Built(name, 0.0, int(current["Size"]), cached=True)
     print(f"make images: building {target} from {dockerfile.relative_to(REPO)}", flush=True)
-    previous = (inspect(target) or {}).get("Id")
     start = time.monotonic()
-    standin = "stand-in " if labels(base).get(STANDIN_LABEL) else ""
+    standin = "stand-in " if labels(inspect(base)).get(STANDIN_LABEL) else ""
     # --network host: the RUN steps reach PyPI as this machine does (podman's bridge is a private range).
     result = podman("build", "--pull=never", "--network", "host", *ulimit_flags(),
                     "--label", f"{SOURCE_LABEL}={digest}", "--label", f"{BASE_LABEL}={standin}{base}",
@@ -182,10 +183,11 @@ def build(name: str, dockerfile: Path, target: str, base_id: str, base: str) -> 
         raise BuildError(f"building {target} from {dockerfile.relative_to(REPO)} failed (exit {result.returncode}): "
                          "its output is above")
     seconds = time.monotonic() - start
-    if previous and previous != inspect(target)["Id"]:
+    built = inspect(target)
+    if current and current["Id"] != built["Id"]:
         # The image this tag named before, now untagged: removed, unless a container or image still uses it.
-        podman("rmi", previous)
-    return Built(name, seconds, int(inspect(target)["Size"]), cached=False)
+        podman("rmi", current["Id"])
+    return Built(name, seconds, int(built["Size"]), cached=False)
 
 
 def build_all(repository: str, tag: str) -> list[Built]:

@@ -178,11 +178,7 @@ class PodRunner(threading.Thread):
             image = images.resolve(spec["image"])
             env = container_env(self.api, self.pod, spec, image, self.base_env)
         except images.UnknownImage as e:
-            c.state = {"waiting": {"reason": "ErrImagePull", "message": str(e)}}
-            self.message = str(e)
-            self._publish()
-            self._stopping.wait()  # as a real kubelet: stays Pending until deleted
-            return False
+            return self._wait_until_deleted(c, "ErrImagePull", str(e))
         except EnvNotReady as e:
             c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
             self._publish()
@@ -212,20 +208,16 @@ class PodRunner(threading.Thread):
         127.x address)."""
         spec = c.spec
         if not container_runtime.image_present(spec["image"]):
-            message = (f"image {spec['image']!r} is not in this machine's podman store: build it with "
-                       "`make images` (IMAGE_TAG= for another tag)")
-            c.state = {"waiting": {"reason": "ErrImagePull", "message": message}}
-            self.message = message
-            self._publish()
-            self._stopping.wait()  # as a real kubelet: stays Pending until deleted
-            return False
+            return self._wait_until_deleted(c, "ErrImagePull", (
+                f"image {spec['image']!r} is not in this machine's podman store: build it with `make images` "
+                "(IMAGE_TAG= for another tag)"))
         # What every container gets from the kubelet (the API's address), not HOME or PATH: the image's.
         base = {key: value for key, value in self.base_env.items() if key not in ("HOME", "PATH")}
         env = declared_env(self.api, self.pod, spec, base)
         declared = {**spec, "command": [expand(a, env) for a in spec.get("command", [])],
                     "args": [expand(a, env) for a in spec.get("args", [])]}
         termination = self._termination_mount(spec)
-        Path(termination["source"]).chmod(0o666)  # the container's user writes it
+        Path(termination["source"]).chmod(0o666)  # the container's user writes it (the kubelet's mode too)
         c.container_name = f"k8s_{spec['name']}_{self.meta['name']}_{self.meta['namespace']}_{self.meta['uid'][:8]}"
         container_runtime.remove(c.container_name)  # a leftover of a killed earlier start
         try:
@@ -234,13 +226,17 @@ class PodRunner(threading.Thread):
                 files=[{"source": str(self.hosts_file), "target": "/etc/hosts", "readOnly": True}, termination],
                 hostname=self._hostname(), labels={POD_DIR_LABEL: str(self.dir.parent)})
         except container_runtime.PodRefused as e:
-            c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
-            self.message = str(e)
-            self._publish()
-            self._stopping.wait()  # as a real kubelet: the pod stays until it is deleted
-            return False
+            return self._wait_until_deleted(c, "CreateContainerConfigError", str(e))
         self._launch(c, argv)
         return True
+
+    def _wait_until_deleted(self, c: Container, reason: str, message: str) -> bool:
+        """C cannot start (REASON: MESSAGE): as a real kubelet, the pod stays Pending until deleted."""
+        c.state = {"waiting": {"reason": reason, "message": message}}
+        self.message = message
+        self._publish()
+        self._stopping.wait()
+        return False
 
     def _hostname(self) -> str:
         return self.pod["spec"].get("hostname") or self.meta["name"][:63]

@@ -155,6 +155,7 @@ class SweepDecision:
     and events; AGAIN: decide once more after the status write (a parent run recorded first)."""
 
     status: dict
+    spec: TrainingSweepSpec | None = None  # None: the sweep is invalid
     plan: Plan = field(default_factory=Plan)
     events: list[tuple[str, str, str]] = field(default_factory=list)
     again: bool = False
@@ -177,9 +178,9 @@ def observe_and_plan(sweep: kopf.Body, parent_run_started: str | None) -> tuple[
     if mlflow and not parent_run and not mlflow.get("parentRunId"):
         parent_run = parent_run_started or parent_run_of(mlflow, namespace, name, spec, logger=log)
         if parent_run:
-            return SweepDecision(status={"mlflowParentRunId": parent_run}, again=True), parent_run
+            return SweepDecision(status={"mlflowParentRunId": parent_run}, spec=spec, again=True), parent_run
     decided = plan(name, namespace, spec, current, read_trials(namespace, name, metadata["uid"]))
-    return SweepDecision(status=decided.status, plan=decided, events=decided.events), parent_run
+    return SweepDecision(status=decided.status, spec=spec, plan=decided, events=decided.events), parent_run
 
 
 def act(sweep: kopf.Body, decided: SweepDecision, parent_run: str | None) -> bool:
@@ -192,17 +193,14 @@ def act(sweep: kopf.Body, decided: SweepDecision, parent_run: str | None) -> boo
         mark_reported(namespace, name, number, state)
     for kind, reason, message in decided.events:
         kube.post_event(sweep, kind, reason, message)
-    if actions.create:
-        spec = typed_sweep(sweep).spec
-        for trial in actions.create:
-            if create_trial(sweep, spec, trial, parent_run):
-                kube.post_event(sweep, *created_event(trial))
+    for trial in actions.create:
+        if create_trial(sweep, decided.spec, trial, parent_run):
+            kube.post_event(sweep, *created_event(trial))
     for number in actions.stop:
         stop_trial(namespace, name, number)
-    if parent_run and decided.status.get("phase") in FINISHED:
-        spec = typed_sweep(sweep).spec
-        end_parent_run(spec.template.spec["tracking"]["mlflow"], parent_run, name, decided.status,
-                       spec.objective.metric)
+    if parent_run and decided.spec and decided.status.get("phase") in FINISHED:
+        end_parent_run(decided.spec.template.spec["tracking"]["mlflow"], parent_run, name, decided.status,
+                       decided.spec.objective.metric)
     changed = {key: value for key, value in decided.status.items() if current.get(key) != value}
     if not decided.again:  # a plan's status is whole: what it leaves out no longer applies
         changed.update({key: None for key in OPTIONAL_STATUS if key in current and key not in decided.status})

@@ -56,9 +56,9 @@ def dependency_modules() -> list[str]:
                   and wanted & {canonicalize_name(name) for name in distributions})
 
 
-def check_imports() -> list[str]:
+def check_imports(modules: list[str]) -> list[str]:
     problems = []
-    for name in dependency_modules() + trainer_modules() + [module for module, _ in ON_DEMAND]:
+    for name in modules + [module for module, _ in ON_DEMAND]:
         if name == __name__:
             continue
         try:
@@ -110,7 +110,8 @@ def unreadable_files() -> list[str]:
 
 
 def main() -> int:
-    problems = check_imports() + check_media()
+    dependencies, own = dependency_modules(), trainer_modules()
+    problems = check_imports(dependencies + own) + check_media()
     unreadable = unreadable_files()
     if unreadable:
         problems.append(f"{len(unreadable)} installed files unreadable by UID {os.getuid()}, e.g. "
@@ -121,8 +122,8 @@ def main() -> int:
         print(f"kubetune image check: FAILED as UID {os.getuid()}: the image cannot train; fix the Dockerfile's "
               "install step", file=sys.stderr)
         return 1
-    print(f"kubetune image check: {len(dependency_modules())} modules of the trainer's dependencies, "
-          f"{len(trainer_modules())} trainer modules, {len(ON_DEMAND)} on-demand imports, "
+    print(f"kubetune image check: {len(dependencies)} modules of the trainer's dependencies, "
+          f"{len(own)} trainer modules, {len(ON_DEMAND)} on-demand imports, "
           f"{len(VIDEO_DECODERS)} video decoders and {len(IMAGE_FORMATS)} image formats load as UID {os.getuid()}")
     return 0
 

@@ -94,7 +94,6 @@ def check_readable(root: Path, field: str) -> None:
                     f"{field}: {path} is not readable by the trainer's user (UID {os.getuid()}; its owner is UID "
                     f"{info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}): make the model's files readable "
                     "(chmod -R a+rX on the volume) or give them to that user")
-        subfolders[:] = [name for name in subfolders if os.access(Path(folder) / name, os.R_OK | os.X_OK)]
 
 
 def check_configs(root: Path, subfolders: list[str]) -> None:
