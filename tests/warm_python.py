@@ -13,13 +13,18 @@ this worker's server instead of starting an interpreter:
   * for a request it forks a keeper, which forks the process itself in a session of its own with the
     caller's stdin/stdout/stderr, working directory, environment and argv, runs the module as `python -m`
     does (runpy), and reports how it ended: its exit code, or minus the signal that killed it;
-  * a caller that gives up (its timeout) closes the connection and the keeper kills the process's group.
+  * a caller that gives up (its timeout) closes the connection and the keeper kills the process's group;
+  * a forked process starts its own trainer processes (the launcher's workers of `kubetune train --nproc N`,
+    `kubetune sweep`'s trials: kubetune_trainer.process.spawn) as forks of the same server, through
+    `WarmProcess`, the part of subprocess.Popen they use. Their launcher's death reaches them as the
+    keeper's SIGKILL when its connection closes, instead of PR_SET_PDEATHSIG's SIGTERM.
 
 Only a request whose environment is the server's own, but for variables read when a process runs rather
 than when a library is imported (RUN_TIME_VARIABLES), is forked: a library that read HF_HOME or
 OMP_NUM_THREADS at import would otherwise keep the server's value. Any other request starts a fresh
 interpreter, as subprocess.run would. Whatever tests process start-up itself (signals to a launcher, a
-parent's death, `kubetune train --nproc N`'s workers) keeps using subprocess.
+parent's death, a launcher's own process) keeps using subprocess: a launcher started by subprocess starts
+its workers as users' launchers do.
 """
 from __future__ import annotations
 
@@ -42,7 +47,10 @@ REPO = Path(__file__).resolve().parents[1]
 # Read when a process runs, not when a library is imported: a request may differ from the server in these.
 # TORCHINDUCTOR_CACHE_DIR: torch writes its default into os.environ the first time a process asks for
 # its compile cache, so a test worker's environment gains it halfway through the session.
-RUN_TIME_VARIABLES = ("AWS_", "KUBETUNE_", "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR")
+# The rendezvous a launcher gives each worker (kubetune_trainer.process.launcher.worker_env) is read by
+# torch.distributed when the process group starts.
+RUN_TIME_VARIABLES = ("AWS_", "KUBETUNE_", "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "MASTER_ADDR",
+                      "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK")
 PACKAGES = ("kubetune_api", "kubetune_trainer", "kubetune_cli")
 MAX_MESSAGE = 1 << 20
 
@@ -106,6 +114,36 @@ def module_of(command: list[str]) -> tuple[str, list[str]] | None:
     return None
 
 
+def _request(socket_path: str, module: str, args: list[str], env: dict[str, str], cwd: str,
+             stdio: list[int]) -> socket.socket:
+    """Ask the server at socket_path for `python -m MODULE ARGS` with these stdin, stdout and stderr; the
+    connection, on which the keeper answers with the process's pid, then with how it ended."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(socket_path)
+    request = json.dumps({"module": module, "args": args, "env": env, "cwd": cwd}).encode()
+    conn.sendmsg([len(request).to_bytes(4, "big") + request],
+                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", stdio))])
+    return conn
+
+
+class _Answers:
+    """The keeper's answers on a connection: one JSON object a line."""
+
+    def __init__(self, conn: socket.socket):
+        self.conn = conn
+        self.pending = b""
+
+    def next(self) -> dict:
+        """The next answer; socket.timeout or BlockingIOError as the connection's mode raises them."""
+        while b"\n" not in self.pending:
+            chunk = self.conn.recv(MAX_MESSAGE)
+            if not chunk:
+                raise RuntimeError("the warm interpreter's keeper ended without an answer")
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return json.loads(line)
+
+
 def run(command: list[str], env: dict[str, str], timeout: float, cwd: str | Path | None = None
         ) -> subprocess.CompletedProcess:
     """subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout), forked from this
@@ -115,24 +153,78 @@ def run(command: list[str], env: dict[str, str], timeout: float, cwd: str | Path
     if server is None:
         return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     module, args = found
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, open(os.devnull, "rb") as devnull, \
-            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.connect(str(server.socket_path))
-        request = json.dumps({"module": module, "args": args, "env": env, "cwd": str(cwd or os.getcwd())}).encode()
-        conn.sendmsg([len(request).to_bytes(4, "big") + request], [(
-            socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [devnull.fileno(), out.fileno(), err.fileno()]))])
-        conn.settimeout(timeout)
-        try:
-            reply = conn.recv(MAX_MESSAGE)
-        except socket.timeout:
-            raise subprocess.TimeoutExpired(command, timeout) from None  # closing conn kills the process
-        if not reply:
-            raise RuntimeError("the warm interpreter's keeper ended without an answer")
-        returncode = json.loads(reply)["returncode"]
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, open(os.devnull, "rb") as devnull:
+        with _request(str(server.socket_path), module, args, env, str(cwd or os.getcwd()),
+                      [devnull.fileno(), out.fileno(), err.fileno()]) as conn:
+            conn.settimeout(timeout)
+            answers = _Answers(conn)
+            try:
+                answers.next()  # its pid
+                returncode = answers.next()["returncode"]
+            except socket.timeout:
+                raise subprocess.TimeoutExpired(command, timeout) from None  # closing conn kills the process
         out.seek(0)
         err.seek(0)
         return subprocess.CompletedProcess(command, returncode, out.read().decode(errors="replace"),
                                            err.read().decode(errors="replace"))
+
+
+class WarmProcess:
+    """A trainer process that a forked process starts, forked from the same server: what the launcher
+    and `kubetune sweep` use of subprocess.Popen (pid, poll, wait, send_signal, kill, returncode). The
+    connection stays open while it runs; the caller's end closing (it exited, or was killed) makes the
+    keeper kill the process's group, as a launcher's death stops its workers."""
+
+    def __init__(self, socket_path: str, module: str, args: list[str], env: dict[str, str], stdio: list[int]):
+        self.args = [sys.executable, "-m", module, *args]
+        self.returncode: int | None = None
+        self._conn = _request(socket_path, module, args, env, os.getcwd(), stdio)
+        self._answers = _Answers(self._conn)
+        self.pid: int = self._answers.next()["pid"]
+        self._conn.setblocking(False)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                self._ended(self._answers.next()["returncode"])
+            except BlockingIOError:
+                pass
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self._conn.settimeout(timeout)
+            try:
+                self._ended(self._answers.next()["returncode"])
+            except socket.timeout:
+                raise subprocess.TimeoutExpired(self.args, timeout) from None
+            finally:
+                if self.returncode is None:
+                    self._conn.setblocking(False)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def _ended(self, returncode: int) -> None:
+        self.returncode = returncode
+        self._conn.close()
+
+
+def _start_from_server(socket_path: str, server_env: dict[str, str], command: list[str], env: dict[str, str],
+                       stdout=None, stderr=None):
+    """kubetune_trainer.process.spawn.start in a process this server forked: a WarmProcess where the
+    command and environment allow, else what spawn.start does."""
+    found = module_of(command)
+    if found is None or not _same_at_import(server_env, env):
+        return subprocess.Popen(command, env=env, stdout=stdout, stderr=stderr)
+    out = 1 if stdout is None else stdout.fileno()
+    err = out if stderr == subprocess.STDOUT else 2 if stderr is None else stderr.fileno()
+    return WarmProcess(socket_path, *found, env, [0, out, err])
 
 
 # ---- the server's side ---------------------------------------------------------------------------
@@ -161,9 +253,13 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(data[4:]), fds
 
 
-def _become(request: dict, fds: list[int]) -> None:
-    """In the forked process: the caller's stdio, directory, environment and argv, then `-m MODULE`."""
+def _become(request: dict, fds: list[int], socket_path: str, server_env: dict[str, str]) -> None:
+    """In the forked process: the caller's stdio, directory, environment and argv, then `-m MODULE`; the
+    trainer processes it starts are forked from this server too (WarmProcess)."""
+    import functools
     import runpy
+
+    from kubetune_trainer.process import parent_watch, spawn
 
     os.setsid()
     for target, fd in enumerate(fds):
@@ -172,6 +268,9 @@ def _become(request: dict, fds: list[int]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    if parent_watch.LAUNCHER_PID_VARIABLE in os.environ:  # a launcher's worker: its parent is the keeper,
+        os.environ[parent_watch.LAUNCHER_PID_VARIABLE] = str(os.getppid())  # which outlives it by design
+    spawn.start = functools.partial(_start_from_server, socket_path, server_env)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     sys.argv = ["-m", *request["args"]]
     try:
@@ -204,21 +303,27 @@ def _exit_status(code) -> int:
     return 1
 
 
-def _keep(conn: socket.socket, request: dict, fds: list[int]) -> None:
-    """The keeper: forks the process, answers with how it ended, kills its group if the caller left."""
+def _keep(conn: socket.socket, request: dict, fds: list[int], socket_path: str, server_env: dict[str, str]
+          ) -> None:
+    """The keeper: forks the process, answers with its pid and then with how it ended, kills its group if
+    the caller left."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     child = os.fork()
     if child == 0:
         conn.close()
-        _become(request, fds)
+        _become(request, fds, socket_path, server_env)
     for fd in fds:
         os.close(fd)
+    try:
+        conn.sendall(json.dumps({"pid": child}).encode() + b"\n")
+    except OSError:
+        pass  # the caller is gone: the loop below sees it
     while True:
         done, status = os.waitpid(child, os.WNOHANG)
         if done:
             code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
             try:
-                conn.sendall(json.dumps({"returncode": code}).encode())
+                conn.sendall(json.dumps({"returncode": code}).encode() + b"\n")
             except OSError:
                 pass
             os._exit(0)
@@ -233,6 +338,7 @@ def _keep(conn: socket.socket, request: dict, fds: list[int]) -> None:
 
 
 def serve(socket_path: str) -> None:
+    server_env = dict(os.environ)
     import_everything()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)
@@ -250,7 +356,7 @@ def serve(socket_path: str) -> None:
         request, fds = _receive(conn)
         if os.fork() == 0:
             listener.close()
-            _keep(conn, request, fds)
+            _keep(conn, request, fds, socket_path, server_env)
         conn.close()
         for fd in fds:
             os.close(fd)

@@ -34,6 +34,7 @@ from kubetune_api.spec import TrainingJobSpec
 from kubetune_api.search import (MEDIAN_RULE_STOPPED, Trial, best_trial, format_parameters, next_trial,
                                  should_stop)
 from kubetune_api.sweep import TRAINING_LOSS, VALIDATION_METRICS, TrainingSweep, trial_spec, with_value
+from kubetune_trainer.process import spawn
 
 POLL_SECONDS = 0.5
 
@@ -152,8 +153,8 @@ class LocalSweep:
         env = {**os.environ, "OMP_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1",
                TrainerEnv.NAMES["run_id"]: self.trial_run_id(trial.number)}
         with log.open("w") as out:
-            process = subprocess.Popen([sys.executable, "-m", "kubetune_trainer", "--config", str(manifest)],
-                                       stdout=out, stderr=subprocess.STDOUT, env=env)
+            process = spawn.start([sys.executable, "-m", "kubetune_trainer", "--config", str(manifest)], env,
+                                  stdout=out, stderr=subprocess.STDOUT)
         self.running.append(RunningTrial(trial, process, log))
         copied = f" (copies trial {trial.exploited_from})" if trial.exploited_from is not None else ""
         self.echo(f"trial {trial.number} started{copied}: {format_parameters(trial.parameters)}")

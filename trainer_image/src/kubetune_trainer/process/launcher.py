@@ -28,6 +28,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from kubetune_trainer.process import spawn
 from kubetune_trainer.process.parent_watch import LAUNCHER_PID_VARIABLE
 from kubetune_trainer.process.preemption import CONFIG_ERROR_EXIT_CODE, RETRYABLE_EXIT_CODE
 
@@ -111,7 +112,7 @@ class Launcher:
         try:
             for local_rank in range(self.place.processes):
                 env = {**worker_env(self.env, self.place, local_rank), LAUNCHER_PID_VARIABLE: str(os.getpid())}
-                self.workers.append(subprocess.Popen(self.command, env=env))
+                self.workers.append(spawn.start(self.command, env))
             if self._stop_signal is not None:  # it came while the workers started: tell the late ones too
                 self._signal_running(self._stop_signal)
             self._supervise()
