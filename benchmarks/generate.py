@@ -65,10 +65,11 @@ def job(family: str, model: Path, data: Path, resolution: int, images: int, devi
 
 
 def request_for(family: str, data: Path, images: int, steps: int):
-    from kubetune_trainer.results.generation import EDIT_LAYOUT, Request
+    from kubetune_api.data_layouts import DATA_LAYOUTS
+    from kubetune_trainer.results.generation import Request
 
     layout = FAMILIES[family].layouts[0]
-    if layout == EDIT_LAYOUT:  # the generated pairs' control images, each with an instruction
+    if DATA_LAYOUTS[layout].edits:  # the generated pairs' control images, each with an instruction
         controls = tuple(sorted((data / "control_images").iterdir())[:images])
         return Request(prompts=("make it blue",) * len(controls), controls=controls, steps=steps, seed=0)
     if layout == "pmg":  # its held-out users (their histories), as `kubetune generate` draws without --prompt

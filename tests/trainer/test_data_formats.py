@@ -174,7 +174,7 @@ def test_an_image_column_holding_other_bytes_is_named_by_file_and_row_or_skipped
 
 def test_a_format_that_cannot_hold_the_layout_is_refused_naming_what_it_holds():
     with pytest.raises(ValidationError, match="spec.data.format does not fit spec.data.layout: .*parquet stores "
-                                              "captions, image-folder"):
+                                              "captions, edit-pairs, image-folder"):
         DataSpec(layout="pmg", uri="/data", format="parquet")
     with pytest.raises(ValidationError, match="spec.data.labelColumn names the label column of the image-folder"):
         DataSpec(layout="captions", uri="/data", format="parquet", labelColumn="label")

@@ -3,20 +3,29 @@ cache and streaming from S3)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal, Optional, Union, get_args
+from typing import Annotated, Literal, Optional, Union
 
 from pydantic import ConfigDict, Field, ValidationInfo, model_validator
 
+from kubetune_api.data_layouts import DATA_LAYOUTS, layouts_where, stored_as
 from kubetune_api.rules import Rule, enforce, entries
 from kubetune_api.spec_base import SpecModel
 from kubetune_api.spec_uris import StorageUri
 
 
-Layout = Literal["captions", "edit-pairs", "pmg", "image-folder", "video-captions"]
+Layout = Literal[tuple(DATA_LAYOUTS)]
 # The layouts whose samples are video clips: they take spec.data.frames (needed) and fps.
-VIDEO_LAYOUTS = ("video-captions",)
+VIDEO_LAYOUTS = layouts_where(clips=True)
 # The layouts that read metadata.jsonl, whose keys spec.data.imageColumn and captionColumn name.
-METADATA_LAYOUTS = ("captions", "video-captions")
+METADATA_LAYOUTS = layouts_where(metadata=True)
+# Layouts whose stored forms have a caption column though their loose files have no metadata.jsonl.
+STORED_CAPTION_LAYOUTS = tuple(name for name, row in DATA_LAYOUTS.items()
+                               if row.stored and row.captioned and not row.metadata)
+
+
+def layout_in(names: tuple[str, ...]) -> str:
+    """CEL: spec.data.layout is one of names."""
+    return f"self.layout == '{names[0]}'" if len(names) == 1 else f"self.layout in {list(names)}"
 
 
 class CacheSpec(SpecModel):
@@ -88,10 +97,10 @@ def frames_ok(value: Frames) -> bool:
 
 @dataclass(frozen=True)
 class DataFormat:
-    """How one spec.data.format stores samples: the layouts it can hold, and the names its columns go by
-    when the spec names none (the Hugging Face conventions of each)."""
+    """How one spec.data.format stores samples: the names its columns go by when the spec names none (the
+    Hugging Face conventions of each). The layouts it can hold are their rows' (kubetune_api.data_layouts)."""
 
-    layouts: tuple[str, ...]
+    name: str
     image_column: str | None    # None: a WebDataset sample's image member, whatever its extension
     caption_column: str
     label_column: str | None    # None: labels are not in columns (files: the class folders)
@@ -99,18 +108,22 @@ class DataFormat:
     description: str
     video_column: str | None = None  # the video layouts' image column (None: a WebDataset clip member)
 
+    @property
+    def layouts(self) -> tuple[str, ...]:
+        return stored_as(self.name)
+
 
 DATA_FORMATS: dict[str, DataFormat] = {
-    "files": DataFormat(get_args(Layout), "file_name", "text", None, None,  # every layout's own loose files
+    "files": DataFormat("files", "file_name", "text", None, None,  # every layout's own loose files
                         "loose files as the layout describes them", video_column="file_name"),
-    "parquet": DataFormat(("captions", "image-folder", "edit-pairs", "video-captions"), "image", "text", "label",
+    "parquet": DataFormat("parquet", "image", "text", "label",
                           "control_image",
                           "*.parquet files as Hugging Face datasets saves them: an image column of {bytes, path} "
                           "structs, bytes, or paths relative to the data folder, and a caption (or label) column; "
                           "edit pairs add a control image column (one image or a list of them); video-captions "
                           "reads clips from a video column alike",
                           video_column="video"),
-    "webdataset": DataFormat(("captions", "image-folder", "edit-pairs", "video-captions"), None, "text", "label",
+    "webdataset": DataFormat("webdataset", None, "text", "label",
                              "control",
                              "WebDataset *.tar shards: each sample is the members sharing a KEY, KEY.jpg/png/webp "
                              "with KEY.txt (or KEY.json's caption column) or KEY.cls (or KEY.json's label column); "
@@ -123,7 +136,7 @@ DataFormatName = Literal[tuple(DATA_FORMATS)]
 def data_columns(data: "DataSpec") -> tuple[str | None, str, str | None, str | None]:
     """(image, caption, label, control) column names of the data: the spec's, else its format's defaults."""
     row = DATA_FORMATS[data.format]
-    media = row.video_column if data.layout in VIDEO_LAYOUTS else row.image_column
+    media = row.video_column if DATA_LAYOUTS[data.layout].clips else row.image_column
     return (data.image_column or media, data.caption_column or row.caption_column,
             data.label_column or row.label_column, data.control_column or row.control_column)
 
@@ -139,22 +152,22 @@ DATA_RULES = [
          "spec.data.format does not fit spec.data.layout: "
          + "; ".join(f"{name} stores {', '.join(row.layouts)}" for name, row in DATA_FORMATS.items())
          + " (use format files, loose files, for the others)"),
-    Rule(f"!has(self.captionColumn) || self.layout in {list(METADATA_LAYOUTS)} || (self.layout == 'edit-pairs' "
+    Rule(f"!has(self.captionColumn) || {layout_in(METADATA_LAYOUTS)} || ({layout_in(STORED_CAPTION_LAYOUTS)} "
          "&& self.format != 'files')",
          lambda data: data.caption_column is None or data.layout in METADATA_LAYOUTS
-         or (data.layout == "edit-pairs" and data.format != "files"),
+         or (data.layout in STORED_CAPTION_LAYOUTS and data.format != "files"),
          "spec.data.captionColumn names the captions of the captions and video-captions layouts, or the "
          "instructions of edit pairs stored as parquet or webdataset: remove it for this layout"),
-    Rule("!has(self.controlColumn) || (self.layout == 'edit-pairs' && self.format != 'files')",
-         lambda data: data.control_column is None or (data.layout == "edit-pairs" and data.format != "files"),
+    Rule(f"!has(self.controlColumn) || ({layout_in(layouts_where(edits=True))} && self.format != 'files')",
+         lambda data: data.control_column is None or (DATA_LAYOUTS[data.layout].edits and data.format != "files"),
          "spec.data.controlColumn names the control images of edit pairs stored as parquet or webdataset: "
          "remove it (loose edit pairs keep them in control_images/)"),
-    Rule(f"!has(self.imageColumn) || self.layout in {list(METADATA_LAYOUTS)} || self.format != 'files'",
+    Rule(f"!has(self.imageColumn) || {layout_in(METADATA_LAYOUTS)} || self.format != 'files'",
          lambda data: data.image_column is None or data.layout in METADATA_LAYOUTS or data.format != "files",
          "spec.data.imageColumn names metadata.jsonl's image (clip) key in the captions and video-captions layouts, "
          "or the image column of format parquet or webdataset: remove it for this layout's loose files"),
-    Rule("!has(self.labelColumn) || (self.layout == 'image-folder' && self.format != 'files')",
-         lambda data: data.label_column is None or (data.layout == "image-folder" and data.format != "files"),
+    Rule(f"!has(self.labelColumn) || ({layout_in(layouts_where(labels=True))} && self.format != 'files')",
+         lambda data: data.label_column is None or (DATA_LAYOUTS[data.layout].labels and data.format != "files"),
          "spec.data.labelColumn names the label column of the image-folder layout stored as format parquet or "
          "webdataset: remove it (loose image-folder files are labelled by their class folders)"),
     Rule(None,  # untyped number-or-list (rules.Rule)

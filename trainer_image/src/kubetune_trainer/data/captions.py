@@ -90,6 +90,11 @@ def read_captions(root: Path, screen: Screen, image_column: str = "file_name",
     return samples
 
 
+def loose_samples(root: Path) -> list[tuple[Path, str, str, tuple[Path, ...]]]:
+    """The data set as data.restore_data stores it again: (image, its name, caption, no controls) each."""
+    return [(s.path, s.path.relative_to(root).as_posix(), s.caption, ()) for s in read_captions(root, Screen(skip_bad=False))]
+
+
 def _jsonl_records(metadata: Path, screen: Screen, keys: str) -> Iterator[tuple[str, object]]:
     """("FILE:LINE", the line's JSON value) of each line that is not blank; a line that is not UTF-8
     or not JSON goes to the screen."""

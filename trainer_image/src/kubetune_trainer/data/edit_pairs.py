@@ -85,6 +85,12 @@ def read_edit_pairs(root: Path, screen: Screen, max_references: int = 1, family:
     return pairs
 
 
+def loose_samples(root: Path) -> list[tuple[Path, str, str, tuple[Path, ...]]]:
+    """The data set as data.restore_data stores it again: (target, its name, instruction, controls) each."""
+    return [(s.target, s.target.relative_to(root).as_posix(), s.instruction, s.controls)
+            for s in read_edit_pairs(root, Screen(skip_bad=False), max_references=100)]
+
+
 def _references(name: str, controls: dict[str, Path], numbered: dict[str, list[tuple[int, Path]]],
                 target_stems: set[str]) -> tuple[Path, ...] | str:
     """NAME's control images (control_images/NAME.*, else NAME_0.*, NAME_1.*, ... by number), or why not."""

@@ -40,6 +40,12 @@ def read_image_folder(root: Path, screen: Screen) -> tuple[list[LabelledImage], 
     return samples, classes
 
 
+def loose_samples(root: Path) -> list[tuple[Path, str, str, tuple[Path, ...]]]:
+    """The data set as data.restore_data stores it again: (image, its name, class name, no controls) each."""
+    samples, classes = read_image_folder(root, Screen(skip_bad=False))
+    return [(s.path, s.path.relative_to(root).as_posix(), classes[s.label], ()) for s in samples]
+
+
 class ImageFolderDataset(KeyedDataset):
     def __init__(self, samples: list[LabelledImage], transform: ImageTransform, seed: int):
         super().__init__(samples, [s.path for s in samples], transform, seed, bucketing=False)

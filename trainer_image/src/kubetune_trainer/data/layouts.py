@@ -1,6 +1,7 @@
 """The data layouts under spec.data.uri (spec.data.layout): how each is read, made into a keyed data
 set and batched. Every family builds its data through this table (ModelFamily's data methods);
-kubetune_api.families says which layouts a family takes.
+kubetune_api.families says which layouts a family takes, kubetune_api.data_layouts what each layout is
+(one row each; its "how to add a layout" says where a new one goes).
 
 A layout stored as parquet or WebDataset (spec.data.format; kubetune_api.spec_data.DATA_FORMATS says
 which layouts each holds) is read by that format's reader (data.stored) into records, of which the
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from kubetune_api.data_layouts import DATA_LAYOUTS
 from kubetune_api.families import FAMILIES
 from kubetune_api.spec import TrainingJobSpec
 from kubetune_api.spec_data import data_columns, frame_counts
@@ -38,6 +40,9 @@ class Layout:
     # Whether a streamed data set is screened before training too (else its files are checked as
     # training reaches them): where the sampler needs what the check finds before the first step.
     screen_streamed: Callable[[TrainingJobSpec], bool] = lambda spec: False
+    # Its loose samples as data.restore_data stores them again in those formats: (media file, its name in
+    # the data set, caption / class name / instruction, control images) each, in training order.
+    loose: Callable[[Path], list[tuple[Path, str, str, tuple[Path, ...]]]] | None = None
 
     def read_samples(self, spec: TrainingJobSpec, screen: Screen) -> list:
         """Every sample, from loose files or from the format spec.data.format names."""
@@ -120,12 +125,15 @@ def _screen_streamed_clips(spec: TrainingJobSpec) -> bool:
 
 
 LAYOUTS: dict[str, Layout] = {
-    "captions": Layout(_read_captions, _captions_dataset, captions.collate, from_stored=stored.captioned),
-    "edit-pairs": Layout(_read_edit_pairs, _edit_pairs_dataset, edit_pairs.collate, from_stored=stored.edit_pairs),
-    "image-folder": Layout(_read_image_folder, _image_folder_dataset, image_folder.collate,
-                           from_stored=stored.labelled),
+    "captions": Layout(_read_captions, _captions_dataset, captions.collate, from_stored=stored.captioned,
+                       loose=captions.loose_samples),
+    "edit-pairs": Layout(_read_edit_pairs, _edit_pairs_dataset, edit_pairs.collate, from_stored=stored.edit_pairs,
+                         loose=edit_pairs.loose_samples),
     "pmg": Layout(_read_pmg, _pmg_dataset, pmg.collate, held_out=_pmg_held_out),
+    "image-folder": Layout(_read_image_folder, _image_folder_dataset, image_folder.collate,
+                           from_stored=stored.labelled, loose=image_folder.loose_samples),
     "video-captions": Layout(_read_video_captions, _video_captions_dataset, video_captions.collate,
                              check=_clip_check, from_stored=stored.captioned_clips,
-                             screen_streamed=_screen_streamed_clips),
+                             screen_streamed=_screen_streamed_clips, loose=video_captions.loose_samples),
 }
+assert LAYOUTS.keys() == DATA_LAYOUTS.keys(), "a trainer entry for each row of kubetune_api.data_layouts"

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kubetune_api.spec_data import VIDEO_LAYOUTS, data_columns
+from kubetune_api.data_layouts import DATA_LAYOUTS
+from kubetune_api.spec_data import data_columns
 from kubetune_api.spec import TrainingJobSpec
 
 
@@ -36,5 +37,6 @@ class Columns:
 
 def columns_of(spec: TrainingJobSpec) -> Columns:
     image, caption, label, control = data_columns(spec.data)
-    return Columns(image, caption, label, control, "label" if spec.data.layout == "image-folder" else "caption",
-                   edits=spec.data.layout == "edit-pairs", clips=spec.data.layout in VIDEO_LAYOUTS)
+    row = DATA_LAYOUTS[spec.data.layout]
+    return Columns(image, caption, label, control, "label" if row.labels else "caption", edits=row.edits,
+                   clips=row.clips)

@@ -16,33 +16,17 @@ import json
 import tarfile
 from pathlib import Path
 
-from kubetune_trainer.data.screening import Screen
+from kubetune_api.data_layouts import DATA_LAYOUTS
+from kubetune_trainer.data.layouts import LAYOUTS
 
 
 def loose_samples(layout: str, root: Path) -> list[tuple[Path, str, str, tuple[Path, ...]]]:
-    """(image, its name in the data set, caption, class name or instruction, control images) of each
+    """(media file, its name in the data set, caption, class name or instruction, control images) of each
     sample, in training order."""
-    if layout == "captions":
-        from kubetune_trainer.data.captions import read_captions
-
-        return [(s.path, s.path.relative_to(root).as_posix(), s.caption, ())
-                for s in read_captions(root, Screen(skip_bad=False))]
-    if layout == "video-captions":
-        from kubetune_trainer.data.video_captions import read_video_captions
-
-        return [(s.path, s.path.relative_to(root).as_posix(), s.caption, ())
-                for s in read_video_captions(root, Screen(skip_bad=False))]
-    if layout == "image-folder":
-        from kubetune_trainer.data.image_folder import read_image_folder
-
-        samples, classes = read_image_folder(root, Screen(skip_bad=False))
-        return [(s.path, s.path.relative_to(root).as_posix(), classes[s.label], ()) for s in samples]
-    if layout == "edit-pairs":
-        from kubetune_trainer.data.edit_pairs import read_edit_pairs
-
-        return [(s.target, s.target.relative_to(root).as_posix(), s.instruction, s.controls)
-                for s in read_edit_pairs(root, Screen(skip_bad=False), max_references=100)]
-    raise ValueError(f"no parquet or WebDataset form for layout {layout!r}")
+    loose = LAYOUTS[layout].loose
+    if loose is None:
+        raise ValueError(f"no parquet or WebDataset form for layout {layout!r}")
+    return loose(root)
 
 
 def _chunks(items: list, size: int) -> list[list]:
@@ -53,17 +37,18 @@ def write_parquet(layout: str, loose: Path, out: Path, per_file: int = 4, rows_p
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    row = DATA_LAYOUTS[layout]
     samples = loose_samples(layout, loose)
     several = any(len(controls) > 1 for *_, controls in samples)  # then control_image holds a list per row
     classes = sorted({text for _, _, text, _ in samples})
     out.mkdir(parents=True, exist_ok=True)
     image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-    if layout == "image-folder":
+    if row.labels:
         fields, features = [("label", pa.int64())], {"label": {"names": classes, "_type": "ClassLabel"}}
     else:
         fields, features = [("text", pa.string())], {"text": {"dtype": "string", "_type": "Value"}}
-    media = "video" if layout == "video-captions" else "image"  # datasets' Video feature: {bytes, path} too
-    images = [media] + (["control_image"] if layout == "edit-pairs" else [])
+    media = "video" if row.clips else "image"  # datasets' Video feature: {bytes, path} too
+    images = [media] + (["control_image"] if row.edits else [])
     feature = {c: {"_type": media.title()} for c in images}
     types = {c: image_type for c in images}
     if several:
@@ -72,9 +57,9 @@ def write_parquet(layout: str, loose: Path, out: Path, per_file: int = 4, rows_p
     metadata = {"huggingface": json.dumps({"info": {"features": {**feature, **features}}})}
     schema = pa.schema([*types.items(), *fields], metadata=metadata)
     for number, part in enumerate(_chunks(samples, per_file)):
-        values = [classes.index(text) if layout == "image-folder" else text for _, _, text, _ in part]
+        values = [classes.index(text) if row.labels else text for _, _, text, _ in part]
         columns = {media: [{"bytes": image.read_bytes(), "path": name} for image, name, _, _ in part]}
-        if layout == "edit-pairs":
+        if row.edits:
             structs = [[{"bytes": c.read_bytes(), "path": c.name} for c in controls] for *_, controls in part]
             columns["control_image"] = structs if several else [row[0] for row in structs]
         table = pa.table({**columns, fields[0][0]: values}, schema=schema)
@@ -83,6 +68,7 @@ def write_parquet(layout: str, loose: Path, out: Path, per_file: int = 4, rows_p
 
 
 def write_webdataset(layout: str, loose: Path, out: Path, per_file: int = 4) -> Path:
+    text_member = "cls" if DATA_LAYOUTS[layout].labels else "txt"
     out.mkdir(parents=True, exist_ok=True)
     for number, part in enumerate(_chunks(loose_samples(layout, loose), per_file)):
         with tarfile.open(out / f"shard-{number:05d}.tar", "w") as tar:
@@ -91,7 +77,7 @@ def write_webdataset(layout: str, loose: Path, out: Path, per_file: int = 4) -> 
                 numbered = [f"control_{i}" for i in range(len(controls))] if len(controls) > 1 else ["control"]
                 for member, data in ((name, image.read_bytes()),
                                      *((f"{key}.{n}{c.suffix}", c.read_bytes()) for n, c in zip(numbered, controls)),
-                                     (f"{key}.{'cls' if layout == 'image-folder' else 'txt'}", text.encode())):
+                                     (f"{key}.{text_member}", text.encode())):
                     info = tarfile.TarInfo(member)
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))

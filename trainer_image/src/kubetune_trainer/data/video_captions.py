@@ -58,6 +58,12 @@ def read_video_captions(root: Path, screen: Screen, file_column: str = "file_nam
                           VIDEO_SUFFIXES)]
 
 
+def loose_samples(root: Path) -> list[tuple[Path, str, str, tuple[Path, ...]]]:
+    """The data set as data.restore_data stores it again: (clip, its name, caption, no controls) each."""
+    return [(s.path, s.path.relative_to(root).as_posix(), s.caption, ())
+            for s in read_video_captions(root, Screen(skip_bad=False))]
+
+
 def _probe_or_error(path: Path):
     try:
         return probe(path)

@@ -13,7 +13,9 @@
    dev tiny-model`) and the benchmarks all read DEFINITION.
 
 Besides: tests (tests/trainer/test_families.py trains every family's tiny model), an example
-manifest in manifests/examples/, and `python -m kubetune_api.families > docs/families.md`.
+manifest in manifests/examples/, and `python -m kubetune_api.families > docs/families.md`. A family
+whose data no layout reads yet needs a new layout first: kubetune_api.data_layouts says how to add one
+(its twin of this recipe).
 
 Shared behaviour is composed from parts, never inherited from another family: a diffusers denoiser
 loaded (quantized) and trained (families.denoiser), Stable Diffusion's parts (families.stable_diffusion:

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from kubetune_api.data_layouts import DATA_LAYOUTS
 from kubetune_trainer.training import diffusion, flow_matching, quantization
 from kubetune_trainer.data.cache import Encoder, model_identity
 from kubetune_trainer.training.device_copy import to_device
@@ -353,7 +354,7 @@ def planning_forward(guidance: bool):
         transformer, vae = models["transformer"], models["vae"]
         batch, side = spec.training.batch_size, spec.resolution // vae_scale(vae) // 2
         tokens, width = side * side, transformer.config.in_channels     # 2x2 latent patches per token
-        image_tokens = tokens * (2 if spec.data.layout == "edit-pairs" else 1)
+        image_tokens = tokens * (2 if DATA_LAYOUTS[spec.data.layout].edits else 1)
         with autocast():
             prediction = transformer(
                 hidden_states=make((batch, image_tokens, width), dtype), timestep=make((batch,), dtype),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-EDIT_LAYOUT = "edit-pairs"
+from kubetune_api.data_layouts import DATA_LAYOUTS
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Draw:
         validation = spec.validation
         return cls(prompts=tuple(validation.prompts), count=validation.num_samples,
                    steps=validation.num_inference_steps, guidance=spec.sample_guidance, seed=spec.training.seed,
-                   held_out=bool(validation.clip_model) or spec.data.layout == EDIT_LAYOUT)
+                   held_out=bool(validation.clip_model) or DATA_LAYOUTS[spec.data.layout].edits)
 
     def generator(self) -> torch.Generator:
         """A fresh generator at the draw's seed: the same draw always draws the same images."""

@@ -24,9 +24,10 @@ from typing import Any
 
 import torch
 
+from kubetune_api.data_layouts import DATA_LAYOUTS
 from kubetune_api.families import FAMILIES
 from kubetune_api.spec import TrainingJob
-from kubetune_trainer.results.drawing import EDIT_LAYOUT, Draw
+from kubetune_trainer.results.drawing import Draw
 from kubetune_trainer.results.sample_clips import Clip
 from kubetune_trainer.results.validation import image_grid, ordered_batches
 
@@ -70,12 +71,12 @@ class Generated:
 
 def accepts_controls(family: str) -> bool:
     """Whether the family edits control images (it reads the edit-pairs layout)."""
-    return EDIT_LAYOUT in FAMILIES[family].layouts
+    return any(DATA_LAYOUTS[layout].edits for layout in FAMILIES[family].layouts)
 
 
 def draws_from_text(family: str) -> bool:
     """Whether the family draws from a prompt alone (it reads a layout besides edit pairs)."""
-    return any(layout != EDIT_LAYOUT for layout in FAMILIES[family].layouts)
+    return any(not DATA_LAYOUTS[layout].edits for layout in FAMILIES[family].layouts)
 
 
 def draws_images(family: str) -> bool:
