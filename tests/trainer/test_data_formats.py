@@ -73,11 +73,11 @@ def test_each_format_holds_the_samples_of_the_loose_files_in_their_order_and_nam
             [[c.read_bytes() for c in s.controls] for s in expected], "the control images, in order"
     assert not any(getattr(s, image).exists() for s in samples), "local containers are read in place"
     if layout == "image-folder":  # the classifier's head is sized and named by the classes
-        from kubetune_trainer.data.stored import read_labelled
+        from kubetune_trainer.data.image_folder import read_labelled
 
         assert read_labelled(spec_for(layout, stored, data_format), Screen(False))[1] == ["circle", "square"]
     if layout == "image-folder":  # the classifier's head is sized and named by the classes
-        from kubetune_trainer.data.stored import read_labelled
+        from kubetune_trainer.data.image_folder import read_labelled
 
         assert read_labelled(spec_for(layout, stored, data_format), Screen(False))[1] == ["circle", "square"]
 

@@ -84,7 +84,7 @@ def shapes():
     """Two pairs of images: a shape, and the same shape in another colour (an edit)."""
     import random
 
-    from kubetune_trainer.data.tiny_data import draw_shape
+    from kubetune_trainer.data.tiny_drawing import draw_shape
 
     def drawn(colour, shape, seed):
         return draw_shape(colour, shape, 32, random.Random(seed))

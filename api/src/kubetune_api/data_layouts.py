@@ -6,11 +6,13 @@ rows; nothing else names a layout, but the families' rows that say which layouts
 How to add a layout:
   1. a row here: its name, what its samples are (clips, edits, labels), whether its loose files are read
      through metadata.jsonl, and the stored formats (spec.data.format) a data set of it can come in;
-  2. its trainer module, kubetune_trainer/data/<layout>.py: reader, keyed data set and collate (see
-     captions.py), and its entry in kubetune_trainer.data.layouts.LAYOUTS (with its stored reader and its
-     loose samples for kubetune_trainer.data.restore_data, where `stored` names formats);
-  3. its tiny data writer in kubetune_trainer.data.tiny_data.WRITERS, for tests and `kubetune tiny-data`;
-  4. the families that read it name it in their rows' `layouts`.
+  2. its module kubetune_trainer/data/<name, "-" as "_">.py (data.layouts finds it by that name): its
+     reader, keyed data set and collate, its tiny data writer (for tests and `kubetune dev tiny-data`),
+     and where the row names stored formats its samples from their records and its loose samples (for
+     data.restore_data), ending in `LAYOUT = Layout(...)` (data.layout_parts; captions.py is the model);
+  3. the families that read it name it in their rows' `layouts`.
+Nothing else changes: tests/unit/test_data_layouts_table.py checks that every row has its module and that
+no other code asks which layout it is.
 """
 from __future__ import annotations
 

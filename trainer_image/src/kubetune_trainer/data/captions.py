@@ -13,17 +13,23 @@ import csv
 import io
 import json
 import logging
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import torch
 
+from kubetune_api.spec import TrainingJobSpec
+from kubetune_api.spec_data import data_columns
 from kubetune_trainer.data.caption_files import read_caption_files
 from kubetune_trainer.data.data_files import data_file, not_text
 from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.data.keyed import KeyedDataset
+from kubetune_trainer.data.layout_parts import Layout
+from kubetune_trainer.data.records import Stored
 from kubetune_trainer.data.screening import Screen
+from kubetune_trainer.data.tiny_drawing import COLOURS, SHAPES, draw_shape
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.storage.confine import UnsafePath, confined
 from kubetune_trainer.storage.stream import IMAGE_SUFFIXES, NotARegularFile, regular_file
@@ -182,3 +188,44 @@ def collate(items: list[dict]) -> dict:
         "full_captions": [item["full_caption"] for item in items],  # before dropout: a cache variant
         "crops": [item["crop"] for item in items],
     }
+
+
+# ---- the layout's parts (kubetune_api.data_layouts' row for it says what it is) ----
+
+def read(spec: TrainingJobSpec, screen: Screen) -> list:
+    image_column, caption_column, *_ = data_columns(spec.data)
+    return read_captions(Path(spec.data.uri), screen, image_column, caption_column)
+
+
+def dataset(samples: list, transform: ImageTransform, spec: TrainingJobSpec, training: bool) -> KeyedDataset:
+    data = spec.data
+    return CaptionsDataset(samples, transform, data.caption_dropout if training else 0.0,
+                                    spec.training.seed, data.bucketing)
+
+
+def from_stored(records: list[Stored], spec: TrainingJobSpec, screen: Screen) -> list:
+    samples = []
+    for record in records:
+        if not isinstance(record.caption, str):
+            screen.reject(record.where, f"its caption is {type(record.caption).__name__}, not text; give every "
+                                        "sample a caption (spec.data.captionColumn names where it is)")
+            continue
+        samples.append(CaptionedImage(record.image, record.caption))
+    return samples
+
+
+def write_tiny(out_dir: Path, count: int = 8, size: int = 64, seed: int = 0) -> Path:
+    """The Hugging Face image-folder convention: images + metadata.jsonl of {file_name, text}."""
+    rng = random.Random(seed)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(count):
+        colour, shape = rng.choice(list(COLOURS)), rng.choice(SHAPES)
+        name = f"{i:04d}.png"
+        draw_shape(colour, shape, size, rng).save(out_dir / name)
+        lines.append(json.dumps({"file_name": name, "text": f"a {colour} {shape}"}))
+    (out_dir / "metadata.jsonl").write_text("\n".join(lines) + "\n")
+    return out_dir
+
+
+LAYOUT = Layout(read, dataset, collate, write_tiny, from_stored=from_stored, loose=loose_samples)

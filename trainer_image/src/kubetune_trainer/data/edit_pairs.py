@@ -8,15 +8,22 @@ more is refused (or skipped, spec.data.skipBad) before training, naming its file
 """
 from __future__ import annotations
 
+import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from PIL import Image
 
+from kubetune_api.families import FAMILIES
+from kubetune_api.spec import TrainingJobSpec
 from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.data.keyed import KeyedDataset
+from kubetune_trainer.data.layout_parts import Layout
+from kubetune_trainer.data.records import Stored
 from kubetune_trainer.data.screening import Screen
+from kubetune_trainer.data.tiny_drawing import COLOURS, SHAPES, draw_shape
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.storage.confine import UnsafePath, inside
 from kubetune_trainer.storage.stream import NotARegularFile, regular_file
@@ -148,3 +155,71 @@ def collate(items: list[dict]) -> dict:
         "full_captions": [item["full_caption"] for item in items],  # before dropout: a cache variant
         "crops": [item["crop"] for item in items],
     }
+
+
+# ---- the layout's parts (kubetune_api.data_layouts' row for it says what it is) ----
+
+def read(spec: TrainingJobSpec, screen: Screen) -> list:
+    """How many control images a sample may have is the family's row's max_references."""
+    family = spec.model.family
+    return read_edit_pairs(Path(spec.data.uri), screen, FAMILIES[family].max_references, family)
+
+
+def dataset(samples: list, transform: ImageTransform, spec: TrainingJobSpec, training: bool) -> KeyedDataset:
+    data = spec.data
+    return EditPairsDataset(samples, transform, data.caption_dropout if training else 0.0,
+                                       data.control_dropout if training else 0.0, spec.training.seed, data.bucketing)
+
+
+def from_stored(records: list[Stored], spec: TrainingJobSpec, screen: Screen) -> list:
+    """Edit pairs: a target image, its control images (as many as the family's row allows) and a
+    non-empty instruction, as loose edit pairs are checked (data.edit_pairs)."""
+    family = spec.model.family
+    most = FAMILIES[family].max_references
+    pairs = []
+    for record in records:
+        if not record.controls:
+            screen.reject(record.where, "has no control image (spec.data.controlColumn names where they are)")
+        elif len(record.controls) > most:
+            screen.reject(record.where, f"has {len(record.controls)} control images; spec.model.family {family} "
+                                        f"takes at most {most}")
+        elif not isinstance(record.caption, str) or not record.caption.strip():
+            screen.reject(record.where, "has no instruction: an edit pair needs its instruction "
+                                        "(spec.data.captionColumn names where it is)")
+        else:
+            pairs.append(EditPair(record.controls, record.image, record.caption.strip()))
+    return pairs
+
+
+def write_tiny(out_dir: Path, count: int = 8, size: int = 64, seed: int = 0,
+               references: int | tuple[int, ...] = 1) -> Path:
+    """control_images/NAME.jpg -> training_images/NAME.png, the instruction in training_images/NAME.txt.
+
+    references: control images per sample (a tuple: per sample in turn). Several are
+    control_images/NAME_0.jpg (the shape before) and NAME_1.jpg, ... (swatches of the colour it
+    becomes), and the instruction names picture 2."""
+    rng = random.Random(seed)
+    counts = references if isinstance(references, tuple) else (references,)
+    (out_dir / "control_images").mkdir(parents=True, exist_ok=True)
+    (out_dir / "training_images").mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        before, after = rng.sample(list(COLOURS), 2)
+        shape = rng.choice(SHAPES)
+        state = rng.getstate()
+        several = counts[i % len(counts)] > 1
+        before_image = draw_shape(before, shape, size, rng)
+        rng.setstate(state)  # the same background and margin: only the colour changes
+        draw_shape(after, shape, size, rng).save(out_dir / "training_images" / f"{i:04d}.png")
+        if not several:
+            before_image.save(out_dir / "control_images" / f"{i:04d}.jpg")
+            (out_dir / "training_images" / f"{i:04d}.txt").write_text(f"make the {shape} {after}\n")
+            continue
+        before_image.save(out_dir / "control_images" / f"{i:04d}_0.jpg")
+        for number in range(1, counts[i % len(counts)]):
+            Image.new("RGB", (size, size), COLOURS[after]).save(out_dir / "control_images" / f"{i:04d}_{number}.jpg")
+        (out_dir / "training_images" / f"{i:04d}.txt").write_text(
+            f"make the {shape} of picture 1 the colour of picture 2 ({after})\n")
+    return out_dir
+
+
+LAYOUT = Layout(read, dataset, collate, write_tiny, from_stored=from_stored, loose=loose_samples)

@@ -8,15 +8,19 @@ or the PMG guide's processed form (processed_dataset/{train,val}.json of FLICKR,
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from kubetune_api.spec import TrainingJobSpec
 from kubetune_trainer.data.data_files import data_file, not_text
 from kubetune_trainer.data.images import ImageTransform
 from kubetune_trainer.data.keyed import KeyedDataset
+from kubetune_trainer.data.layout_parts import Layout
 from kubetune_trainer.data.screening import Screen
+from kubetune_trainer.data.tiny_drawing import COLOURS, SHAPES, draw_shape
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.storage.confine import UnsafePath, confined
 
@@ -116,3 +120,38 @@ def collate(items: list[dict]) -> dict:
         "captions": [item["caption"] for item in items],
         "full_captions": [item["caption"] for item in items],  # PMG drops no caption: always the full one
     }
+
+
+# ---- the layout's parts (kubetune_api.data_layouts' row for it says what it is) ----
+
+def read(spec: TrainingJobSpec, screen: Screen) -> list:
+    return read_pmg(Path(spec.data.uri), screen, spec.pmg_options.train_json)
+
+
+def held_out(spec: TrainingJobSpec, screen: Screen) -> list | None:
+    """spec.valJson, the PMG guide's val split, when given."""
+    val_json = spec.pmg_options.val_json
+    return None if val_json is None else read_pmg(Path(spec.data.uri), screen, val_json)
+
+
+def dataset(samples: list, transform: ImageTransform, spec: TrainingJobSpec, training: bool) -> KeyedDataset:
+    return PmgDataset(samples, transform, spec.training.seed)
+
+
+def write_tiny(out_dir: Path, count: int = 8, size: int = 64, seed: int = 0) -> Path:
+    """data.json of users whose history leans to one colour; their target image shows it."""
+    rng = random.Random(seed)
+    (out_dir / "images").mkdir(parents=True, exist_ok=True)
+    records = []
+    for i in range(count):
+        colour, shape = rng.choice(list(COLOURS)), rng.choice(SHAPES)
+        name = f"images/{i:04d}.png"
+        draw_shape(colour, shape, size, rng).save(out_dir / name)
+        history = [f"{colour} {rng.choice(['shirt', 'car', 'mug', 'poster'])}" for _ in range(3)]
+        records.append({"user_id": f"user{i % 3}", "history": history, "target_image": name,
+                        "target_caption": f"a {colour} {shape}"})
+    (out_dir / "data.json").write_text(json.dumps(records, indent=1))
+    return out_dir
+
+
+LAYOUT = Layout(read, dataset, collate, write_tiny, held_out=held_out)

@@ -24,6 +24,7 @@ into memory (data.video), and named by their container and row or member.
 """
 from __future__ import annotations
 
+import json
 import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -31,11 +32,16 @@ from pathlib import Path
 
 import torch
 
-from kubetune_trainer.data import captions
+from kubetune_api.spec import TrainingJobSpec
+from kubetune_api.spec_data import data_columns, frame_counts
+from kubetune_trainer.data import captions, video
 from kubetune_trainer.data.captions import read_captions
 from kubetune_trainer.data.images import Crop, ImageTransform, cover_size, crop_origin
 from kubetune_trainer.data.keyed import KeyedDataset
-from kubetune_trainer.data.screening import CHECK_THREADS, Screen
+from kubetune_trainer.data.layout_parts import Layout
+from kubetune_trainer.data.records import Stored
+from kubetune_trainer.data.screening import CHECK_THREADS, FileCheck, Screen
+from kubetune_trainer.data.tiny_drawing import COLOURS, SHAPES, draw_shape
 from kubetune_trainer.data.video import ClipError, probe, read_frames
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.storage.stream import VIDEO_SUFFIXES, describe
@@ -172,3 +178,65 @@ def collate(items: list[dict]) -> dict:
     """The captions layout's batch, its pixel_values [B, frames, 3, H, W] (a batch's clips have as many
     frames: the sampler's groups), and each sample's first position in its clip, at fps."""
     return {**captions.collate(items), "frame_starts": [item["frame_start"] for item in items]}
+
+
+# ---- the layout's parts (kubetune_api.data_layouts' row for it says what it is) ----
+
+def read(spec: TrainingJobSpec, screen: Screen) -> list:
+    image_column, caption_column, *_ = data_columns(spec.data)
+    return read_video_captions(Path(spec.data.uri), screen, image_column, caption_column)
+
+
+def dataset(samples: list, transform: ImageTransform, spec: TrainingJobSpec,
+            training: bool) -> KeyedDataset:
+    """A clip's start is drawn per epoch; once per clip with the embedding cache (its latents reused)."""
+    data = spec.data
+    return VideoCaptionsDataset(
+        samples, transform, frame_counts(data.frames), data.fps, data.caption_dropout if training else 0.0,
+        spec.training.seed, data.bucketing, random_start=training, start_per_sample=data.cache.enabled)
+
+
+def check(spec: TrainingJobSpec) -> FileCheck:
+    """Every clip: a video, not empty, and holding the shortest of spec.data.frames at spec.data.fps."""
+    return video.ClipCheck(min(frame_counts(spec.data.frames)), spec.data.fps)
+
+
+def screen_streamed(spec: TrainingJobSpec) -> bool:
+    """Streamed clips are probed before the first step (from their headers, each process its share)
+    only where that step needs them: to batch by their frame counts or aspect ratios, or to skip the
+    bad ones (spec.data.skipBad: every process must leave out the same). Else each is probed as
+    training reaches it, in the loader worker that decodes it, as streamed images are checked."""
+    return spec.data.skip_bad or needs_clip_facts(frame_counts(spec.data.frames), spec.data.bucketing)
+
+
+def from_stored(records: list[Stored], spec: TrainingJobSpec, screen: Screen) -> list:
+    """Video-captions samples: captioned as images are; each clip is then probed by the layout's check."""
+    return [CaptionedClip(sample.path, sample.caption) for sample in captions.from_stored(records, spec, screen)]
+
+
+def write_tiny(out_dir: Path, count: int = 8, size: int = 64, seed: int = 0,
+               frames: int | tuple[int, ...] = 9, fps: int = 16) -> Path:
+    """H.264 .mp4 clips (PyAV) + metadata.jsonl of {file_name, text}: a shape sliding left or right.
+
+    frames: per clip (a tuple: per clip in turn). The sides are rounded up to even (4:2:0 chroma)."""
+    import numpy as np
+
+    rng = random.Random(seed)
+    side = size + size % 2
+    counts = frames if isinstance(frames, tuple) else (frames,)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(count):
+        colour, shape, direction = rng.choice(list(COLOURS)), rng.choice(SHAPES), rng.choice(("left", "right"))
+        still = np.asarray(draw_shape(colour, shape, side, rng))
+        length = counts[i % len(counts)]
+        step = max(1, side // (2 * length)) * (1 if direction == "right" else -1)
+        name = f"{i:04d}.mp4"
+        video.write_clip(out_dir / name, [np.roll(still, step * t, axis=1) for t in range(length)], fps)
+        lines.append(json.dumps({"file_name": name, "text": f"a {colour} {shape} moving {direction}"}))
+    (out_dir / "metadata.jsonl").write_text("\n".join(lines) + "\n")
+    return out_dir
+
+
+LAYOUT = Layout(read, dataset, collate, write_tiny, check=check, from_stored=from_stored,
+                screen_streamed=screen_streamed, loose=loose_samples)

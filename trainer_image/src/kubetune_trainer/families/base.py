@@ -16,7 +16,8 @@ import torch
 from kubetune_api.spec import TrainingJobSpec, encoders_on_gpu
 from kubetune_trainer.data.cache import EmbeddingCache, Encoded, Encoder
 from kubetune_trainer.data.images import ImageTransform
-from kubetune_trainer.data.layouts import LAYOUTS, Layout
+from kubetune_trainer.data.layout_parts import Layout
+from kubetune_trainer.data.layouts import LAYOUTS
 from kubetune_trainer.data.keyed import split_held_out
 from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.training.device_copy import to_device

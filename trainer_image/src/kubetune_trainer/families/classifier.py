@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from kubetune_trainer.checkpoint.sharded import STATE_DIR, saved_trained_weights
 from kubetune_trainer.results.classification_metrics import classification_metrics
-from kubetune_trainer.data.stored import read_labelled
+from kubetune_trainer.data.image_folder import read_labelled
 from kubetune_trainer.training.device_copy import to_device
 from kubetune_trainer.errors import ConfigError
 from kubetune_trainer.families.base import ModelFamily
