@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import threading
 import time
 
@@ -30,13 +31,26 @@ MAX_STEPS, EVERY = 60, 5
 PAST_FIRST_CHECKPOINT = 8  # steps after a (re)start at which the test stops the job: past a checkpoint
 
 
-def two_by_two(inputs: dict, name: str) -> dict:
-    """The example on 2 CPU pods x 2 processes; batchSize 1 per process keeps the global batch at 4."""
+def two_by_two(inputs: dict, name: str, image: str) -> dict:
+    """The example on 2 CPU pods x 2 processes; batchSize 1 per process keeps the global batch at 4. Its pods
+    run as real containers of IMAGE (our trainer image: the dev cluster runs `localhost/` images in podman)."""
     manifest = example_job(inputs, name, f"runs/{name}", maxSteps=MAX_STEPS, batchSize=1)
+    manifest["spec"]["image"] = image
     manifest["spec"]["resources"] = {"nodes": 2, "gpusPerNode": 0}
     manifest["spec"]["distributed"] = {"processesPerNode": 2}
     manifest["spec"]["checkpoints"].update(everySteps=EVERY, keepLast=2)
     return manifest
+
+
+def trainer_containers(image: str) -> list[dict]:
+    """The running containers of IMAGE in podman's store: their user and whether their root is read-only."""
+    ids = subprocess.run(["podman", "ps", "--quiet", "--filter", f"ancestor={image}"], capture_output=True,
+                         text=True, check=True, timeout=60).stdout.split()
+    if not ids:
+        return []
+    inspected = json.loads(subprocess.run(["podman", "inspect", *ids], capture_output=True, text=True, check=True,
+                                          timeout=60).stdout)
+    return [{"user": c["Config"]["User"], "read_only": c["HostConfig"]["ReadonlyRootfs"]} for c in inspected]
 
 
 def node_rank(pod, backend: str) -> int | None:
@@ -160,7 +174,8 @@ LOST_NODES = {"pytorchjob": (0, 1), "trainjob": (0,)}
 
 
 def test_a_2x2_job_that_loses_pods_then_is_resized_to_1x2_continues_one_run_to_the_end(
-        control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3, s3, pods):
+        control_plane, api_client, core, backend, operator_release, job_namespace, inputs_in_s3, s3, pods,
+        built_images):
     """One job carries each story in turn (one job instead of one per story: each costs four trainer
     processes' start and a run to the end, ~80-120 s on the test machine; this test takes ~2-2.5 min):
 
@@ -170,11 +185,19 @@ def test_a_2x2_job_that_loses_pods_then_is_resized_to_1x2_continues_one_run_to_t
     * then suspended: the pods take a last checkpoint and go; resized while suspended to 1 node x 2
       processes, the child and the trainer config follow with an Event saying so; resumed, one pod of
       2 processes continues the same run from the checkpoint 4 processes wrote, to the end.
+
+    Its pods are REAL CONTAINERS of our trainer image, under the securityContext the operator renders: the
+    SIGTERMs, the rendezvous between two pods' four processes and the exit codes all go through podman.
     """
     name = "preempted"
     lost_nodes = LOST_NODES[backend]
     started = time.monotonic()
-    kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(two_by_two(inputs_in_s3, name)))
+    manifest = two_by_two(inputs_in_s3, name, built_images["trainer"])
+    kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(manifest))
+    wait_for_step(api_client, core, control_plane, job_namespace, name, 1)
+    running = trainer_containers(built_images["trainer"])
+    assert [(c["user"], c["read_only"]) for c in running] == [("10001:10001", True)] * 2, \
+        f"both nodes' pods train in containers of the image, as 10001 on a read-only root: {running}"
     resumed = 0
     for lost in lost_nodes:
         resumed = lose_a_pod_mid_run(lost, resumed, control_plane, api_client, core, job_namespace, name, pods)
