@@ -20,6 +20,7 @@ import yaml
 from kubernetes import client, config
 
 from kubetune_dev.cluster import Cluster
+from kubetune_dev.images import REAL_IMAGE_REGISTRY
 from kubetune_trainer.data.tiny_data import write_tiny_data
 from kubetune_trainer.models.tiny_models import write_tiny_model
 from tests.conftest import REPO
@@ -27,7 +28,8 @@ from tests.e2e.jobs import BUCKET, OPERATOR_NAMESPACE, os_env
 
 
 @pytest.fixture(scope="session")
-def control_plane(tmp_path_factory):
+def control_plane(tmp_path_factory, built_images):
+    # Its trainer pods run as real containers of our images (helm_values): they must be current (built_images).
     # One control plane per machine at a time: pod addresses (127.1.x.y) are not per cluster, so
     # a second test session waits here for the first to finish.
     lock_path = Path(os.environ.get("KUBETUNE_CACHE", Path.home() / ".cache" / "kubetune")) / "control-plane.lock"
@@ -173,13 +175,18 @@ def uninstall_chart(control_plane) -> None:
                    env={**os_env(), **control_plane.env()}, capture_output=True)
 
 
+# Every trainer pod the e2e jobs start (generation and evaluation too) is a real container of our trainer image
+# under the securityContext the operator renders: the dev cluster runs images of this registry in podman.
+TRAINER_IMAGE = f"{REAL_IMAGE_REGISTRY}/kubetune/trainer:dev"
+
+
 def helm_values(env: dict, backend: str) -> list[str]:
-    """The chart values of the e2e release: local images and S3, fast progress polls, BACKEND,
+    """The chart values of the e2e release: local images (the trainer's run as containers) and S3, fast progress polls, BACKEND,
     Kueue's Workloads readable (this control plane runs Kueue), the webhook's Service on 8443,
     and one CPU requested per trainer process: the tests' machine has two cores and runs a second
     test worker beside the cluster, so each trainer process takes one CPU thread (cpu_threads)."""
     return ["--set", "operator.image.repository=kubetune/operator", "--set", "operator.image.tag=dev",
-            "--set", "trainer.image=kubetune/trainer:dev",
+            "--set", f"trainer.image={TRAINER_IMAGE}",
             "--set", f"s3.endpointUrl={env['AWS_ENDPOINT_URL']}", "--set-string", "s3.pathStyle=true",
             "--set", f"s3.region={env['AWS_DEFAULT_REGION']}",
             "--set", "operator.progressIntervalSeconds=1", "--set", f"backend={backend}",

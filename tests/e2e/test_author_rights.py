@@ -13,7 +13,7 @@ from tests.e2e.waiting import eventually
 
 pytestmark = pytest.mark.e2e
 IDENTITY = "trainer-identity"  # e.g. a ServiceAccount bound to a cloud IAM role with bucket access
-ALLOWED = "kubetune/"          # the e2e trainer image is kubetune/trainer:dev
+ALLOWED = "localhost/kubetune/"  # the e2e trainer image is localhost/kubetune/trainer:dev (conftest.TRAINER_IMAGE)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def test_an_image_outside_the_allowed_registries_is_refused_at_admission(control
         check=False)).returncode != 0 and result, timeout=120, interval=1, message="the webhook refusing the image")
     assert "spec.image: 'docker.io/someone/trainer:latest' is not from a registry this cluster allows" \
         in refused.stderr, refused.stderr
-    manifest["spec"]["image"] = "kubetune/trainer:other-tag"
+    manifest["spec"]["image"] = f"{ALLOWED}trainer:other-tag"
     admitted = kubectl(control_plane, "apply", "--dry-run=server", "-n", job_namespace, "-f", "-",
                        input=yaml.safe_dump(manifest), check=False)
     assert admitted.returncode == 0, admitted.stderr
