@@ -13,6 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from kubetune_api.spec_data import DATA_FORMATS, DataSpec
+from kubetune_api.data_layouts import stored_as
 from kubetune_trainer.data.layouts import LAYOUTS
 from kubetune_trainer.data.screening import Screen
 from kubetune_trainer.errors import ConfigError
@@ -120,8 +121,8 @@ def test_a_control_column_of_lists_of_bytes_or_of_paths_reads_as_lists_of_struct
 
 def test_the_trainer_reads_exactly_the_layouts_the_api_lets_each_format_hold():
     stored = {name for name, layout in LAYOUTS.items() if layout.from_stored is not None}
-    for name, row in DATA_FORMATS.items():
-        assert set(row.layouts) == (set(LAYOUTS) if name == "files" else stored), name
+    for name in DATA_FORMATS:
+        assert set(stored_as(name)) == (set(LAYOUTS) if name == "files" else stored), name
 
 
 def truncate_last_member(root: Path) -> Path:

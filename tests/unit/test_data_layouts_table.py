@@ -8,8 +8,8 @@ from typing import get_args
 
 import pytest
 
-from kubetune_api.data_layouts import DATA_LAYOUTS, layouts_where
-from kubetune_api.spec_data import DATA_FORMATS, Layout
+from kubetune_api.data_layouts import DATA_LAYOUTS, stored_as
+from kubetune_api.spec_data import DATA_FORMATS, DataSpec, Layout
 
 
 def test_the_spec_and_every_format_take_their_layouts_from_the_rows():
@@ -17,11 +17,17 @@ def test_the_spec_and_every_format_take_their_layouts_from_the_rows():
 
     schema = TrainingJobSpec.model_json_schema()["$defs"]["DataSpec"]["properties"]["layout"]
     assert list(get_args(Layout)) == schema["enum"] == list(DATA_LAYOUTS)
-    assert DATA_FORMATS["files"].layouts == tuple(DATA_LAYOUTS)
+    assert stored_as("files") == tuple(DATA_LAYOUTS)
     for name, row in DATA_LAYOUTS.items():
         assert set(row.stored) <= set(DATA_FORMATS) - {"files"}, f"{name} names a format that does not exist"
-        assert all(name in DATA_FORMATS[data_format].layouts for data_format in row.stored)
-    assert layouts_where(clips=True) == tuple(n for n, r in DATA_LAYOUTS.items() if r.clips)
+        for data_format in DATA_FORMATS:
+            takes = DataSpec.model_validate  # the format rule, as the webhook runs it
+            data = {"layout": name, "uri": "/data", "format": data_format, **({"frames": 5} if row.clips else {})}
+            if data_format == "files" or data_format in row.stored:
+                takes(data)
+            else:
+                with pytest.raises(ValueError, match="spec.data.format does not fit spec.data.layout"):
+                    takes(data)
 
 
 def test_the_trainer_reads_stores_and_writes_tiny_data_for_every_row():

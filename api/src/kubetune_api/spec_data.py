@@ -98,9 +98,8 @@ def frames_ok(value: Frames) -> bool:
 @dataclass(frozen=True)
 class DataFormat:
     """How one spec.data.format stores samples: the names its columns go by when the spec names none (the
-    Hugging Face conventions of each). The layouts it can hold are their rows' (kubetune_api.data_layouts)."""
+    Hugging Face conventions of each). The layouts it can hold are their rows' (data_layouts.stored_as)."""
 
-    name: str
     image_column: str | None    # None: a WebDataset sample's image member, whatever its extension
     caption_column: str
     label_column: str | None    # None: labels are not in columns (files: the class folders)
@@ -108,22 +107,18 @@ class DataFormat:
     description: str
     video_column: str | None = None  # the video layouts' image column (None: a WebDataset clip member)
 
-    @property
-    def layouts(self) -> tuple[str, ...]:
-        return stored_as(self.name)
-
 
 DATA_FORMATS: dict[str, DataFormat] = {
-    "files": DataFormat("files", "file_name", "text", None, None,  # every layout's own loose files
+    "files": DataFormat("file_name", "text", None, None,  # every layout's own loose files
                         "loose files as the layout describes them", video_column="file_name"),
-    "parquet": DataFormat("parquet", "image", "text", "label",
+    "parquet": DataFormat("image", "text", "label",
                           "control_image",
                           "*.parquet files as Hugging Face datasets saves them: an image column of {bytes, path} "
                           "structs, bytes, or paths relative to the data folder, and a caption (or label) column; "
                           "edit pairs add a control image column (one image or a list of them); video-captions "
                           "reads clips from a video column alike",
                           video_column="video"),
-    "webdataset": DataFormat("webdataset", None, "text", "label",
+    "webdataset": DataFormat(None, "text", "label",
                              "control",
                              "WebDataset *.tar shards: each sample is the members sharing a KEY, KEY.jpg/png/webp "
                              "with KEY.txt (or KEY.json's caption column) or KEY.cls (or KEY.json's label column); "
@@ -146,11 +141,11 @@ DATA_RULES = [
          lambda data: data.resolution is None or resolution_ok(data.resolution),
          "spec.data.resolution: give one side for a square (512, 1024) or [width, height] (e.g. [832, 576]), "
          "each 8 to 4096 pixels in multiples of 8"),
-    Rule(" || ".join(f"(self.format == '{name}' && self.layout in {list(row.layouts)})"
+    Rule(" || ".join(f"(self.format == '{name}' && self.layout in {list(stored_as(name))})"
                      for name, row in DATA_FORMATS.items()),
-         lambda data: data.layout in DATA_FORMATS[data.format].layouts,
+         lambda data: data.layout in stored_as(data.format),
          "spec.data.format does not fit spec.data.layout: "
-         + "; ".join(f"{name} stores {', '.join(row.layouts)}" for name, row in DATA_FORMATS.items())
+         + "; ".join(f"{name} stores {', '.join(stored_as(name))}" for name in DATA_FORMATS)
          + " (use format files, loose files, for the others)"),
     Rule(f"!has(self.captionColumn) || {layout_in(METADATA_LAYOUTS)} || ({layout_in(STORED_CAPTION_LAYOUTS)} "
          "&& self.format != 'files')",
@@ -204,7 +199,7 @@ class DataSpec(SpecModel):
         description="How the samples are stored: "
         + "; ".join(f"{name}: {row.description}" for name, row in DATA_FORMATS.items())
         + ". Read from a local path or streamed from s3:// alike; parquet and webdataset hold "
-        + " and ".join(DATA_FORMATS["parquet"].layouts) + " data.",
+        + " and ".join(stored_as("parquet")) + " data.",
     )
     image_column: Optional[str] = Field(
         default=None, min_length=1, max_length=253,
