@@ -215,13 +215,13 @@ class WarmProcess:
         self._conn.close()
 
 
-def _start_from_server(socket_path: str, server_env: dict[str, str], command: list[str], env: dict[str, str],
+def _start_from_server(socket_path: str, server_env: dict[str, str], start, command: list[str], env: dict[str, str],
                        stdout=None, stderr=None):
     """kubetune_trainer.process.spawn.start in a process this server forked: a WarmProcess where the
-    command and environment allow, else what spawn.start does."""
+    command and environment allow, else START (spawn.start itself)."""
     found = module_of(command)
     if found is None or not _same_at_import(server_env, env):
-        return subprocess.Popen(command, env=env, stdout=stdout, stderr=stderr)
+        return start(command, env, stdout=stdout, stderr=stderr)
     out = 1 if stdout is None else stdout.fileno()
     err = out if stderr == subprocess.STDOUT else 2 if stderr is None else stderr.fileno()
     return WarmProcess(socket_path, *found, env, [0, out, err])
@@ -270,7 +270,7 @@ def _become(request: dict, fds: list[int], socket_path: str, server_env: dict[st
     os.environ.update(request["env"])
     if parent_watch.LAUNCHER_PID_VARIABLE in os.environ:  # a launcher's worker: its parent is the keeper,
         os.environ[parent_watch.LAUNCHER_PID_VARIABLE] = str(os.getppid())  # which outlives it by design
-    spawn.start = functools.partial(_start_from_server, socket_path, server_env)
+    spawn.start = functools.partial(_start_from_server, socket_path, server_env, spawn.start)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     sys.argv = ["-m", *request["args"]]
     try:

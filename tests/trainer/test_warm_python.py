@@ -68,9 +68,9 @@ def alive(pid: int) -> bool:
 
 
 def trainer_env() -> dict[str, str]:
-    from tests.trainer.conftest import trainer_env
-
-    return trainer_env()
+    """The environment the server was started with: a request in it is always forked, whatever an earlier test
+    of this worker left in os.environ (which would send trainer_env()'s requests to a fresh interpreter)."""
+    return dict(warm_python.SERVER_ENV)
 
 
 def test_a_forked_process_starts_its_children_forked_too_and_signals_and_waits_for_them_as_popen_does():
