@@ -19,6 +19,7 @@ import pytest
 import yaml
 from kubernetes import client, watch
 
+from kubetune_dev.podrunner import POD_DIR_LABEL
 from tests.e2e.jobs import BUCKET, backend_of, example_job, get_child, get_job, kubectl, operator_log, phase
 from tests.e2e.waiting import eventually
 
@@ -42,10 +43,13 @@ def two_by_two(inputs: dict, name: str, image: str) -> dict:
     return manifest
 
 
-def trainer_containers(image: str) -> list[dict]:
-    """The running containers of IMAGE in podman's store: their user and whether their root is read-only."""
-    ids = subprocess.run(["podman", "ps", "--quiet", "--filter", f"ancestor={image}"], capture_output=True,
-                         text=True, check=True, timeout=60).stdout.split()
+def trainer_containers(control_plane, namespace: str, image: str) -> list[dict]:
+    """The running containers of IMAGE that this dev cluster's kubelet started for pods of NAMESPACE (tests/images
+    may run the same image beside it): their user and whether their root is read-only."""
+    ids = subprocess.run(["podman", "ps", "--quiet", "--filter", f"ancestor={image}", "--filter",
+                          f"label={POD_DIR_LABEL}={control_plane.kubelet_state / 'pods'}",
+                          "--filter", f"name=_{namespace}_"], capture_output=True, text=True, check=True,
+                         timeout=60).stdout.split()
     if not ids:
         return []
     inspected = json.loads(subprocess.run(["podman", "inspect", *ids], capture_output=True, text=True, check=True,
@@ -195,7 +199,7 @@ def test_a_2x2_job_that_loses_pods_then_is_resized_to_1x2_continues_one_run_to_t
     manifest = two_by_two(inputs_in_s3, name, built_images["trainer"])
     kubectl(control_plane, "apply", "-n", job_namespace, "-f", "-", input=yaml.safe_dump(manifest))
     wait_for_step(api_client, core, control_plane, job_namespace, name, 1)
-    running = trainer_containers(built_images["trainer"])
+    running = trainer_containers(control_plane, job_namespace, built_images["trainer"])
     assert [(c["user"], c["read_only"]) for c in running] == [("10001:10001", True)] * 2, \
         f"both nodes' pods train in containers of the image, as 10001 on a read-only root: {running}"
     resumed = 0
