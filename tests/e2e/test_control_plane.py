@@ -3,6 +3,7 @@ collection, the Kubeflow training operator, pods run by the process kubelet, S3 
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 import urllib.parse
@@ -14,7 +15,7 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from kubetune_api.ports import free_listen_port
-from kubetune_dev.versions import versions
+from kubetune_dev.versions import binary, versions
 from tests.e2e.waiting import eventually
 
 pytestmark = pytest.mark.e2e
@@ -179,6 +180,39 @@ def test_deleting_a_pod_stops_its_process_with_sigterm(control_plane, core, name
     watching.join(timeout=10)
     assert ("MODIFIED", "Failed", 143) in seen, seen
     assert seen[-1][0] == "DELETED", seen
+
+
+def test_kubectl_logs_reads_a_pods_last_start_the_one_before_and_follows_it_through_the_kubelets_api(
+        control_plane, core, namespace):
+    """`kubectl logs` goes API server -> the kubelet's API (kubetune_dev.kubelet_api) as on any node: the
+    container's last start, `--previous`, `--tail`, `-f` until the container ends; what the dev cluster's
+    kubelet cannot answer (per-line times) is refused saying so."""
+    script = ("import pathlib, sys, time;"
+              "marker = pathlib.Path('/scratch/started');"
+              "first = not marker.exists(); marker.touch();"
+              "print('first start' if first else 'second start', flush=True);"
+              "first and sys.exit(1);"
+              "[print(f'line {i}', flush=True) or time.sleep(0.5) for i in range(6)]")
+    core.create_namespaced_pod(namespace, {"metadata": {"name": "talker"}, "spec": {
+        "restartPolicy": "OnFailure",
+        "containers": [{"name": "main", "image": "python:3.11", "command": ["python", "-c", script],
+                        "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]}],
+        "volumes": [{"name": "scratch", "emptyDir": {}}]}})
+
+    def restarted_and_running() -> bool:
+        statuses = core.read_namespaced_pod("talker", namespace).status.container_statuses or []
+        return bool(statuses) and statuses[0].restart_count == 1 and statuses[0].state.running is not None
+
+    eventually(restarted_and_running, timeout=60, message="the container restarted once")
+    kubectl = [str(binary("kubectl")), "--kubeconfig", str(control_plane.kubeconfig()), "-n", namespace]
+    followed = subprocess.run([*kubectl, "logs", "-f", "talker"], capture_output=True, text=True, timeout=60)
+    assert followed.returncode == 0, followed.stderr
+    assert followed.stdout == "second start\n" + "".join(f"line {i}\n" for i in range(6)), \
+        "-f streams the running start to its end, and ends with it"
+    assert control_plane.kubectl("logs", "talker", "-n", namespace, "--previous").stdout == "first start\n"
+    assert control_plane.kubectl("logs", "talker", "-n", namespace, "--tail", "2").stdout == "line 4\nline 5\n"
+    refused = control_plane.kubectl("logs", "talker", "-n", namespace, "--timestamps", check=False)
+    assert refused.returncode != 0 and "keeps no time per log line" in refused.stderr, refused.stderr
 
 
 def _record_until_deleted(core, namespace: str, name: str, seen: list) -> None:

@@ -28,6 +28,10 @@ CLIENTS = {
 }
 
 SERVING_KEY_USAGE = "extendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n"
+CLIENT_KEY_USAGE = "extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n"
+# The only client the kubelet's API answers (kubelet_api.py): the API server, which presents this
+# certificate (--kubelet-client-certificate) when it forwards `kubectl logs`. It holds no RBAC rights.
+KUBELET_CLIENT = "kube-apiserver-kubelet-client"
 
 SERVING_NAMES = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
                  "kubernetes.default.svc.cluster.local"]
@@ -57,14 +61,17 @@ def ensure_pki(pki: Path) -> None:
     if not (pki / "apiserver.crt").exists():
         sans = ",".join(["IP:127.0.0.1", "IP:127.2.0.1"] + [f"DNS:{n}" for n in SERVING_NAMES])
         _sign(pki, "apiserver", "/CN=kube-apiserver", f"subjectAltName={sans}\n{SERVING_KEY_USAGE}")
+    if not (pki / "kubelet-serving.crt").exists():  # the kubelet's API, which the API server calls
+        _sign(pki, "kubelet-serving", "/CN=kubetune-dev", f"subjectAltName=IP:127.0.0.1\n{SERVING_KEY_USAGE}")
+    if not (pki / f"{KUBELET_CLIENT}.crt").exists():  # the API server's identity towards the kubelet
+        _sign(pki, KUBELET_CLIENT, f"/CN={KUBELET_CLIENT}", CLIENT_KEY_USAGE)
     if not (pki / "webhooks.crt").exists():
         _sign(pki, "webhooks", "/CN=kubetune-dev-webhooks",
               f"subjectAltName=IP:127.0.0.1,DNS:localhost\n{SERVING_KEY_USAGE}")
     for stem, (user, groups) in CLIENTS.items():
         if not (pki / f"{stem}.crt").exists():
             subject = "".join(f"/O={g}" for g in groups) + f"/CN={user}"
-            _sign(pki, stem, subject,
-                  "extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n")
+            _sign(pki, stem, subject, CLIENT_KEY_USAGE)
     if not (pki / "sa.pub").exists():
         _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
         _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)

@@ -34,7 +34,7 @@ from kubetune_dev.webhooks import ca_bundle
 
 REPO_CRDS = Path(__file__).resolve().parents[3] / "manifests" / "crd"
 PORT_NAMES = ["etcd", "etcd_peer", "apiserver", "operator_metrics", "operator_health", "operator_webhook",
-              "s3", "prometheus"] + [f"{c.name}_{kind}" for c in CONTROLLERS for kind in ("webhook", "health")]
+              "s3", "prometheus", "kubelet"] + [f"{c.name}_{kind}" for c in CONTROLLERS for kind in ("webhook", "health")]
 REGION = "us-east-1"
 
 
@@ -187,7 +187,13 @@ class Cluster:
                 # reaches Services (a webhook's clientConfig.service) as in a cluster (serviceproxy.py).
                 "--service-cluster-ip-range=127.2.0.0/16", "--allow-privileged=true", "--profiling=false",
                 # Endpoints may not hold loopback addresses; pods reach the API server directly.
-                "--endpoint-reconciler-type=none"],
+                "--endpoint-reconciler-type=none",
+                # The kubelet's API (`kubectl logs`): at the node's InternalIP, since no resolver knows its
+                # hostname; its certificate checked against our CA, ours presented to it.
+                "--kubelet-preferred-address-types=InternalIP",
+                f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+                f"--kubelet-client-certificate={pki / (certs.KUBELET_CLIENT + '.crt')}",
+                f"--kubelet-client-key={pki / (certs.KUBELET_CLIENT + '.key')}"],
                 lambda: self.api_get("/readyz")[0] == 200, timeout=90),
             Component("kube-controller-manager", lambda: [
                 str(versions.binary("kube-controller-manager")),
@@ -222,7 +228,7 @@ class Cluster:
             Component("kubelet", lambda: [
                 sys.executable, "-m", "kubetune_dev.kubelet", f"--kubeconfig={self.kubeconfig('kubelet')}",
                 f"--state={self.kubelet_state}", f"--api-port={p('apiserver')}",
-                f"--prometheus-targets={self.prometheus_targets}"],
+                f"--prometheus-targets={self.prometheus_targets}", f"--port={p('kubelet')}", f"--pki={pki}"],
                 self._kubelet_ready),
         ]
 
@@ -317,7 +323,7 @@ class Cluster:
             # nobody serves would refuse every request it matches.
             start = time.monotonic()
             configurations = controller.webhook_configurations(self.ports[f"{controller.name}_webhook"], self._ca)
-            self._apply(configurations)
+            self._apply(configurations + controller.public_objects())
             self.log(f"{controller.name + ' webhooks':24} {sum(len(c['webhooks']) for c in configurations)} "
                      f"registered in {time.monotonic() - start:.1f} s")
         for name in ["s3", "prometheus", "kubelet"]:

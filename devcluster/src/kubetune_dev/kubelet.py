@@ -10,6 +10,7 @@ Each second it reconciles the API's view with the processes it runs:
     from the API, which is the kubelet's part in graceful deletion;
   * rewrites every running pod's hosts file from the current pods and services;
   * forwards each Service's cluster IP and port to a ready pod it selects (serviceproxy.py);
+  * serves the kubelet's API on its port for the API server (`kubectl logs`: kubelet_api.py);
   * lists pods annotated `prometheus.io/scrape: "true"` (port and path from `prometheus.io/port`
     and `prometheus.io/path`) as Prometheus file_sd targets, standing in for Kubernetes service
     discovery.
@@ -30,6 +31,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from kubetune_dev import container_runtime, hosts, processes, serviceproxy
+from kubetune_dev.kubelet_api import KubeletAPI
 from kubetune_dev.podrunner import POD_DIR_LABEL, PodRunner, now
 from kubetune_dev.volumes import unschedulable_claims
 
@@ -52,8 +54,11 @@ class Addresses:
 
 
 class Kubelet:
-    def __init__(self, api: client.CoreV1Api, state: Path, api_port: int, prometheus_targets: Path | None = None):
+    def __init__(self, api: client.CoreV1Api, state: Path, api_port: int, prometheus_targets: Path | None = None,
+                 node_port: int | None = None, pki: Path | None = None):
+        """NODE_PORT: where the kubelet's API listens, with PKI's serving certificate (None: no API)."""
         self.api, self.state, self.prometheus_targets = api, state, prometheus_targets
+        self.node_api = KubeletAPI(node_port, pki, self.find_pod) if node_port else None
         self.pods_dir = state / "pods"
         self.pods_dir.mkdir(parents=True, exist_ok=True)
         self.addresses = Addresses(state / "next-pod-ip")
@@ -84,6 +89,7 @@ class Kubelet:
         status = {"capacity": capacity, "allocatable": capacity,
                   "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
                                 {"type": "Hostname", "address": NODE_NAME}],
+                  "daemonEndpoints": {"kubeletEndpoint": {"Port": self.node_api.server_port if self.node_api else 0}},
                   "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                   "message": "process kubelet is posting ready status",
                                   "lastHeartbeatTime": now(), "lastTransitionTime": now()}],
@@ -96,6 +102,8 @@ class Kubelet:
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
         self._kill_leftovers()
+        if self.node_api is not None:
+            self.node_api.start()
         self.register()
         self.sync()
         (self.state / "ready").write_text(str(os.getpid()))
@@ -198,6 +206,11 @@ class Kubelet:
                 raise
         self._forget(meta["uid"])
 
+    def find_pod(self, namespace: str, name: str) -> PodRunner | None:
+        """The pod NAMESPACE/NAME this kubelet runs or ran, while the API still holds it (for its API)."""
+        return next((runner for runner in list(self.runners.values())
+                     if runner.meta["namespace"] == namespace and runner.meta["name"] == name), None)
+
     def _forget(self, uid: str) -> None:
         runner = self.runners.pop(uid, None)
         if runner is not None:
@@ -239,6 +252,8 @@ class Kubelet:
     def shutdown(self) -> None:
         """Stop every pod (kubelet exit means its containers go too: nothing outlives `dev down`)."""
         self.proxy.close()
+        if self.node_api is not None:
+            self.node_api.close()
         for runner in self.runners.values():
             runner.stop(5)
         for runner in self.runners.values():
@@ -261,10 +276,12 @@ def main() -> None:
     parser.add_argument("--state", required=True, type=Path)
     parser.add_argument("--api-port", required=True, type=int)
     parser.add_argument("--prometheus-targets", type=Path, help="file_sd directory for annotated pods")
+    parser.add_argument("--port", type=int, required=True, help="the kubelet's API (kubelet_api.py)")
+    parser.add_argument("--pki", type=Path, required=True, help="its serving certificate and the CA it trusts")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     api = client.CoreV1Api(config.new_client_from_config(config_file=args.kubeconfig))
-    kubelet = Kubelet(api, args.state, args.api_port, args.prometheus_targets)
+    kubelet = Kubelet(api, args.state, args.api_port, args.prometheus_targets, args.port, args.pki)
     signal.signal(signal.SIGTERM, lambda *_: kubelet.stopped.set())
     signal.signal(signal.SIGINT, lambda *_: kubelet.stopped.set())
     kubelet.run()

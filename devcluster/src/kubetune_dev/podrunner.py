@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -49,6 +49,10 @@ class Container:
     last_state: dict | None = None
     restart_at: float = 0.0  # monotonic time before which a restart waits (back-off)
     container_name: str | None = None  # a real container's name in podman (None: a local process)
+    # The container's log file holds every start's output, a line `--- restart N ---` between two. For
+    # each start: (where the previous start's output ended, where this start's begins); `kubectl logs`
+    # reads the last start's, `--previous` the one before (kubelet_api.py).
+    log_starts: list[tuple[int, int]] = field(default_factory=list)
 
     def status(self, image: str) -> dict:
         return {"name": self.spec["name"], "image": image, "imageID": "", "restartCount": self.restarts,
@@ -83,6 +87,13 @@ class PodRunner(threading.Thread):
     @property
     def finished(self) -> bool:
         return not self.is_alive()
+
+    # ---- read by the kubelet's API (`kubectl logs`) --------------------------------------------
+    def container(self, name: str) -> Container | None:
+        return next((c for c in self.init + self.main if c.spec["name"] == name), None)
+
+    def log_file(self, name: str) -> Path:
+        return self.dir / "logs" / f"{name}.log"
 
     # ---- the pod's life -----------------------------------------------------------------------
     def run(self) -> None:
@@ -242,12 +253,14 @@ class PodRunner(threading.Thread):
         return self.pod["spec"].get("hostname") or self.meta["name"][:63]
 
     def _launch(self, c: Container, argv: list[str]) -> None:
-        log_file = self.dir / "logs" / f"{c.spec['name']}.log"
+        log_file = self.log_file(c.spec["name"])
         log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(log_file, "ab") as out:
+            previous_end = out.tell()
             if c.restarts:
                 out.write(f"--- restart {c.restarts} at {now()} ---\n".encode())
                 out.flush()
+            c.log_starts.append((previous_end, out.tell()))
             c.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                       start_new_session=True)
         # Recorded so that `kubetune dev down` can stop it even if this kubelet died.

@@ -1,0 +1,128 @@
+"""The dev cluster kubelet's API (kubetune_dev.kubelet_api) as the API server calls it for `kubectl logs`:
+over TLS with the API server's client certificate, a container's last start or the one before, tail and
+byte limits, following until the container ends, and refusals that say what to do. The e2e suite reads
+logs through a real API server with kubectl (tests/e2e/test_control_plane.py)."""
+from __future__ import annotations
+
+import http.client
+import ssl
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kubetune_api.ports import free_listen_port
+from kubetune_dev import certs
+from kubetune_dev.kubelet_api import KubeletAPI
+from kubetune_dev.podrunner import Container
+
+
+class StandInPod:
+    """The two things the API reads of a pod runner: its containers and their log files."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.containers = {"main": Container({"name": "main"})}
+
+    def container(self, name: str) -> Container | None:
+        return self.containers.get(name)
+
+    def log_file(self, name: str) -> Path:
+        return self.directory / f"{name}.log"
+
+    def start(self, output: bytes) -> None:
+        """The container starts (again), writing OUTPUT, as PodRunner._launch lays out its log."""
+        c, file = self.containers["main"], self.log_file("main")
+        with open(file, "ab") as out:
+            end = out.tell()
+            if c.log_starts:
+                out.write(b"--- restart ---\n")
+            c.log_starts.append((end, out.tell()))
+            out.write(output)
+        c.proc = object()  # running
+
+    def write(self, output: bytes) -> None:
+        with open(self.log_file("main"), "ab") as out:
+            out.write(output)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("pki")
+    certs.ensure_pki(directory)
+    return directory
+
+
+@pytest.fixture
+def kubelet(pki, tmp_path):
+    pod = StandInPod(tmp_path)
+    server = KubeletAPI(free_listen_port(), pki, lambda namespace, name: pod if (namespace, name) == ("ns", "p") else None)
+    server.start()
+    yield server, pod
+    server.close()
+
+
+def get(server: KubeletAPI, pki: Path, path: str, client: str | None = certs.KUBELET_CLIENT) -> tuple[int, bytes]:
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    if client:
+        context.load_cert_chain(pki / f"{client}.crt", pki / f"{client}.key")
+    connection = http.client.HTTPSConnection("127.0.0.1", server.server_port, context=context, timeout=20)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def test_logs_are_the_last_start_or_the_one_before_cut_to_a_tail_or_a_byte_limit(kubelet, pki):
+    server, pod = kubelet
+    pod.start(b"first 1\nfirst 2\n")
+    assert get(server, pki, "/containerLogs/ns/p/main") == (200, b"first 1\nfirst 2\n")
+    status, body = get(server, pki, "/containerLogs/ns/p/main?previous=true")
+    assert status == 400 and body == b'previous terminated container "main" in pod "p" not found'
+
+    pod.start(b"second 1\nsecond 2\nsecond 3\n")
+    assert get(server, pki, "/containerLogs/ns/p/main") == (200, b"second 1\nsecond 2\nsecond 3\n")
+    assert get(server, pki, "/containerLogs/ns/p/main?previous=true") == (200, b"first 1\nfirst 2\n")
+    assert get(server, pki, "/containerLogs/ns/p/main?tailLines=2") == (200, b"second 2\nsecond 3\n")
+    assert get(server, pki, "/containerLogs/ns/p/main?tailLines=0") == (200, b"")
+    assert get(server, pki, "/containerLogs/ns/p/main?limitBytes=10") == (200, b"second 1\ns")
+
+
+def test_following_streams_what_the_container_writes_until_it_ends(kubelet, pki):
+    server, pod = kubelet
+    pod.start(b"line 0\n")
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append(get(server, pki, "/containerLogs/ns/p/main?follow=true")))
+    reader.start()
+    for i in range(1, 4):
+        time.sleep(0.3)
+        pod.write(f"line {i}\n".encode())
+    assert reader.is_alive(), "a followed log stays open while the container runs"
+    pod.containers["main"].proc = None  # the container exits
+    reader.join(timeout=10)
+    assert not reader.is_alive(), "a followed log ends when the container does"
+    assert got == [(200, b"line 0\nline 1\nline 2\nline 3\n")]
+
+
+def test_only_the_api_server_is_answered_and_what_cannot_be_answered_says_why(kubelet, pki):
+    server, pod = kubelet
+    status, body = get(server, pki, "/containerLogs/ns/p/main")
+    assert status == 400 and b"is waiting to start: ContainerCreating" in body
+    pod.start(b"hello\n")
+
+    status, body = get(server, pki, "/containerLogs/ns/p/main", client="admin")  # a cluster admin's certificate
+    assert status == 403 and certs.KUBELET_CLIENT.encode() in body
+    with pytest.raises(ssl.SSLError):  # no client certificate: no TLS session at all
+        get(server, pki, "/containerLogs/ns/p/main", client=None)
+
+    for option in ("timestamps=true", "sinceSeconds=10", "sinceTime=2026-01-01T00:00:00Z"):
+        status, body = get(server, pki, f"/containerLogs/ns/p/main?{option}")
+        assert status == 400 and b"keeps no time per log line" in body, option
+    status, body = get(server, pki, "/containerLogs/ns/p/main?tailLines=-1")
+    assert status == 400 and b"tailLines" in body
+    assert get(server, pki, "/containerLogs/ns/other/main")[0] == 404
+    assert get(server, pki, "/containerLogs/ns/p/sidecar")[0] == 404
+    assert get(server, pki, "/exec/ns/p/main")[0] == 404
