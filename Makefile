@@ -9,13 +9,16 @@ DEMO_DIR ?= out/demo
 # checkov's own virtualenv: its pinned dependencies conflict with the main one's (requirements-lint.txt).
 LINT_VENV ?= .venv-lint
 LINT_STAMP := $(LINT_VENV)/.installed
+# The Kubeflow SDK's own virtualenv: it pins an older kubernetes client than the main one (requirements-sdk.txt).
+SDK_VENV ?= .venv-sdk
+SDK_STAMP := $(SDK_VENV)/.installed
 # Every target starts Python processes that import our packages from their source folders (an
 # editable install); an environment that sets PYTHONDONTWRITEBYTECODE (as some images do) makes each
 # compile those modules again (~1.2 s of CPU per trainer process, and the tests start many), so
 # Python may cache their bytecode here (an empty value is unset for Python).
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: demo test test-time unit e2e install cluster-bins browser images crd manifests lint lint-tools bench clean
+.PHONY: demo test test-time unit e2e install cluster-bins browser images crd manifests lint lint-tools sdk-client bench clean
 
 # The Python environment: one virtualenv in the checkout, rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -32,6 +35,15 @@ $(LINT_STAMP): requirements-lint.txt
 	$(LINT_VENV)/bin/pip install -q --upgrade pip
 	$(LINT_VENV)/bin/pip install -q -r requirements-lint.txt
 	touch $(LINT_STAMP)
+
+$(SDK_STAMP): requirements-sdk.txt
+	test -x $(SDK_VENV)/bin/python || python3 -m venv $(SDK_VENV)
+	$(SDK_VENV)/bin/pip install -q --upgrade pip
+	$(SDK_VENV)/bin/pip install -q -r requirements-sdk.txt
+	touch $(SDK_STAMP)
+
+# The Kubeflow SDK a user reads a TrainJob's logs with (the e2e suite does too).
+sdk-client: $(SDK_STAMP)
 
 # The linters of `make lint`: checkov (PyPI, .venv-lint) and kube-score (built with the cluster binaries).
 lint-tools: $(LINT_STAMP) cluster-bins
@@ -74,19 +86,19 @@ demo: $(STAMP)
 unit: $(STAMP) lint-tools
 	CHECKOV=$(abspath $(LINT_VENV))/bin/checkov $(PY) -m pytest tests/unit -q
 
-e2e: $(STAMP) cluster-bins
+e2e: $(STAMP) cluster-bins images sdk-client
 	$(PY) -m pytest tests/e2e -q
 
 # Two workers: the control-plane tests (one control plane per machine) run in one, in file order,
 # while the other takes the unit, trainer and storage tests (tests/conftest.py schedules them).
 # The budget is 45 minutes on a 2-core machine with warm caches (README, "Testing"): every run ends
 # with its 30 slowest tests and its total, so that a test that grows shows at once.
-test: $(STAMP) cluster-bins browser lint-tools images
+test: $(STAMP) cluster-bins browser lint-tools images sdk-client
 	CHECKOV=$(abspath $(LINT_VENV))/bin/checkov $(PY) -m pytest tests -q -ra -n 2 --durations=30
 
 # `make test`, measured: wall and CPU per file and per test, the Python processes each test started and
 # their imports, control-plane starts, each worker's busy and idle time (benchmarks/test_time.py).
-test-time: $(STAMP) cluster-bins browser lint-tools
+test-time: $(STAMP) cluster-bins browser lint-tools images sdk-client
 	$(PY) benchmarks/test_time.py run --records out/test-time-$$(date +%Y%m%d-%H%M%S)
 
 bench: $(STAMP) cluster-bins

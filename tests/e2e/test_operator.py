@@ -21,6 +21,7 @@ import yaml
 from PIL import Image
 
 from kubetune_api.contract import read_final_report
+from kubetune_dev.versions import binary
 from kubetune_operator.pod_template import NON_ROOT_UID
 from tests.conftest import REPO
 from kubetune_trainer.data.tiny_data import write_tiny_data
@@ -65,6 +66,11 @@ def test_an_applied_example_trains_to_succeeded_and_its_lora_lands_in_s3(
 
     eventually(running_with_progress, timeout=300, interval=1,
                message=lambda: "progress while running; operator log:\n" + operator_log(control_plane, core))
+    # A user follows the trainer's output as on any cluster (API server -> the kubelet's API).
+    trainer_pod = rank0_pod(core, backend, job_namespace, "sd15-e2e")
+    following = subprocess.Popen([*kubectl_command(control_plane), "logs", "-f", trainer_pod, "-n", job_namespace,
+                                  "-c", backend_of(backend).container], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
     explained = kubectl(control_plane, "explain", "trainingjob.spec.training").stdout
     assert "learningRate" in explained and "Peak learning rate" in explained
     table = kubectl(control_plane, "get", "tj", "sd15-e2e", "-n", job_namespace).stdout.splitlines()
@@ -77,6 +83,10 @@ def test_an_applied_example_trains_to_succeeded_and_its_lora_lands_in_s3(
                        message="TrainingJob finished")
     logs = rank0_pod_logs(control_plane, backend, job_namespace, "sd15-e2e")
     assert final["status"]["phase"] == "Succeeded", logs[-1][-3000:] if logs else "no trainer log"
+    followed, errors = following.communicate(timeout=60)  # `-f` ends with the container
+    assert following.returncode == 0 and followed == logs[-1] and "step 30/30" in followed, errors
+    if backend == "trainjob":
+        assert sdk_job_logs(control_plane, job_namespace, child["metadata"]["name"]) == logs[-1].splitlines()
     # This release requests one CPU per process; the pod reads it through the downward API.
     assert "(1 process(es), 1 CPU thread(s) each)" in logs[-1], logs[-1][-3000:]
     # Progress came by push (the chart's default): rank 0 POSTed its gauges to the operator's
@@ -143,6 +153,31 @@ def test_an_applied_example_trains_to_succeeded_and_its_lora_lands_in_s3(
     for kind in ("configmap", f"{backend_of(backend).plural}.{backend_of(backend).group}", "pod", "jobs.batch"):
         dumped = kubectl(control_plane, "get", kind, "-n", job_namespace, "-o", "yaml").stdout
         assert secret not in dumped, kind
+
+
+# The Kubeflow SDK, in its own virtualenv as a user installs it (`make sdk-client`; KUBEFLOW_SDK_PYTHON overrides).
+SDK_PYTHON = os.environ.get("KUBEFLOW_SDK_PYTHON") or str(REPO / ".venv-sdk" / "bin" / "python")
+SDK_JOB_LOGS = """
+import sys
+from kubeflow.trainer import KubernetesBackendConfig, TrainerClient
+client = TrainerClient(KubernetesBackendConfig(namespace=sys.argv[1]))
+for line in client.get_job_logs(sys.argv[2]):
+    print(line)
+"""
+
+
+def sdk_job_logs(control_plane, namespace: str, train_job: str) -> list[str]:
+    """TRAIN_JOB's node-0 log as the Kubeflow SDK's TrainerClient.get_job_logs reads it."""
+    read = subprocess.run([SDK_PYTHON, "-c", SDK_JOB_LOGS, namespace, train_job], capture_output=True, text=True,
+                          timeout=120, env={**os_env(), "KUBECONFIG": control_plane.env()["KUBECONFIG"]})
+    assert read.returncode == 0, read.stderr
+    # It reads the version Trainer's chart publishes (kubeflow-trainer-public), and warns without it.
+    assert "version info is not available" not in read.stderr, read.stderr
+    return read.stdout.splitlines()
+
+
+def kubectl_command(control_plane) -> list[str]:
+    return [str(binary("kubectl")), "--kubeconfig", str(control_plane.kubeconfig())]
 
 
 def generated_on_the_cluster(control_plane, api_client, core, cli_env, namespace, run, s3, tmp_path):

@@ -58,6 +58,8 @@ class Controller:
     served: set[tuple[str, str]] | None = None     # webhooks kept (None: all of them)
     object_selectors: dict[str, dict] = field(default_factory=dict)
     conversion_crds: Callable[[], set[str]] = set   # CRDs converted by its webhook
+    # What its chart installs beside the controller for clients to read (applied with the webhooks).
+    public_objects: Callable[[], list[dict]] = list
 
     @property
     def config_dir(self) -> Path:
@@ -99,6 +101,26 @@ def _trainer_configuration(webhook_port: int, health_port: int, cert_dir: str) -
     }
 
 
+TRAINER_NAMESPACE = "kubeflow-system"
+
+
+def _trainer_public_objects() -> list[dict]:
+    """The ConfigMap Trainer's chart publishes its version in, and the right of every authenticated
+    user to read it: the Kubeflow SDK's TrainerClient reads it when it starts (and warns without it)."""
+    name, namespace = "kubeflow-trainer-public", TRAINER_NAMESPACE
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace},
+         "data": {"kubeflow_trainer_version": versions.versions()["TRAINER_VERSION"].removeprefix("v")}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": name, "namespace": namespace},
+         "rules": [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [name], "verbs": ["get"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": name, "namespace": namespace},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": "system:authenticated"}]},
+    ]
+
+
 def _kueue_configuration(webhook_port: int, health_port: int, cert_dir: str) -> dict:
     return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
@@ -132,7 +154,7 @@ CONTROLLERS = [
                object_selectors={"mpod.kb.io": _JOBSET_PODS_ONLY, "vpod.kb.io": _JOBSET_PODS_ONLY}),
     Controller("trainer", "trainer-controller-manager", _trainer_configuration,
                lambda: sorted(versions.config_dir("trainer-controller-manager").glob("trainer.kubeflow.org_*.yaml")),
-               cert_mounts=(DEFAULT_CERT_DIR,)),
+               cert_mounts=(DEFAULT_CERT_DIR,), public_objects=_trainer_public_objects),
     Controller("kueue", "kueue", _kueue_configuration,
                lambda: sorted((versions.config_dir("kueue") / "crds").glob("kueue.x-k8s.io_*.yaml")),
                cert_mounts=(KUEUE_METRICS_CERT_DIR,), served=KUEUE_SERVED,
