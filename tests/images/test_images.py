@@ -222,3 +222,48 @@ def test_a_containers_environment_reaches_it_through_a_file_only_root_reads_not_
     assert env_file.stat().st_mode & 0o777 == 0o600
     with pytest.raises(container_runtime.PodRefused, match="env KEY: a value holding a line break"):
         container_runtime.podman_run(pod_spec, container, {"KEY": "two\nlines"}, "pod-c", tmp_path)
+
+
+
+LIMITS_PROBE = """
+import json, pathlib, sys
+def read(path):
+    return pathlib.Path(path).read_text().strip() if pathlib.Path(path).exists() else None
+v1 = read("/sys/fs/cgroup/memory/memory.limit_in_bytes") is not None
+print(json.dumps({"memory": read("/sys/fs/cgroup/memory/memory.limit_in_bytes" if v1 else "/sys/fs/cgroup/memory.max"),
+                  "cpu": f'{read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")} {read("/sys/fs/cgroup/cpu/cpu.cfs_period_us")}'
+                         if v1 else read("/sys/fs/cgroup/cpu.max"),
+                  "shares": read("/sys/fs/cgroup/cpu/cpu.shares" if v1 else "/sys/fs/cgroup/cpu.weight"),
+                  "v1": v1}), flush=True)
+if sys.argv[1:] == ["grow"]:
+    held = bytearray(200 * 2**20)  # beyond the limit: the kernel kills the container
+    print("not killed", flush=True)
+"""
+
+
+def test_a_containers_memory_and_cpu_limits_are_its_cgroups_and_memory_beyond_its_limit_kills_it(
+        built_images, tmp_path):
+    """The kubelet gives a container its resources as a kubelet does: limits.memory as its memory cgroup's
+    limit (no swap beyond it), limits.cpu as a CFS quota, requests.cpu as shares; a container that grows
+    past its memory limit is killed (137, reported OOMKilled), not left to take the node's memory."""
+    pod_spec = {"securityContext": {"runAsUser": NON_ROOT_UID}, "volumes": []}
+    container = {"name": "c", "image": "localhost/kubetune/trainer:dev", "command": ["python", "-c", LIMITS_PROBE],
+                 "resources": {"limits": {"memory": "64Mi", "cpu": "500m"}, "requests": {"cpu": "250m"}}}
+    runs = {}
+    for case in ("fits", "grow"):
+        argv = container_runtime.podman_run(pod_spec, {**container, "args": [case]}, {}, f"kubetune-limits-{case}",
+                                            tmp_path)
+        try:
+            runs[case] = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        finally:
+            container_runtime.remove(f"kubetune-limits-{case}")
+    fits, grows = runs["fits"], runs["grow"]
+    assert fits.returncode == 0, fits.stderr
+    seen = json.loads(fits.stdout)
+    # cgroup v2 holds the shares as a weight (podman converts 256 shares to 10).
+    assert (seen["memory"], seen["cpu"], seen["shares"]) == (
+        str(64 * 2**20), "50000 100000", "256" if seen["v1"] else "10"), seen
+    assert grows.returncode == 137 and "not killed" not in grows.stdout, (grows.returncode, grows.stdout, grows.stderr)
+    # What the kubelet reports as the reason (OOMKilled), told apart from the container that fitted.
+    assert [container_runtime.oom_killed(container_runtime.container_id_file(tmp_path, f"kubetune-limits-{case}"))
+            for case in ("fits", "grow")] == [False, True]

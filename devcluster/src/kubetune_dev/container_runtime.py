@@ -10,6 +10,10 @@ The translation from the pod spec Kubernetes holds to the runtime's flags, for t
   with `medium: Memory`, a tmpfs of its sizeLimit; configMap, hostPath, persistentVolumeClaim and the
   rest are directories the caller has laid out on this machine (`sources`), bound read-only where the
   mount says so. No service-account token is mounted unless a volume carries it.
+- resources: limits.memory as the container's memory cgroup limit with no swap beyond it, limits.cpu as
+  its CFS quota and requests.cpu as its CPU shares (1024 per CPU), as the kubelet sets them; a container
+  over its memory limit is killed by the kernel (exit 137), which the kubelet reports as OOMKilled
+  (oom_killed). Where the machine has no such cgroup controller, no limit is set (RESOURCE_CONTROLLERS);
 - command and args replace the image's ENTRYPOINT and CMD, exactly as in Kubernetes;
 - env: resolved by the caller as the kubelet resolves it (podenv.declared_env: fieldRefs, resources,
   ConfigMaps and Secrets), the image's own ENV beneath it;
@@ -25,6 +29,7 @@ import subprocess
 from pathlib import Path
 
 from kubetune_api.quantity import parse_quantity
+from kubetune_dev.fields import quantity
 from kubetune_dev.image_build import ulimit_flags
 
 RUNTIME_FLAGS = ("--runtime", "runc", "--cgroup-manager", "cgroupfs")
@@ -61,6 +66,46 @@ def security_flags(container_security: dict, pod_security: dict) -> list[str]:
     if seccomp == "Unconfined":
         flags += ["--security-opt", "seccomp=unconfined"]
     return flags
+
+
+def _cgroup_controllers() -> set[str]:
+    """The cgroup controllers this machine has: v2's list, else v1's hierarchies (this machine's layout)."""
+    unified = Path("/sys/fs/cgroup/cgroup.controllers")
+    if unified.exists():
+        return set(unified.read_text().split())
+    return {entry.name for entry in Path("/sys/fs/cgroup").iterdir() if entry.is_dir()}
+
+
+RESOURCE_CONTROLLERS = _cgroup_controllers() & {"memory", "cpu"}
+
+
+def resource_flags(resources: dict) -> list[str]:
+    """The container's memory and CPU limits and its CPU request, where the machine can enforce them."""
+    limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+    flags = []
+    if "memory" in limits and "memory" in RESOURCE_CONTROLLERS:
+        size = str(int(quantity(limits["memory"])))
+        flags += ["--memory", size, "--memory-swap", size]  # swap equal to the limit: none beyond it
+    if "cpu" in RESOURCE_CONTROLLERS:
+        if "cpu" in limits:
+            flags += ["--cpus", f"{quantity(limits['cpu']):g}"]
+        if "cpu" in requests:
+            flags += ["--cpu-shares", str(max(2, int(quantity(requests["cpu"]) * 1024)))]
+    return flags
+
+
+def oom_killed(container_id_file: Path) -> bool:
+    """Whether the kernel killed a process of the container (its id in CONTAINER_ID_FILE, podman's
+    --cidfile) for memory. podman 4.3 on this machine's cgroup v1 layout reports State.OOMKilled false
+    even then, so the kernel's own record is read: its `oom-kill:` line names the memory cgroup, which
+    holds the container's id. False where the kernel log cannot be read."""
+    try:
+        container_id = container_id_file.read_text().strip()
+    except OSError:
+        return False
+    kernel_log = subprocess.run(["dmesg"], capture_output=True, text=True, errors="replace")
+    return bool(container_id) and any(line.startswith("oom-kill:") and container_id in line
+                                      for line in (text.split("] ", 1)[-1] for text in kernel_log.stdout.splitlines()))
 
 
 def volume_flags(volumes: list[dict], mounts: list[dict], sources: dict[str, Path], pod_dir: Path) -> list[str]:
@@ -138,6 +183,11 @@ def run_command() -> list[str]:
     return ["podman", *RUNTIME_FLAGS, "run", "--rm", "--pull", "never", *ulimit_flags()]
 
 
+def container_id_file(pod_dir: Path, name: str) -> Path:
+    """Where podman writes the id of the container NAME (--cidfile): oom_killed reads it."""
+    return pod_dir / "cid" / name
+
+
 def podman_run(pod_spec: dict, container: dict, env: dict[str, str], name: str, pod_dir: Path,
                sources: dict[str, Path] | None = None, files: list[dict] = (), hostname: str | None = None,
                labels: dict[str, str] | None = None) -> list[str]:
@@ -149,10 +199,15 @@ def podman_run(pod_spec: dict, container: dict, env: dict[str, str], name: str, 
     pod_security = pod_spec.get("securityContext") or {}
     container_security = container.get("securityContext") or {}
     own_hosts = any(f["target"] == "/etc/hosts" for f in files)
-    command = [*run_command(), "--name", name, "--network", "host", *(["--no-hosts"] if own_hosts else []),
+    id_file = container_id_file(pod_dir, name)
+    id_file.parent.mkdir(parents=True, exist_ok=True)
+    id_file.unlink(missing_ok=True)  # podman refuses to start when the file exists (an earlier start's)
+    command = [*run_command(), "--name", name, "--cidfile", str(id_file), "--network", "host",
+               *(["--no-hosts"] if own_hosts else []),
                *(["--hostname", hostname] if hostname else []),
                *[flag for key, value in (labels or {}).items() for flag in ("--label", f"{key}={value}")],
                *identity_flags(pod_security, container_security), *security_flags(container_security, pod_security),
+               *resource_flags(container.get("resources") or {}),
                *volume_flags(pod_spec.get("volumes", []), container.get("volumeMounts", []), sources or {}, pod_dir),
                *file_flags(list(files)), *env_flags(env, pod_dir / "env" / name)]
     if container.get("workingDir"):

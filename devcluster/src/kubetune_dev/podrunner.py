@@ -309,6 +309,9 @@ class PodRunner(threading.Thread):
         # A signal death reads as 128+N, as container runtimes report it.
         exit_code = 128 - code if code < 0 else code
         reason = "Completed" if exit_code == 0 else "Error"
+        if exit_code == 137 and c.container_name and container_runtime.oom_killed(
+                container_runtime.container_id_file(self.dir, c.container_name)):
+            reason = "OOMKilled"
         c.state = {"terminated": {"exitCode": exit_code, "reason": reason,
                                   "startedAt": c.started_at, "finishedAt": now()}}
         message = self._termination_message(c.spec)
