@@ -255,6 +255,26 @@ def test_kubectl_apply_refuses_a_malformed_manifest_naming_the_field(control_pla
     assert named in result.stderr, result.stderr
 
 
+@ONLY_ON_TRAINJOB  # refused at admission, before any backend is looked up
+def test_kubectl_apply_refuses_a_volume_the_namespaces_pod_security_level_forbids(control_plane, operator_release,
+                                                                                core, namespace):
+    """A hostPath under the `baseline` Pod Security Standard: PodSecurity admission would refuse every pod of
+    the job (and its Job controller only record events), so the webhook refuses the job, naming the volume;
+    the same job on a claim is admitted."""
+    core.patch_namespace(namespace, {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "baseline"}}})
+    manifest = yaml.safe_load((REPO / "manifests" / "examples" / "sd15-lora.yaml").read_text())
+    manifest["spec"]["volumes"][0] = {"name": "data", "mountPath": "/data", "readOnly": True,
+                                      "hostPath": {"path": "/mnt/datasets"}}
+    refused = kubectl(control_plane, "apply", "--dry-run=server", "-n", namespace, "-f", "-",
+                      input=yaml.safe_dump(manifest), check=False)
+    assert refused.returncode != 0 and (
+        f"spec.volumes[data].hostPath: namespace '{namespace}' enforces the 'baseline' Pod Security Standard"
+        in refused.stderr), refused.stderr
+    manifest["spec"]["volumes"][0] = {"name": "data", "mountPath": "/data", "readOnly": True,
+                                      "persistentVolumeClaim": {"claimName": "datasets"}}
+    kubectl(control_plane, "apply", "--dry-run=server", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest))
+
+
 @ONLY_ON_PYTORCHJOB  # the pods' report is the same on either backend: one run of it is enough
 def test_a_job_whose_s3_secret_does_not_exist_says_so_naming_the_field(control_plane, operator_release,
                                                                        job_namespace, inputs_in_s3, api_client):

@@ -15,7 +15,7 @@ import pytest
 
 from kubetune_api.contract import final_report, read_final_report
 from kubetune_api.spec import TrainingJob
-from kubetune_operator import backend_check, claims, credentials, decision
+from kubetune_operator import backend_check, claims, credentials, decision, volume_policy
 from kubetune_operator.backends import BACKENDS
 from kubetune_operator.decision import CreateChild, DeleteChild, Observed, PatchChildStatus, PatchWorkload, decide
 from kubetune_operator.network_policy import NetworkPolicySettings
@@ -559,6 +559,43 @@ def test_a_missing_or_unbound_claim_is_learned_from_the_scheduler_and_names_the_
                                                     "PersistentVolumeClaims.")], spec, "team-a")
     assert unbound[0] == "ClaimNotBound" and "(claims: checkpoints, datasets)" in unbound[1]
     assert claims.claim_problem([waiting_pod("pulling", "ContainerCreating")], spec, "team-a") is None
+
+
+@pytest.mark.parametrize("source,level,refused", [
+    ({"hostPath": {"path": "/mnt/datasets"}}, "baseline", True),
+    ({"hostPath": {"path": "/mnt/datasets"}}, "restricted", True),
+    ({"nfs": {"server": "nfs.lab", "path": "/datasets"}}, "restricted", True),
+    ({"nfs": {"server": "nfs.lab", "path": "/datasets"}}, "baseline", False),
+    ({"hostPath": {"path": "/mnt/datasets"}}, "privileged", False),
+    ({"hostPath": {"path": "/mnt/datasets"}}, None, False),
+])
+def test_a_volume_the_namespaces_pod_security_level_refuses_waits_named_and_starts_once_allowed(
+        example_manifest, source, level, refused):
+    """PodSecurity admission would refuse the pods, which the Job controller only records as events: the job
+    waits without a child, naming the volume, until the spec or the namespace's level allows it."""
+    spec = cpu_spec(example_manifest)
+    spec["volumes"] = [{"name": "data", "mountPath": "/data", "readOnly": True, **source}, spec["volumes"][1]]
+    assert volume_policy.names_checked_source(spec)
+    decided = decide(spec, {}, seen(pod_security_level=level))
+    if not refused:
+        assert kinds(decided.actions) == ["CreateConfigMap", "CreateChild"]
+        return
+    wire = next(iter(source))
+    assert decided.actions == [] and decided.error is None and decided.retry_after == decision.VOLUME_POLICY_RETRY_SECONDS
+    found = condition(decided.status, volume_policy.CONDITION)
+    assert (found["status"], found["reason"]) == ("False", "VolumeRefusedByPodSecurity")
+    assert found["message"].startswith(f"spec.volumes[data].{wire}: namespace 'team-a' enforces the {level!r} "
+                                       "Pod Security Standard") and "PersistentVolumeClaim" in found["message"]
+    assert decided.status["phase"] == "Pending" and said(decided) == [("Warning", "VolumeRefusedByPodSecurity")]
+    assert said(converged(spec, {}, seen(pod_security_level=level), decided)) == []
+    allowed = decide(spec, decided.status, seen(pod_security_level="privileged"))  # the admin relabelled it
+    assert kinds(allowed.actions) == ["CreateConfigMap", "CreateChild"]
+    assert condition(allowed.status, volume_policy.CONDITION)["status"] == "True"
+
+
+def test_only_a_spec_with_a_volume_some_level_refuses_makes_the_operator_read_its_namespace(example_manifest):
+    assert not volume_policy.names_checked_source(cpu_spec(example_manifest))  # claims pass every level
+    assert not volume_policy.names_checked_source({})
 
 
 @pytest.mark.parametrize("backend,settings,edit,field", [

@@ -35,7 +35,7 @@ from kubetune_api.generation_request import BadGenerationRequest
 from kubetune_api.manifest import describe_errors
 from kubetune_api.spec import TrainingJob
 from kubetune_operator import (backend_check, claims, credentials, fit_check, generation_jobs, image_policy,
-                               naming, network_policy, preemption_cost, queueing, spec_change, status)
+                               naming, network_policy, preemption_cost, queueing, spec_change, status, volume_policy)
 from kubetune_operator.backends import BACKENDS, Backend, backend_name
 from kubetune_operator.backends.base import observed_state
 from kubetune_operator.settings import Settings
@@ -44,6 +44,8 @@ from kubetune_operator.trainer_config import build_config_map, job_from_config_m
 
 # How long to wait before looking again at what cannot be done yet.
 BACKEND_RETRY_SECONDS = 30.0
+# How soon a job whose volumes its namespace refuses looks at the namespace's level again.
+VOLUME_POLICY_RETRY_SECONDS = 60.0
 REPLACE_RETRY_SECONDS = 2.0
 SPEC_CHANGE_CONDITION = "SpecChangeRefused"
 DRIFT_CONDITION = "ChildMatchesSpec"
@@ -72,6 +74,9 @@ class Observed:
     credentials_problem: str | None = None  # a credentials Secret the job's pods cannot use
     claim_problem: tuple[str, str] | None = None  # (reason, message): a claim the job's pods wait for
     generation_request: generation_jobs.SeenGeneration | None = None  # one not answered yet, and its Job
+    # The Pod Security Standard the namespace enforces, read before a child exists where the spec has a volume
+    # some level refuses (volume_policy); None otherwise.
+    pod_security_level: str | None = None
 
 
 # ---- actions: what act() does, in order ---------------------------------------------------------------
@@ -275,6 +280,14 @@ def _start(spec: dict, observed: Observed, backend: Backend, draft: _Draft, deci
         draft.set_default("backend", backend.name)
         decision.error = refused
         return None
+    refused = volume_policy.refusal(job.spec.volumes, observed.namespace, observed.pod_security_level)
+    if refused is not None:  # not final: the namespace's level may change, and the job then starts
+        if draft.condition(volume_policy.CONDITION, "False", volume_policy.REASON, refused):
+            decision.events.append(Event("Warning", volume_policy.REASON, refused))
+        draft.set_default("phase", "Pending")
+        draft.set_default("backend", backend.name)
+        decision.retry_after = VOLUME_POLICY_RETRY_SECONDS
+        return None
     decision.actions.append(CreateConfigMap(build_config_map(job)))
     if observed.child is None:
         _create_child(job, observed, backend, decision)
@@ -301,6 +314,9 @@ def _created_status(job: TrainingJob, observed: Observed, backend: Backend, draf
         draft.set("conditions", fits)
     if draft.condition_reason(image_policy.CONDITION) == "ImageNotAllowed":  # refused before: passes now
         draft.condition(image_policy.CONDITION, "True", "Allowed", "spec.image is allowed")
+    if draft.condition_reason(volume_policy.CONDITION) == volume_policy.REASON:
+        draft.condition(volume_policy.CONDITION, "True", "Allowed", "the namespace's Pod Security Standard allows "
+                        "spec.volumes")
     draft.set_default("backend", backend.name)
     if not draft.get("phase"):  # the child's own state may have been written first: never undo it
         draft.set("phase", "Suspended" if job.spec.suspend else "Pending")

@@ -22,7 +22,7 @@ from kubetune_api import cluster_paths
 from kubetune_api.manifest import describe_errors
 from kubetune_api.spec import TrainingJob
 from kubetune_operator import (backend_check, decision, fit_check, generation_jobs, image_policy, kube, metrics,
-                               naming, progress_inbox, status)
+                               naming, progress_inbox, status, volume_policy)
 from kubetune_operator.backends import BACKENDS, backend_name
 from kubetune_operator.look_again import LookAgain
 from kubetune_operator.reconcile import created_here, rank0_addresses, reconcile
@@ -95,6 +95,12 @@ def validate_new_job(body: kopf.Body, warnings: list[str], **_) -> None:
     if image_refused:
         metrics.ADMISSION_REJECTIONS.labels("image_not_allowed").inc()
         raise kopf.AdmissionError(image_refused, code=422)
+    if volume_policy.names_checked_source(dict(body.get("spec") or {})):
+        volume_refused = volume_policy.refusal(job.spec.volumes, job.metadata.namespace,
+                                               kube.pod_security_level(job.metadata.namespace))
+        if volume_refused:
+            metrics.ADMISSION_REJECTIONS.labels("volume_refused").inc()
+            raise kopf.AdmissionError(volume_refused, code=422)
     backend = BACKENDS[backend_name(dict(body.get("spec") or {}), {}, settings.backend)]
     refused = backend_check.unsupported(job, backend, settings)
     if refused:

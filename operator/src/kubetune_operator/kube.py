@@ -18,7 +18,7 @@ from kubernetes.client.rest import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from kubetune_api.contract import API_GROUP, API_VERSION, KIND, OPERATOR_READ_QUERY, PLURAL, TRAINER_METRIC_PREFIX
-from kubetune_operator import backend_check, metrics, naming, queueing
+from kubetune_operator import backend_check, metrics, naming, queueing, volume_policy
 from kubetune_operator.backends import Backend, operator_settings
 from kubetune_operator.settings import Settings
 from kubetune_operator.timestamps import rfc3339
@@ -139,6 +139,13 @@ def read_child(backend: Backend, namespace: str, job_name: str, owner_uid: str) 
     if child is None or owner_uid not in [ref.get("uid") for ref in child["metadata"].get("ownerReferences", [])]:
         return None
     return child
+
+
+def pod_security_level(namespace: str) -> str | None:
+    """The Pod Security Standard NAMESPACE enforces (its volume_policy.ENFORCE_LABEL), None without one.
+    A list narrowed to the one name: the chart grants list on namespaces (kopf follows them), not get."""
+    found = core_api().list_namespace(field_selector=f"metadata.name={namespace}").items
+    return (found[0].metadata.labels or {}).get(volume_policy.ENFORCE_LABEL) if found else None
 
 
 def read_workload(namespace: str, child_uid: str, enabled: bool) -> dict | None:

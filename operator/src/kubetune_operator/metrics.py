@@ -18,7 +18,7 @@ RECONCILE_RESULTS = ("ok", "retry", "error")
 # Why the admission webhook refused a TrainingJob: the typed model refused the spec, the S3
 # credentials Secret it names is not there, or its backend cannot honour a field it sets.
 # invalid_sweep: a TrainingSweep the typed model refused (a parameter, the objective, the template).
-ADMISSION_REASONS = ("invalid_spec", "queue", "backend", "image_not_allowed", "invalid_sweep")
+ADMISSION_REASONS = ("invalid_spec", "queue", "backend", "image_not_allowed", "volume_refused", "invalid_sweep")
 # What the progress inbox (progress_inbox.py) answered a trainer's push: kept (204), refused because
 # it did not come from the job's running rank-0 pod address (403), not a report (400), too large (413).
 PROGRESS_PUSH_OUTCOMES = ("accepted", "not_rank0", "bad_report", "too_large")

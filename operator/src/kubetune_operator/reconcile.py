@@ -18,7 +18,7 @@ import kopf
 from kubetune_api.contract import GENERATE_ANNOTATION, read_final_report
 from kubetune_api.generation_request import BadGenerationRequest, GenerationRequest
 from kubetune_operator import (claims, credentials, decision, generation_jobs, kube, metrics, naming,
-                               progress_inbox)
+                               progress_inbox, volume_policy)
 from kubetune_operator.backends import BACKENDS, backend_name
 from kubetune_operator.backends.base import observed_state
 from kubetune_operator.decision import Observed
@@ -62,6 +62,8 @@ def observe(job: dict, settings: Settings, child_seen: dict | None = None, as_de
         if found["config_map"] is not None:  # started, and its child is gone: its API may have gone with it
             kube.forget_prerequisites()
         found["backend_problem"] = kube.missing_prerequisite(backend, namespace, settings)
+        if found["config_map"] is None and volume_policy.names_checked_source(spec):  # before it starts: its volumes
+            found["pod_security_level"] = kube.pod_security_level(namespace)
     if child is not None:
         queue = decision.queue_name(spec, base["labels"])
         if queue and not spec.get("suspend"):
