@@ -178,6 +178,8 @@ def uninstall_chart(control_plane) -> None:
 # Every trainer pod the e2e jobs start (generation and evaluation too) is a real container of our trainer image
 # under the securityContext the operator renders: the dev cluster runs images of this registry in podman.
 TRAINER_IMAGE = f"{REAL_IMAGE_REGISTRY}/kubetune/trainer:dev"
+# The operator's pod is a real container of our operator image too.
+OPERATOR_IMAGE_REPOSITORY = f"{REAL_IMAGE_REGISTRY}/kubetune/operator"
 
 
 def helm_values(env: dict, backend: str) -> list[str]:
@@ -185,7 +187,7 @@ def helm_values(env: dict, backend: str) -> list[str]:
     Kueue's Workloads readable (this control plane runs Kueue), the webhook's Service on 8443,
     and one CPU requested per trainer process: the tests' machine has two cores and runs a second
     test worker beside the cluster, so each trainer process takes one CPU thread (cpu_threads)."""
-    return ["--set", "operator.image.repository=kubetune/operator", "--set", "operator.image.tag=dev",
+    return ["--set", f"operator.image.repository={OPERATOR_IMAGE_REPOSITORY}", "--set", "operator.image.tag=dev",
             "--set", f"trainer.image={TRAINER_IMAGE}",
             "--set", f"s3.endpointUrl={env['AWS_ENDPOINT_URL']}", "--set-string", "s3.pathStyle=true",
             "--set", f"s3.region={env['AWS_DEFAULT_REGION']}",

@@ -18,13 +18,13 @@ One backend (TrainJob, the chart's default): the restarts exercise the operator,
 from __future__ import annotations
 
 import json
-import signal
 
 import pytest
 import yaml
 from kubernetes import client
 
-from kubetune_dev import processes
+from kubetune_dev import container_runtime
+from kubetune_dev.podrunner import real_container_name
 from kubetune_operator.naming import config_map_name
 from tests.e2e.jobs import (OPERATOR_NAMESPACE, children, get_job, kubectl, operator_log, rank0_pod_logs)
 from tests.e2e.test_kueue import KUEUE, LOCAL_QUEUE, queue, queued_job  # noqa: F401  (queue: a fixture)
@@ -60,13 +60,9 @@ def restarts(pod: client.V1Pod) -> int:
 
 
 def kill_operator_process(control_plane, core) -> client.V1Pod:
-    """SIGKILL the operator's process group, as a crash (or the OOM killer) would: no shutdown at all."""
+    """SIGKILL the operator container's process, as a crash (or the OOM killer) would: no shutdown at all."""
     pod = operator_pod(core)
-    pid_file = (control_plane.kubelet_state / "pods" / f"{OPERATOR_NAMESPACE}_{pod.metadata.name}_{pod.metadata.uid}"
-                / "pids" / "operator.json")
-    recorded = processes.running(pid_file)
-    assert recorded is not None, f"no running operator process recorded in {pid_file}"
-    recorded.signal_group(signal.SIGKILL)
+    container_runtime.kill(real_container_name(pod.metadata.to_dict(), "operator"), "KILL")
     return pod
 
 

@@ -164,6 +164,11 @@ def image_present(image: str) -> bool:
     return subprocess.run(["podman", "image", "exists", image], capture_output=True).returncode == 0
 
 
+def kill(name: str, signal_name: str = "KILL") -> None:
+    """Send the container NAME's main process SIGNAL_NAME, as the kernel or a crash would end it."""
+    subprocess.run(["podman", *RUNTIME_FLAGS, "kill", "--signal", signal_name, name], check=True, capture_output=True)
+
+
 def remove(name: str) -> None:
     """Kill and remove the container NAME if it is still there (its podman process was killed: the
     container outlives it, held by conmon)."""

@@ -33,6 +33,12 @@ TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 TERMINATION_MESSAGE_LIMIT = 4096
 
 
+def real_container_name(pod_metadata: dict, container: str) -> str:
+    """The podman name of the pod's CONTAINER where it runs as a real container (as a CRI names it)."""
+    meta = pod_metadata
+    return f"k8s_{container}_{meta['name']}_{meta['namespace']}_{meta['uid'][:8]}"
+
+
 def now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -229,7 +235,7 @@ class PodRunner(threading.Thread):
                     "args": [expand(a, env) for a in spec.get("args", [])]}
         termination = self._termination_mount(spec)
         Path(termination["source"]).chmod(0o666)  # the container's user writes it (the kubelet's mode too)
-        c.container_name = f"k8s_{spec['name']}_{self.meta['name']}_{self.meta['namespace']}_{self.meta['uid'][:8]}"
+        c.container_name = real_container_name(self.meta, spec["name"])
         container_runtime.remove(c.container_name)  # a leftover of a killed earlier start
         try:
             argv = container_runtime.podman_run(
