@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import re
+import select
 import subprocess
 import sys
 import time
@@ -255,6 +257,35 @@ def test_kubectl_apply_refuses_a_malformed_manifest_naming_the_field(control_pla
     assert named in result.stderr, result.stderr
 
 
+@ONLY_ON_TRAINJOB  # the operator's pod is the same on either backend
+def test_kubectl_exec_reaches_the_operators_container_as_its_user_on_a_read_only_root(control_plane, operator_release):
+    """`kubectl exec` through the API server and the kubelet's API into the operator's real container: the
+    command runs as the chart's user, stdin reaches it, the root file system refuses a write and kubectl exits
+    with the command's own code; with a terminal (-it, kubectl under a pseudo-terminal) a shell answers."""
+    target = ["exec", "-n", OPERATOR_NAMESPACE, "deploy/kubetune", "-c", "operator", "-i", "--"]
+    user = kubectl(control_plane, *target, "sh", "-c", "id -u; cat", input="from stdin\n")
+    assert user.stdout == f"{NON_ROOT_UID}\nfrom stdin\n", user.stderr
+    write = kubectl(control_plane, *target, "touch", "/written", check=False)
+    assert write.returncode == 1 and "Read-only file system" in write.stderr, (write.returncode, write.stderr)
+    controller, terminal = pty.openpty()
+    shell = subprocess.Popen([*kubectl_command(control_plane), *target[:-1], "-t", "--", "sh"], stdin=terminal,
+                             stdout=terminal, stderr=terminal, start_new_session=True)
+    os.close(terminal)
+    os.write(controller, b"echo in a $(tty | cut -c1-8) shell; exit 4\n")
+    said, deadline = b"", time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if select.select([controller], [], [], 1)[0]:
+            try:
+                chunk = os.read(controller, 4096)
+            except OSError:  # EIO: kubectl, the terminal's last user, is gone
+                break
+            said += chunk
+        elif shell.poll() is not None:
+            break
+    os.close(controller)
+    assert shell.wait(timeout=30) == 4 and b"in a /dev/pts shell" in said, said
+
+
 @ONLY_ON_TRAINJOB  # refused at admission, before any backend is looked up
 def test_kubectl_apply_refuses_a_volume_the_namespaces_pod_security_level_forbids(control_plane, operator_release,
                                                                                 core, namespace):
@@ -345,7 +376,8 @@ def test_the_operator_service_account_can_do_its_work_and_nothing_else(control_p
                            ("create", "jobs.batch"), ("get", "jobs.batch"),  # generate --on-cluster
                            ("create", "configmaps"), ("patch", "configmaps"), ("list", "pods"), ("create", "events"),
                            ("patch", "validatingwebhookconfigurations/kubetune-trainingjobs"),
-                           ("list", "workloads.kueue.x-k8s.io")]:
+                           ("list", "workloads.kueue.x-k8s.io"),
+                           ("list", "namespaces")]:  # kopf follows them; volume_policy reads a job's one's level
         assert can(verb, resource), f"the operator cannot {verb} {resource}"
     for verb, resource in [("delete", "trainingjobs.kubetune.dev"), ("create", "trainingsweeps.kubetune.dev"),
                            ("delete", "trainingsweeps.kubetune.dev"),

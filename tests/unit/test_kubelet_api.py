@@ -1,19 +1,23 @@
-"""The dev cluster kubelet's API (kubetune_dev.kubelet_api) as the API server calls it for `kubectl logs`:
-over TLS with the API server's client certificate, a container's last start or the one before, tail and
-byte limits, following until the container ends, and refusals that say what to do. The e2e suite reads
-logs through a real API server with kubectl (tests/e2e/test_control_plane.py)."""
+"""The dev cluster kubelet's API (kubetune_dev.kubelet_api) as the API server calls it for `kubectl logs`
+and `kubectl exec`: over TLS with the API server's client certificate, a container's last start or the
+one before, tail and byte limits, following until the container ends; exec's channels over a WebSocket;
+refusals that say what to do. The e2e suite does both through a real API server with kubectl
+(tests/e2e/test_control_plane.py, tests/e2e/test_operator.py)."""
 from __future__ import annotations
 
 import http.client
+import json
 import ssl
 import threading
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
+import websocket as websocket_client
 
 from kubetune_api.ports import free_listen_port
-from kubetune_dev import certs
+from kubetune_dev import certs, kubelet_exec
 from kubetune_dev.kubelet_api import KubeletAPI
 from kubetune_dev.podrunner import Container
 
@@ -125,4 +129,53 @@ def test_only_the_api_server_is_answered_and_what_cannot_be_answered_says_why(ku
     assert status == 400 and b"tailLines" in body
     assert get(server, pki, "/containerLogs/ns/other/main")[0] == 404
     assert get(server, pki, "/containerLogs/ns/p/sidecar")[0] == 404
-    assert get(server, pki, "/exec/ns/p/main")[0] == 404
+    assert get(server, pki, "/run/ns/p/main")[0] == 404
+    status, body = get(server, pki, "/exec/ns/p/main?command=true")
+    assert status == 400 and b"needs a WebSocket upgrade" in body
+
+
+def exec_session(server: KubeletAPI, pki: Path, query: str, stdin: bytes = b"") -> dict[int, bytes]:
+    """`kubectl exec` as the API server passes it on: a WebSocket of channel protocol v5; what came back on
+    each channel."""
+    connection = websocket_client.create_connection(
+        f"wss://127.0.0.1:{server.server_port}/exec/ns/p/main?{query}", subprotocols=["v5.channel.k8s.io"],
+        sslopt={"ca_certs": str(pki / "ca.crt"), "certfile": str(pki / f"{certs.KUBELET_CLIENT}.crt"),
+                "keyfile": str(pki / f"{certs.KUBELET_CLIENT}.key")}, timeout=20)
+    if stdin:
+        connection.send_binary(bytes([kubelet_exec.STDIN]) + stdin)
+        connection.send_binary(bytes([kubelet_exec.CLOSE, kubelet_exec.STDIN]))  # v5: stdin ends
+    got: dict[int, bytes] = {}
+    while True:
+        opcode, message = connection.recv_data()
+        if opcode == websocket_client.ABNF.OPCODE_CLOSE:
+            return got
+        got[message[0]] = got.get(message[0], b"") + message[1:]
+
+
+def test_exec_relays_stdin_stdout_stderr_and_the_exit_code_over_the_channel_protocol(kubelet, pki, monkeypatch):
+    server, pod = kubelet
+    pod.start(b"")
+    pod.containers["main"].container_name = "k8s_main_p_ns_0"
+    # The command runs here instead of in a container: podman exec is what tests/images and the e2e exercise.
+    monkeypatch.setattr(kubelet_exec, "command_line", lambda container, pod, name, query: kubelet_exec.Command(
+        query["command"], stdin="input" in query, tty=False))
+    script = "import sys; data = sys.stdin.read(); print(data.upper()); print('to stderr', file=sys.stderr); sys.exit(3)"
+    got = exec_session(server, pki, "command=python3&command=-c&command=" + quote(script) + "&input=1&output=1&error=1",
+                       stdin=b"hello")
+    assert got[kubelet_exec.STDOUT] == b"HELLO\n" and got[kubelet_exec.STDERR] == b"to stderr\n"
+    status = json.loads(got[kubelet_exec.ERROR])
+    assert status["status"] == "Failure" and status["details"]["causes"] == [{"reason": "ExitCode", "message": "3"}]
+    ok = exec_session(server, pki, "command=true&output=1")
+    assert json.loads(ok[kubelet_exec.ERROR])["status"] == "Success"
+
+
+def test_exec_is_refused_saying_why_where_it_cannot_run(kubelet, pki):
+    server, pod = kubelet
+    pod.start(b"")  # a container run as a local process (no podman name)
+    with pytest.raises(websocket_client.WebSocketBadStatusException) as refused:
+        exec_session(server, pki, "command=true&output=1")
+    assert refused.value.status_code == 400 and b"kubectl exec reaches containers only" in refused.value.resp_body
+    pod.containers["main"].container_name = "k8s_main_p_ns_0"
+    with pytest.raises(websocket_client.WebSocketBadStatusException) as refused:
+        exec_session(server, pki, "output=1")
+    assert b"no command" in refused.value.resp_body

@@ -193,7 +193,10 @@ class Cluster:
                 "--kubelet-preferred-address-types=InternalIP",
                 f"--kubelet-certificate-authority={pki / 'ca.crt'}",
                 f"--kubelet-client-certificate={pki / (certs.KUBELET_CLIENT + '.crt')}",
-                f"--kubelet-client-key={pki / (certs.KUBELET_CLIENT + '.key')}"],
+                f"--kubelet-client-key={pki / (certs.KUBELET_CLIENT + '.key')}",
+                # `kubectl exec` reaches the kubelet as the WebSocket kubectl opened, not translated into
+                # SPDY, which is all this kubelet would not speak (kubelet_exec.py).
+                "--feature-gates=TranslateStreamCloseWebsocketRequests=false"],
                 lambda: self.api_get("/readyz")[0] == 200, timeout=90),
             Component("kube-controller-manager", lambda: [
                 str(versions.binary("kube-controller-manager")),

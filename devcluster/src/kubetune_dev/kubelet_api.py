@@ -1,7 +1,9 @@
 """The kubelet's API on its node: what the API server calls for `kubectl logs`, and so for every client
-that reads pod logs through it (the Kubeflow SDK's `TrainerClient.get_job_logs` among them).
+that reads pod logs through it (the Kubeflow SDK's `TrainerClient.get_job_logs` among them), and for
+`kubectl exec` (kubelet_exec.py).
 
     GET /containerLogs/NAMESPACE/POD/CONTAINER?follow=&previous=&tailLines=&limitBytes=
+    GET /exec/NAMESPACE/POD/CONTAINER?command=…   (a WebSocket)
 
 The API server finds a node's API at the address type it prefers (--kubelet-preferred-address-types:
 InternalIP, since no resolver knows the node's hostname) and the port in the Node's
@@ -26,11 +28,13 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import parse_qs, urlsplit
 
+from kubetune_dev import kubelet_exec, websocket
 from kubetune_dev.certs import KUBELET_CLIENT
 from kubetune_dev.podrunner import PodRunner
 
 log = logging.getLogger("kubelet.api")
 LOGS_PATH = re.compile(r"^/containerLogs/([^/]+)/([^/]+)/([^/]+)$")
+EXEC_PATH = re.compile(r"^/exec/([^/]+)/([^/]+)/([^/]+)$")
 UNSUPPORTED = ("timestamps", "sinceSeconds", "sinceTime")
 FOLLOW_POLL_S = 0.2
 CHUNK = 64 * 1024
@@ -111,14 +115,18 @@ class Handler(BaseHTTPRequestHandler):
         try:
             self._check_caller()
             url = urlsplit(self.path)
-            match = LOGS_PATH.match(url.path)
+            query = parse_qs(url.query, keep_blank_values=True)
+            match = LOGS_PATH.match(url.path) or EXEC_PATH.match(url.path)
             if match is None:
-                raise Refused(404, f"{url.path}: the dev cluster's kubelet serves only /containerLogs/")
+                raise Refused(404, f"{url.path}: the dev cluster's kubelet serves /containerLogs/ and /exec/ only")
             namespace, pod, container = match.groups()
             runner = self.server.find_pod(namespace, pod)
             if runner is None:
                 raise Refused(404, f'pod "{pod}" in namespace "{namespace}" is not on this node')
-            request = LogRequest(runner, pod, container, parse_qs(url.query, keep_blank_values=True))
+            if match.re is EXEC_PATH:
+                self._exec(runner, pod, container, query)
+                return
+            request = LogRequest(runner, pod, container, query)
         except Refused as e:
             self._send_text(e.status, str(e))
             return
@@ -129,6 +137,24 @@ class Handler(BaseHTTPRequestHandler):
             self._stream(request)
         except (BrokenPipeError, ConnectionResetError):  # the client stopped following
             pass
+
+    def _exec(self, runner: PodRunner, pod: str, name: str, query: dict[str, list[str]]) -> None:
+        """`kubectl exec`: the WebSocket handshake, then the command's streams (kubelet_exec.py)."""
+        container = runner.container(name)
+        if container is None:
+            raise Refused(404, f'container "{name}" is not valid for pod "{pod}"')
+        if self.headers.get("Upgrade", "").lower() != "websocket" or not self.headers.get("Sec-WebSocket-Key"):
+            raise Refused(400, "exec needs a WebSocket upgrade (the API server passes kubectl's on)")
+        try:
+            chosen = kubelet_exec.protocol(self.headers.get("Sec-WebSocket-Protocol", ""))
+            command = kubelet_exec.command_line(container, pod, name, query)
+        except kubelet_exec.ExecRefused as e:
+            raise Refused(e.status, str(e)) from None
+        accept = websocket.accept_key(self.headers["Sec-WebSocket-Key"])
+        self.wfile.write(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                          f"Sec-WebSocket-Accept: {accept}\r\nSec-WebSocket-Protocol: {chosen}\r\n\r\n").encode())
+        self.wfile.flush()
+        kubelet_exec.run(websocket.WebSocket(self.rfile, self.wfile), chosen, command)
 
     def _check_caller(self) -> None:
         certificate = self.connection.getpeercert() or {}
@@ -193,6 +219,10 @@ class KubeletAPI(ThreadingHTTPServer):
         context.verify_mode = ssl.CERT_REQUIRED  # no certificate of our CA, no answer
         # The handshake happens in each request's thread, so one slow caller holds up no other.
         self.socket = context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
+
+    def handle_error(self, request, client_address) -> None:
+        # A caller refused in the TLS handshake (no certificate of our CA) is one line, not a traceback.
+        log.info("request from %s failed", client_address, exc_info=log.isEnabledFor(logging.DEBUG))
 
     def start(self) -> None:
         threading.Thread(target=self.serve_forever, args=(0.1,), name="kubelet-api", daemon=True).start()
