@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from kubetune_api.manifest import parse_manifest
-from kubetune_dev import container_runtime, image_build
+from kubetune_dev import container_runtime, image_build, processes
+from kubetune_dev.kubelet import RECORD, remove_orphaned_containers
+from kubetune_dev.podrunner import POD_DIR_LABEL
 from kubetune_dev.podenv import declared_env
 from kubetune_operator.backends import PyTorchJobBackend
 from kubetune_operator.pod_template import NON_ROOT_UID
@@ -267,3 +269,25 @@ def test_a_containers_memory_and_cpu_limits_are_its_cgroups_and_memory_beyond_it
     # What the kubelet reports as the reason (OOMKilled), told apart from the container that fitted.
     assert [container_runtime.oom_killed(container_runtime.container_id_file(tmp_path, f"kubetune-limits-{case}"))
             for case in ("fits", "grow")] == [False, True]
+
+
+def test_a_killed_kubelets_containers_are_removed_by_the_next_and_a_running_ones_are_not(built_images, tmp_path):
+    """A test session killed with its control plane leaves its real containers running under conmon: the
+    next kubelet removes them (its own leftovers too), and leaves those of a kubelet that still runs."""
+    live_state, dead_state, own_state = (tmp_path / name for name in ("live", "dead", "own"))
+    live_state.mkdir()
+    processes.record(os.getpid(), live_state / RECORD)  # "a kubelet that still runs": this process
+    started = {}
+    for state in (live_state, dead_state, own_state):
+        run = subprocess.run([*container_runtime.run_command(), "--detach", "--label", f"{POD_DIR_LABEL}={state / 'pods'}",
+                              "--entrypoint", "sleep", "localhost/kubetune/trainer:dev", "120"],
+                             capture_output=True, text=True, check=True)
+        started[state.name] = run.stdout.strip()
+    try:
+        removed = remove_orphaned_containers(own_state / "pods")
+        assert sorted(removed) == sorted([started["dead"][:12], started["own"][:12]])
+        left = container_runtime.labelled(POD_DIR_LABEL)
+        assert [c[:12] for c in left.get(str(live_state / "pods"), [])] == [started["live"][:12]]
+    finally:
+        for container in started.values():
+            container_runtime.remove(container)

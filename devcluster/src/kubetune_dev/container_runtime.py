@@ -175,12 +175,15 @@ def remove(name: str) -> None:
     subprocess.run(["podman", *RUNTIME_FLAGS, "rm", "--force", "--time", "0", name], capture_output=True)
 
 
-def remove_labelled(label: str, value: str) -> None:
-    """Every container carrying LABEL=VALUE (a kubelet's leftovers at its shutdown)."""
-    listed = subprocess.run(["podman", "ps", "--all", "--quiet", "--filter", f"label={label}={value}"],
-                            capture_output=True, text=True).stdout.split()
-    for container in listed:
-        remove(container)
+def labelled(label: str) -> dict[str, list[str]]:
+    """{value of LABEL: the ids of the containers, running or not, that carry it}."""
+    listed = subprocess.run(["podman", "ps", "--all", "--filter", f"label={label}", "--format",
+                             f'{{{{.ID}}}} {{{{index .Labels "{label}"}}}}'], capture_output=True, text=True).stdout
+    found: dict[str, list[str]] = {}
+    for line in listed.splitlines():
+        container, _, value = line.partition(" ")
+        found.setdefault(value, []).append(container)
+    return found
 
 
 def run_command() -> list[str]:

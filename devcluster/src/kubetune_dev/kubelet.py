@@ -37,6 +37,7 @@ from kubetune_dev.volumes import unschedulable_claims
 
 log = logging.getLogger("kubelet")
 NODE_NAME = "kubetune-dev"
+RECORD = "kubelet.json"  # in its state directory: the running kubelet's pid and start time
 TERMINAL = ("Succeeded", "Failed")
 
 
@@ -101,6 +102,7 @@ class Kubelet:
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
+        processes.record(os.getpid(), self.state / RECORD)  # that this kubelet runs (remove_orphaned_containers)
         self._kill_leftovers()
         if self.node_api is not None:
             self.node_api.start()
@@ -267,7 +269,20 @@ class Kubelet:
             if proc is not None:
                 processes.stop(proc, grace=5)
         if shutil.which("podman"):  # real containers outlive their killed podman processes
-            container_runtime.remove_labelled(POD_DIR_LABEL, str(self.pods_dir))
+            remove_orphaned_containers(self.pods_dir)
+
+
+def remove_orphaned_containers(own_pods_dir: Path) -> list[str]:
+    """Remove the real containers of OWN_PODS_DIR, and those of every kubelet that no longer runs (a test
+    session killed with its control plane leaves its containers running under conmon, using the CPU);
+    a running kubelet's are left alone. Returns the ids removed."""
+    removed = []
+    for pods_dir, containers in container_runtime.labelled(POD_DIR_LABEL).items():
+        if pods_dir == str(own_pods_dir) or processes.running(Path(pods_dir).parent / RECORD) is None:
+            for container in containers:
+                container_runtime.remove(container)
+            removed += containers
+    return removed
 
 
 def main() -> None:
