@@ -116,11 +116,16 @@ def run(socket: WebSocket, chosen: str, command: Command) -> None:
     if command.stdin:
         threading.Thread(target=_take_input, args=(socket, chosen, stdin, controller if command.tty else None,
                                                    process), daemon=True).start()
+    elif stdin is not None:
+        stdin.close()  # a terminal's second handle, unused without input
     code = process.wait()
     for thread in threads:
         thread.join(timeout=5)
-    send(ERROR, final_status(code))
-    socket.close()
+    try:
+        send(ERROR, final_status(code))
+        socket.close()
+    except OSError:  # the client went away before the command ended
+        pass
 
 
 def _take_input(socket: WebSocket, chosen: str, stdin, terminal: int | None, process: subprocess.Popen) -> None:
