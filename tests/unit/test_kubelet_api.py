@@ -92,6 +92,7 @@ def test_logs_are_the_last_start_or_the_one_before_cut_to_a_tail_or_a_byte_limit
     assert get(server, pki, "/containerLogs/ns/p/main?previous=true") == (200, b"first 1\nfirst 2\n")
     assert get(server, pki, "/containerLogs/ns/p/main?tailLines=2") == (200, b"second 2\nsecond 3\n")
     assert get(server, pki, "/containerLogs/ns/p/main?tailLines=0") == (200, b"")
+    assert get(server, pki, "/containerLogs/ns/p/main?tailLines=10") == (200, b"second 1\nsecond 2\nsecond 3\n")
     assert get(server, pki, "/containerLogs/ns/p/main?limitBytes=10") == (200, b"second 1\ns")
 
 

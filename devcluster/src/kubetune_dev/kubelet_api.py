@@ -89,7 +89,7 @@ class LogRequest:
         position = self.begin + len(data)
         if self.tail_lines is not None:
             lines = data.splitlines(keepends=True)
-            data = b"".join(lines[len(lines) - self.tail_lines:] if self.tail_lines else [])
+            data = b"".join(lines[max(0, len(lines) - self.tail_lines):] if self.tail_lines else [])
         return data, position
 
 
