@@ -6,8 +6,10 @@ real shards and parquet files in the local S3 server. The small files of a strea
 files NAME.txt) are fetched once per node too (storage.stream.open_stream's node lock)."""
 from __future__ import annotations
 
+import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from kubetune_trainer.data import parquet
 from kubetune_trainer.data.restore_data import write_parquet, write_webdataset
 from tests.storage.test_data_streaming import noise_captions, upload
 
@@ -143,3 +146,13 @@ def test_a_nodes_processes_fetch_each_caption_file_once_between_them(bucket, tmp
     assert all(result["captions"] == expected for result in results)
     assert sum(result["fetched"] for result in results) == 40, \
         "one process laid the tree out, the other waited and found every caption file there"
+
+
+def test_every_parquet_read_stays_on_the_calling_thread():
+    """pyarrow decoding what it reads through a Python file object on its own thread pool could abort the
+    process as it exited, its work done (exit 134; in the test above about one indexing process in 60 under
+    load): data.parquet.PYARROW_THREADS says why. Every read there asks for no threads."""
+    source = inspect.getsource(parquet)
+    reads = re.findall(r"\.(?:read|read_row_group|read_row_groups|iter_batches)\(([^)]*)\)", source)
+    assert reads and all("use_threads=PYARROW_THREADS" in arguments for arguments in reads), reads
+    assert parquet.PYARROW_THREADS is False

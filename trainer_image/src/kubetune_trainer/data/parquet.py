@@ -31,6 +31,12 @@ from kubetune_trainer.storage.members import MEMBERS, Member, SmallCache, open_c
 # own bytes, not a 1 MiB block (the index of 20,000 images read 367 MB more before the first step with
 # stream.READ_BLOCK: benchmarks/RESULTS.md). A larger chunk is one exact ranged read either way.
 READ_BLOCK = 16 * 1024
+# pyarrow reads these files through a Python file object (open_container: a streamed file is ranged reads).
+# Decoded on pyarrow's CPU thread pool, a process could abort as it exited, its work done ("terminate called
+# without an active exception", exit 134: apache/arrow#34314): 1 in 60 indexing processes here, and a trainer
+# that ends so fails its pod. On the calling thread it cannot; one column of one row group gains nothing from
+# threads anyway (tests/storage/test_node_index.py runs many such processes).
+PYARROW_THREADS = False
 _ROW_GROUPS = SmallCache(entries=2)  # decoded image columns of the last row groups read, per process
 # Each file's footer, read once while indexing (forked loader workers inherit it): a row group read
 # later is then one ranged read of its column chunk, not three (a streamed file's footer costs two).
@@ -87,7 +93,7 @@ def _image_column(file: Path, row_group: int, column: str) -> list:
     with open_container(file, READ_BLOCK) as handle:
         parquet = pq.ParquetFile(handle, metadata=_FOOTERS.get(file))
         _FOOTERS.setdefault(file, parquet.metadata)  # a process whose index came from the node's (data.node_index)
-        return parquet.read_row_group(row_group, columns=[column]).column(0).to_pylist()
+        return parquet.read_row_group(row_group, columns=[column], use_threads=PYARROW_THREADS).column(0).to_pylist()
 
 
 @dataclass(frozen=True)
@@ -121,7 +127,7 @@ def _index(root: Path, file: Path, columns: Columns) -> list:
                 raise ConfigError(f"{file}: no column {column!r} (spec.data.{field}); its columns are "
                                   f"{', '.join(schema.names)}: name the right one in spec.data.{field}")
         images = [_image_column_of(parquet, file, column, field) for column, field in image_fields]
-        texts = parquet.read(columns=[text_column]).column(0).to_pylist()
+        texts = parquet.read(columns=[text_column], use_threads=PYARROW_THREADS).column(0).to_pylist()
         metadata = _FOOTERS[file] = parquet.metadata
         classes = _class_names(schema, text_column) if columns.wanted == "label" else None
     found, row = [], 0
@@ -161,7 +167,7 @@ def _image_column_of(parquet, file: Path, column: str, field: str) -> ImageColum
     if stored_as == "bytes":
         return ImageColumn(column, field, stored_as, [None] * parquet.metadata.num_rows)
     read = f"{column}.path" if stored_as == "struct" else column  # a struct's paths, never its bytes
-    values = parquet.read(columns=[read]).column(0).to_pylist()
+    values = parquet.read(columns=[read], use_threads=PYARROW_THREADS).column(0).to_pylist()
     return ImageColumn(column, field, stored_as,
                        [v and v.get("path") for v in values] if stored_as == "struct" else values)
 
@@ -173,9 +179,9 @@ def _listed_paths(parquet, column: str, stored_as: str) -> list[list]:
     leaves = [parquet.metadata.schema.column(i).path for i in range(parquet.metadata.num_columns)]
     if stored_as == "struct":
         read = next(leaf for leaf in leaves if leaf.startswith(f"{column}.") and leaf.endswith(".path"))
-        values = parquet.read(columns=[read]).column(0).to_pylist()
+        values = parquet.read(columns=[read], use_threads=PYARROW_THREADS).column(0).to_pylist()
         return [[item and item.get("path") for item in row or ()] for row in values]
-    values = parquet.read(columns=[column]).column(0).to_pylist()
+    values = parquet.read(columns=[column], use_threads=PYARROW_THREADS).column(0).to_pylist()
     return [[item if stored_as == "path" else None for item in row or ()] for row in values]
 
 
