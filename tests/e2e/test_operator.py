@@ -160,9 +160,10 @@ def test_an_applied_example_trains_to_succeeded_and_its_lora_lands_in_s3(
 # The Kubeflow SDK, in its own virtualenv as a user installs it (`make sdk-client`; KUBEFLOW_SDK_PYTHON overrides).
 SDK_PYTHON = os.environ.get("KUBEFLOW_SDK_PYTHON") or str(REPO / ".venv-sdk" / "bin" / "python")
 SDK_JOB_LOGS = """
-import sys
+import os, sys
 from kubeflow.trainer import KubernetesBackendConfig, TrainerClient
-client = TrainerClient(KubernetesBackendConfig(namespace=sys.argv[1]))
+# The kubeconfig named: the SDK takes in-cluster credentials wherever a service-account directory exists.
+client = TrainerClient(KubernetesBackendConfig(namespace=sys.argv[1], config_file=os.environ["KUBECONFIG"]))
 for line in client.get_job_logs(sys.argv[2]):
     print(line)
 """
