@@ -134,7 +134,8 @@ def run_container(pod_spec: dict, sources: dict, pod_dir: Path, name: str, comma
     env = declared_env(None, pod, container, {})
     argv = container_runtime.podman_run(pod_spec, container, env, name, pod_dir, sources)
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              cwd=container_runtime.runtime_dir(pod_dir, name))
     finally:
         subprocess.run(["podman", "rm", "--force", "--ignore", name], capture_output=True)
 
@@ -256,7 +257,8 @@ def test_a_containers_memory_and_cpu_limits_are_its_cgroups_and_memory_beyond_it
         argv = container_runtime.podman_run(pod_spec, {**container, "args": [case]}, {}, f"kubetune-limits-{case}",
                                             tmp_path)
         try:
-            runs[case] = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+            runs[case] = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                                        cwd=container_runtime.runtime_dir(tmp_path, f"kubetune-limits-{case}"))
         finally:
             container_runtime.remove(f"kubetune-limits-{case}")
     fits, grows = runs["fits"], runs["grow"]
@@ -267,7 +269,7 @@ def test_a_containers_memory_and_cpu_limits_are_its_cgroups_and_memory_beyond_it
         str(64 * 2**20), "50000 100000", "256" if seen["v1"] else "10"), seen
     assert grows.returncode == 137 and "not killed" not in grows.stdout, (grows.returncode, grows.stdout, grows.stderr)
     # What the kubelet reports as the reason (OOMKilled), told apart from the container that fitted.
-    assert [container_runtime.oom_killed(container_runtime.container_id_file(tmp_path, f"kubetune-limits-{case}"))
+    assert [container_runtime.oom_killed(container_runtime.runtime_dir(tmp_path, f"kubetune-limits-{case}"))
             for case in ("fits", "grow")] == [False, True]
 
 

@@ -13,7 +13,7 @@ The translation from the pod spec Kubernetes holds to the runtime's flags, for t
 - resources: limits.memory as the container's memory cgroup limit with no swap beyond it, limits.cpu as
   its CFS quota and requests.cpu as its CPU shares (1024 per CPU), as the kubelet sets them; a container
   over its memory limit is killed by the kernel (exit 137), which the kubelet reports as OOMKilled
-  (oom_killed). Where the machine has no such cgroup controller, no limit is set (RESOURCE_CONTROLLERS);
+  (oom_killed, from what conmon leaves in runtime_dir). Where the machine has no such cgroup controller, no limit is set (RESOURCE_CONTROLLERS);
 - command and args replace the image's ENTRYPOINT and CMD, exactly as in Kubernetes;
 - env: resolved by the caller as the kubelet resolves it (podenv.declared_env: fieldRefs, resources,
   ConfigMaps and Secrets), the image's own ENV beneath it;
@@ -94,18 +94,11 @@ def resource_flags(resources: dict) -> list[str]:
     return flags
 
 
-def oom_killed(container_id_file: Path) -> bool:
-    """Whether the kernel killed a process of the container (its id in CONTAINER_ID_FILE, podman's
-    --cidfile) for memory. podman 4.3 on this machine's cgroup v1 layout reports State.OOMKilled false
-    even then, so the kernel's own record is read: its `oom-kill:` line names the memory cgroup, which
-    holds the container's id. False where the kernel log cannot be read."""
-    try:
-        container_id = container_id_file.read_text().strip()
-    except OSError:
-        return False
-    kernel_log = subprocess.run(["dmesg"], capture_output=True, text=True, errors="replace")
-    return bool(container_id) and any(line.startswith("oom-kill:") and container_id in line
-                                      for line in (text.split("] ", 1)[-1] for text in kernel_log.stdout.splitlines()))
+def oom_killed(runtime_dir: Path) -> bool:
+    """Whether the kernel killed the container for memory. conmon records it as a file `oom` in its working
+    directory, which is podman's: run each container's podman in its own RUNTIME_DIR (runtime_dir()). (podman
+    4.3 with the cgroupfs manager then looks for that file elsewhere and reports State.OOMKilled false.)"""
+    return (runtime_dir / "oom").exists()
 
 
 def volume_flags(volumes: list[dict], mounts: list[dict], sources: dict[str, Path], pod_dir: Path) -> list[str]:
@@ -191,26 +184,28 @@ def run_command() -> list[str]:
     return ["podman", *RUNTIME_FLAGS, "run", "--rm", "--pull", "never", *ulimit_flags()]
 
 
-def container_id_file(pod_dir: Path, name: str) -> Path:
-    """Where podman writes the id of the container NAME (--cidfile): oom_killed reads it."""
-    return pod_dir / "cid" / name
+def runtime_dir(pod_dir: Path, name: str) -> Path:
+    """The working directory to run the container NAME's podman in: what conmon leaves there says how the
+    container ended (oom_killed)."""
+    return pod_dir / "runtime" / name
 
 
 def podman_run(pod_spec: dict, container: dict, env: dict[str, str], name: str, pod_dir: Path,
                sources: dict[str, Path] | None = None, files: list[dict] = (), hostname: str | None = None,
                labels: dict[str, str] | None = None) -> list[str]:
-    """The `podman run` command line for one container (it runs in the foreground; its exit status is the
-    container's, 128+N after signal N; a signal sent to it reaches the container). env: what the container
+    """The `podman run` command line for one container, to run in runtime_dir(POD_DIR, NAME) (it runs in the
+    foreground; its exit status is the container's, 128+N after signal N; a signal sent to it reaches the
+    container). env: what the container
     declares, resolved (podenv.declared_env), written to POD_DIR/env/NAME (mode 0600); the image's ENV
     applies beneath it. files: single files
     mounted over the image's (an /etc/hosts among them replaces podman's own)."""
     pod_security = pod_spec.get("securityContext") or {}
     container_security = container.get("securityContext") or {}
     own_hosts = any(f["target"] == "/etc/hosts" for f in files)
-    id_file = container_id_file(pod_dir, name)
-    id_file.parent.mkdir(parents=True, exist_ok=True)
-    id_file.unlink(missing_ok=True)  # podman refuses to start when the file exists (an earlier start's)
-    command = [*run_command(), "--name", name, "--cidfile", str(id_file), "--network", "host",
+    workdir = runtime_dir(pod_dir, name)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "oom").unlink(missing_ok=True)  # an earlier start's
+    command = [*run_command(), "--name", name, "--network", "host",
                *(["--no-hosts"] if own_hosts else []),
                *(["--hostname", hostname] if hostname else []),
                *[flag for key, value in (labels or {}).items() for flag in ("--label", f"{key}={value}")],

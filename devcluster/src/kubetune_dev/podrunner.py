@@ -244,7 +244,7 @@ class PodRunner(threading.Thread):
                 hostname=self._hostname(), labels={POD_DIR_LABEL: str(self.dir.parent)})
         except container_runtime.PodRefused as e:
             return self._wait_until_deleted(c, "CreateContainerConfigError", str(e))
-        self._launch(c, argv)
+        self._launch(c, argv, cwd=container_runtime.runtime_dir(self.dir, c.container_name))
         return True
 
     def _wait_until_deleted(self, c: Container, reason: str, message: str) -> bool:
@@ -258,7 +258,7 @@ class PodRunner(threading.Thread):
     def _hostname(self) -> str:
         return self.pod["spec"].get("hostname") or self.meta["name"][:63]
 
-    def _launch(self, c: Container, argv: list[str]) -> None:
+    def _launch(self, c: Container, argv: list[str], cwd: Path | None = None) -> None:
         log_file = self.log_file(c.spec["name"])
         log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(log_file, "ab") as out:
@@ -268,7 +268,7 @@ class PodRunner(threading.Thread):
                 out.flush()
             c.log_starts.append((previous_end, out.tell()))
             c.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
+                                      start_new_session=True, cwd=cwd)
         # Recorded so that `kubetune dev down` can stop it even if this kubelet died.
         processes.record(c.proc.pid, self.dir / "pids" / f"{c.spec['name']}.json")
         c.started_at = now()
@@ -316,7 +316,7 @@ class PodRunner(threading.Thread):
         exit_code = 128 - code if code < 0 else code
         reason = "Completed" if exit_code == 0 else "Error"
         if exit_code == 137 and c.container_name and container_runtime.oom_killed(
-                container_runtime.container_id_file(self.dir, c.container_name)):
+                container_runtime.runtime_dir(self.dir, c.container_name)):
             reason = "OOMKilled"
         c.state = {"terminated": {"exitCode": exit_code, "reason": reason,
                                   "startedAt": c.started_at, "finishedAt": now()}}
