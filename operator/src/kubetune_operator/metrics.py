@@ -17,6 +17,7 @@ from kubetune_operator.status import PHASES
 RECONCILE_RESULTS = ("ok", "retry", "error")
 # Why the admission webhook refused a TrainingJob: the typed model refused the spec, the S3
 # credentials Secret it names is not there, or its backend cannot honour a field it sets.
+# volume_refused: a volume the job's namespace's Pod Security Standard forbids (volume_policy.py).
 # invalid_sweep: a TrainingSweep the typed model refused (a parameter, the objective, the template).
 ADMISSION_REASONS = ("invalid_spec", "queue", "backend", "image_not_allowed", "volume_refused", "invalid_sweep")
 # What the progress inbox (progress_inbox.py) answered a trainer's push: kept (204), refused because
