@@ -17,6 +17,7 @@ import select
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 import yaml
@@ -285,6 +286,30 @@ def test_kubectl_exec_reaches_the_operators_container_as_its_user_on_a_read_only
             break
     os.close(controller)
     assert shell.wait(timeout=30) == 4 and b"in a /dev/pts shell" in said, said
+
+
+@ONLY_ON_TRAINJOB  # the operator's pod is the same on either backend
+def test_kubectl_port_forward_reaches_the_operators_metrics_port(control_plane, operator_release):
+    """`kubectl port-forward` through the API server and the kubelet's API (SPDY) to the operator's container:
+    two requests over two forwarded connections read its metrics page; a port nobody listens on is said so."""
+    forward = subprocess.Popen([*kubectl_command(control_plane), "port-forward", "-n", OPERATOR_NAMESPACE,
+                                "deploy/kubetune", ":metrics", ":8999"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        ports: list[int] = []
+        while len(ports) < 2:  # "Forwarding from 127.0.0.1:PORT -> 9400", and the same for [::1]
+            line = forward.stdout.readline()
+            assert line, forward.stderr.read()
+            ports += [int(found) for found in re.findall(r"127\.0\.0\.1:(\d+) ->", line)]
+        for _ in range(2):
+            with urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/metrics", timeout=30) as page:
+                assert "kubetune_operator_" in page.read().decode()
+        with pytest.raises(OSError):  # nothing listens on 8999 in the pod: the connection ends at once
+            urllib.request.urlopen(f"http://127.0.0.1:{ports[1]}/", timeout=30).read()
+    finally:
+        forward.terminate()
+        _, errors = forward.communicate(timeout=30)
+    assert "error forwarding port 8999 to pod" in errors, errors
 
 
 @ONLY_ON_TRAINJOB  # refused at admission, before any backend is looked up

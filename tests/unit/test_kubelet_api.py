@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import ssl
+import struct
 import threading
 import time
+import zlib
 from pathlib import Path
 from urllib.parse import quote
 
@@ -17,13 +20,16 @@ import pytest
 import websocket as websocket_client
 
 from kubetune_api.ports import free_listen_port
-from kubetune_dev import certs, kubelet_exec
+from kubetune_dev import certs, kubelet_exec, spdy
 from kubetune_dev.kubelet_api import KubeletAPI
 from kubetune_dev.podrunner import Container
 
 
 class StandInPod:
-    """The two things the API reads of a pod runner: its containers and their log files."""
+    """What the API reads of a pod runner: its containers, their log files, its address, whether it ended."""
+
+    finished = False  # the pod's runner still runs
+    ip = "127.0.0.1"
 
     def __init__(self, directory: Path):
         self.directory = directory
@@ -180,3 +186,101 @@ def test_exec_is_refused_saying_why_where_it_cannot_run(kubelet, pki):
     with pytest.raises(websocket_client.WebSocketBadStatusException) as refused:
         exec_session(server, pki, "output=1")
     assert b"no command" in refused.value.resp_body
+
+
+class SpdyClient:
+    """kubectl's side of a port-forward session, written from the SPDY/3 draft independently of
+    kubetune_dev.spdy (whose dictionary it shares: the draft's, checked by its zlib id)."""
+
+    def __init__(self, sock):
+        self.sock, self.file = sock, sock.makefile("rb")
+        self.deflate = zlib.compressobj(zlib.Z_DEFAULT_COMPRESSION, zlib.DEFLATED, 15, zdict=spdy.DICTIONARY)
+        self.inflate = zlib.decompressobj(zdict=spdy.DICTIONARY)
+
+    def open(self, stream: int, headers: dict[str, str]) -> None:
+        block = struct.pack("!I", len(headers)) + b"".join(
+            struct.pack("!I", len(k)) + k.encode() + struct.pack("!I", len(v)) + v.encode() for k, v in headers.items())
+        payload = struct.pack("!IIBB", stream, 0, 0, 0) + self.deflate.compress(block) + self.deflate.flush(zlib.Z_SYNC_FLUSH)
+        self.sock.sendall(struct.pack("!II", 0x80030001, len(payload)) + payload)
+
+    def send(self, stream: int, data: bytes, fin: bool = False) -> None:
+        self.sock.sendall(struct.pack("!II", stream, (1 << 24 if fin else 0) | len(data)) + data)
+
+    def frames(self):
+        """(control type or None for DATA, stream, flags, payload) until the server's GOAWAY."""
+        while True:
+            first, second = struct.unpack("!II", self.file.read(8))
+            payload = self.file.read(second & 0xFFFFFF)
+            kind = first & 0xFFFF if first & 0x80000000 else None
+            if kind == spdy.SYN_REPLY:
+                self.inflate.decompress(payload[4:])  # keeps the shared zlib stream in step
+            yield kind, (first & 0x7FFFFFFF) if kind is None else struct.unpack("!I", payload[:4])[0], second >> 24, payload
+            if kind == spdy.GOAWAY:
+                return
+
+
+def port_forward_session(server: KubeletAPI, pki: Path) -> SpdyClient:
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    context.load_cert_chain(pki / f"{certs.KUBELET_CLIENT}.crt", pki / f"{certs.KUBELET_CLIENT}.key")
+    sock = context.wrap_socket(socket.create_connection(("127.0.0.1", server.server_port)), server_hostname="127.0.0.1")
+    sock.sendall(b"POST /portForward/ns/p HTTP/1.1\r\nHost: kubelet\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n"
+                 b"X-Stream-Protocol-Version: portforward.k8s.io\r\nContent-Length: 0\r\n\r\n")
+    client = SpdyClient(sock)
+    status = client.file.readline()
+    while client.file.readline() not in (b"\r\n", b""):
+        pass
+    assert status.startswith(b"HTTP/1.1 101"), status
+    return client
+
+
+def test_port_forward_copies_both_ways_over_spdy_and_says_when_nothing_listens(kubelet, pki):
+    """Two streams per connection (error, data) with one requestid, as kubectl opens them: bytes reach the
+    pod's port and its answer comes back, each side's end ends the other; a port nobody listens on is
+    answered on the error stream."""
+    server, pod = kubelet
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def echo_upper():
+        connection, _ = listener.accept()
+        with connection:
+            received = b""
+            while chunk := connection.recv(1024):
+                received += chunk
+            connection.sendall(received.upper())  # after kubectl's side ended: half-close reached the pod
+
+    threading.Thread(target=echo_upper, daemon=True).start()
+    client = port_forward_session(server, pki)
+    client.open(1, {"streamtype": "error", "port": str(port), "requestid": "0"})
+    client.open(3, {"streamtype": "data", "port": str(port), "requestid": "0"})
+    client.send(3, b"hello ")
+    client.send(3, b"pod", fin=True)
+    data, replies, ended = b"", set(), set()
+    for kind, stream, flags, payload in client.frames():
+        if kind == spdy.SYN_REPLY:
+            replies.add(stream)
+        elif kind is None:
+            data += payload if stream == 3 else b""
+            if flags & spdy.FLAG_FIN:
+                ended.add(stream)
+        if ended == {1, 3}:
+            break
+    assert replies == {1, 3} and data == b"HELLO POD"
+    client.sock.close()
+    listener.close()
+
+    client = port_forward_session(server, pki)
+    client.open(1, {"streamtype": "error", "port": str(port), "requestid": "7"})
+    client.open(3, {"streamtype": "data", "port": str(port), "requestid": "7"})
+    error = b""
+    for kind, stream, flags, payload in client.frames():
+        if kind is None and stream == 1:
+            error += payload
+            if flags & spdy.FLAG_FIN:
+                break
+    assert error.startswith(f"error forwarding port {port} to pod p: ".encode()), error
+    client.sock.close()
+
+
+def test_the_spdy_dictionary_is_the_drafts():
+    assert (len(spdy.DICTIONARY), zlib.adler32(spdy.DICTIONARY)) == (1423, 3821447106)

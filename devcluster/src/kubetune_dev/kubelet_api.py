@@ -1,9 +1,10 @@
 """The kubelet's API on its node: what the API server calls for `kubectl logs`, and so for every client
 that reads pod logs through it (the Kubeflow SDK's `TrainerClient.get_job_logs` among them), and for
-`kubectl exec` (kubelet_exec.py).
+`kubectl exec` (kubelet_exec.py) and `kubectl port-forward` (kubelet_portforward.py).
 
     GET /containerLogs/NAMESPACE/POD/CONTAINER?follow=&previous=&tailLines=&limitBytes=
     GET /exec/NAMESPACE/POD/CONTAINER?command=…   (a WebSocket)
+    POST /portForward/NAMESPACE/POD               (SPDY/3.1)
 
 The API server finds a node's API at the address type it prefers (--kubelet-preferred-address-types:
 InternalIP, since no resolver knows the node's hostname) and the port in the Node's
@@ -28,13 +29,14 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import parse_qs, urlsplit
 
-from kubetune_dev import kubelet_exec, websocket
+from kubetune_dev import kubelet_exec, kubelet_portforward, spdy, websocket
 from kubetune_dev.certs import KUBELET_CLIENT
 from kubetune_dev.podrunner import PodRunner
 
 log = logging.getLogger("kubelet.api")
 LOGS_PATH = re.compile(r"^/containerLogs/([^/]+)/([^/]+)/([^/]+)$")
 EXEC_PATH = re.compile(r"^/exec/([^/]+)/([^/]+)/([^/]+)$")
+PORT_FORWARD_PATH = re.compile(r"^/portForward/([^/]+)/([^/]+)$")
 UNSUPPORTED = ("timestamps", "sinceSeconds", "sinceTime")
 FOLLOW_POLL_S = 0.2
 CHUNK = 64 * 1024
@@ -115,6 +117,9 @@ class Handler(BaseHTTPRequestHandler):
         try:
             self._check_caller()
             url = urlsplit(self.path)
+            if PORT_FORWARD_PATH.match(url.path):
+                self.do_POST()
+                return
             query = parse_qs(url.query, keep_blank_values=True)
             match = LOGS_PATH.match(url.path) or EXEC_PATH.match(url.path)
             if match is None:
@@ -137,6 +142,29 @@ class Handler(BaseHTTPRequestHandler):
             self._stream(request)
         except (BrokenPipeError, ConnectionResetError):  # the client stopped following
             pass
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        """`kubectl port-forward`: the SPDY upgrade, then the forwarded streams (kubelet_portforward.py). (The
+        API server may ask with GET or POST, depending on how kubectl reached it.)"""
+        try:
+            self._check_caller()
+            match = PORT_FORWARD_PATH.match(urlsplit(self.path).path)
+            if match is None:
+                raise Refused(404, f"{self.path}: the dev cluster's kubelet takes POST on /portForward/ only")
+            namespace, pod = match.groups()
+            runner = self.server.find_pod(namespace, pod)
+            if runner is None or runner.finished:
+                raise Refused(404, f'pod "{pod}" in namespace "{namespace}" is not running on this node')
+            offered = [v.strip() for v in ",".join(self.headers.get_all("X-Stream-Protocol-Version") or []).split(",")]
+            if self.headers.get("Upgrade", "").lower() != "spdy/3.1" or kubelet_portforward.PROTOCOL not in offered:
+                raise Refused(400, f"port-forward needs an SPDY/3.1 upgrade speaking {kubelet_portforward.PROTOCOL}")
+        except Refused as e:
+            self._send_text(e.status, str(e))
+            return
+        self.wfile.write(("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n"
+                          f"X-Stream-Protocol-Version: {kubelet_portforward.PROTOCOL}\r\n\r\n").encode())
+        self.wfile.flush()
+        kubelet_portforward.serve(spdy.Session(self.rfile, self.wfile), pod, runner.ip)
 
     def _exec(self, runner: PodRunner, pod: str, name: str, query: dict[str, list[str]]) -> None:
         """`kubectl exec`: the WebSocket handshake, then the command's streams (kubelet_exec.py)."""
