@@ -123,7 +123,8 @@ class Handler(BaseHTTPRequestHandler):
             query = parse_qs(url.query, keep_blank_values=True)
             match = LOGS_PATH.match(url.path) or EXEC_PATH.match(url.path)
             if match is None:
-                raise Refused(404, f"{url.path}: the dev cluster's kubelet serves /containerLogs/ and /exec/ only")
+                raise Refused(404, f"{url.path}: the dev cluster's kubelet serves /containerLogs/, /exec/ and "
+                                   "/portForward/ only")
             namespace, pod, container = match.groups()
             runner = self.server.find_pod(namespace, pod)
             if runner is None:
