@@ -15,7 +15,7 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from kubetune_api.ports import free_listen_port
-from kubetune_dev.versions import binary, versions
+from kubetune_dev.versions import versions
 from tests.e2e.waiting import eventually
 
 pytestmark = pytest.mark.e2e
@@ -204,8 +204,8 @@ def test_kubectl_logs_reads_a_pods_last_start_the_one_before_and_follows_it_thro
         return bool(statuses) and statuses[0].restart_count == 1 and statuses[0].state.running is not None
 
     eventually(restarted_and_running, timeout=60, message="the container restarted once")
-    kubectl = [str(binary("kubectl")), "--kubeconfig", str(control_plane.kubeconfig()), "-n", namespace]
-    followed = subprocess.run([*kubectl, "logs", "-f", "talker"], capture_output=True, text=True, timeout=60)
+    followed = subprocess.run([*control_plane.kubectl_argv(), "-n", namespace, "logs", "-f", "talker"],
+                              capture_output=True, text=True, timeout=60)
     assert followed.returncode == 0, followed.stderr
     assert followed.stdout == "second start\n" + "".join(f"line {i}\n" for i in range(6)), \
         "-f streams the running start to its end, and ends with it"

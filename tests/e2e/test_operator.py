@@ -24,7 +24,6 @@ import yaml
 from PIL import Image
 
 from kubetune_api.contract import read_final_report
-from kubetune_dev.versions import binary
 from kubetune_operator.pod_template import NON_ROOT_UID
 from tests.conftest import REPO
 from kubetune_trainer.data.tiny_data import write_tiny_data
@@ -71,7 +70,7 @@ def test_an_applied_example_trains_to_succeeded_and_its_lora_lands_in_s3(
                message=lambda: "progress while running; operator log:\n" + operator_log(control_plane, core))
     # A user follows the trainer's output as on any cluster (API server -> the kubelet's API).
     trainer_pod = rank0_pod(core, backend, job_namespace, "sd15-e2e")
-    following = subprocess.Popen([*kubectl_command(control_plane), "logs", "-f", trainer_pod, "-n", job_namespace,
+    following = subprocess.Popen([*control_plane.kubectl_argv(), "logs", "-f", trainer_pod, "-n", job_namespace,
                                   "-c", backend_of(backend).container], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True)
     explained = kubectl(control_plane, "explain", "trainingjob.spec.training").stdout
@@ -180,10 +179,6 @@ def sdk_job_logs(control_plane, namespace: str, train_job: str) -> list[str]:
     return read.stdout.splitlines()
 
 
-def kubectl_command(control_plane) -> list[str]:
-    return [str(binary("kubectl")), "--kubeconfig", str(control_plane.kubeconfig())]
-
-
 def generated_on_the_cluster(control_plane, api_client, core, cli_env, namespace, run, s3, tmp_path):
     """`kubetune generate --on-cluster` on the finished job: the operator's batch Job draws two images
     with the final weights into S3 beside the run, the CLI waits, prints the URI and downloads them."""
@@ -270,7 +265,7 @@ def test_kubectl_exec_reaches_the_operators_container_as_its_user_on_a_read_only
     write = kubectl(control_plane, *target, "touch", "/written", check=False)
     assert write.returncode == 1 and "Read-only file system" in write.stderr, (write.returncode, write.stderr)
     controller, terminal = pty.openpty()
-    shell = subprocess.Popen([*kubectl_command(control_plane), *target[:-1], "-t", "--", "sh"], stdin=terminal,
+    shell = subprocess.Popen([*control_plane.kubectl_argv(), *target[:-1], "-t", "--", "sh"], stdin=terminal,
                              stdout=terminal, stderr=terminal, start_new_session=True)
     os.close(terminal)
     os.write(controller, b"echo in a $(tty | cut -c1-8) shell; exit 4\n")
@@ -292,7 +287,7 @@ def test_kubectl_exec_reaches_the_operators_container_as_its_user_on_a_read_only
 def test_kubectl_port_forward_reaches_the_operators_metrics_port(control_plane, operator_release):
     """`kubectl port-forward` through the API server and the kubelet's API (SPDY) to the operator's container:
     two requests over two forwarded connections read its metrics page; a port nobody listens on is said so."""
-    forward = subprocess.Popen([*kubectl_command(control_plane), "port-forward", "-n", OPERATOR_NAMESPACE,
+    forward = subprocess.Popen([*control_plane.kubectl_argv(), "port-forward", "-n", OPERATOR_NAMESPACE,
                                 "deploy/kubetune", ":metrics", ":8999"], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     try:

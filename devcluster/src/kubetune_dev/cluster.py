@@ -146,9 +146,12 @@ class Cluster:
     def api_get(self, path: str) -> tuple[int, bytes]:
         return self._get(self.server + path, tls=True)
 
+    def kubectl_argv(self) -> list[str]:
+        """kubectl as the admin of this control plane (for a caller that streams: logs -f, exec, port-forward)."""
+        return [str(versions.binary("kubectl")), "--kubeconfig", str(self.kubeconfig())]
+
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
-        result = subprocess.run([str(versions.binary("kubectl")), "--kubeconfig", str(self.kubeconfig()), *args],
-                                capture_output=True, text=True, input=input)
+        result = subprocess.run([*self.kubectl_argv(), *args], capture_output=True, text=True, input=input)
         if check and result.returncode != 0:
             raise NotReady(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
         return result

@@ -60,7 +60,7 @@ class Session:
         self.reader, self.writer = reader, writer
         self._inflate = zlib.decompressobj(zdict=DICTIONARY)
         self._deflate = zlib.compressobj(zlib.Z_DEFAULT_COMPRESSION, zlib.DEFLATED, 15, zdict=DICTIONARY)
-        self._writing = threading.Lock()
+        self._writing = threading.RLock()  # reply() holds it across compressing and sending
 
     def _read(self, size: int) -> bytes:
         data = self.reader.read(size)
@@ -107,12 +107,9 @@ class Session:
         pairs = list((headers or {}).items())
         block = struct.pack("!I", len(pairs)) + b"".join(
             struct.pack("!I", len(k)) + k.encode() + struct.pack("!I", len(v)) + v.encode() for k, v in pairs)
-        with self._writing:  # one compressor, frames in the order it compressed them
+        with self._writing:  # one compressor: frames leave in the order it compressed them
             compressed = self._deflate.compress(block) + self._deflate.flush(zlib.Z_SYNC_FLUSH)
-            payload = struct.pack("!I", stream) + compressed
-            self.writer.write(struct.pack("!II", 0x80000000 | VERSION << 16 | SYN_REPLY,
-                                          (FLAG_FIN if fin else 0) << 24 | len(payload)) + payload)
-            self.writer.flush()
+            self._control(SYN_REPLY, FLAG_FIN if fin else 0, struct.pack("!I", stream) + compressed)
 
     def data(self, stream: int, payload: bytes, fin: bool = False) -> None:
         for at in range(0, max(len(payload), 1), 0xFFFFFF):
